@@ -1,0 +1,189 @@
+"""The environment protocol and the shared machinery of tool-using environments."""
+
+from __future__ import annotations
+
+import copy
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jsonschema
+
+from envs.parsing import ActionError, parse_action
+from envs.profile import DomainProfile
+from envs.records import Step, TaskSpec, ToolCall
+from envs.timestep import TimeStep
+
+# Called at the end of an episode: (task, steps, final hidden state) -> (reward, outcome info).
+OutcomeFn = Callable[[TaskSpec, list[Step], dict[str, Any]], tuple[float, dict[str, Any]]]
+
+
+class ToolError(Exception):
+    """The tool refused the call for a reason that is the agent's doing (out of stock,
+    unknown id). Becomes an error observation."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class EnvFault(Exception):
+    """The environment itself failed (service down, tool crashed). Never the agent's fault."""
+
+
+class AgentEnv(ABC):
+    """reset / step / close, as in Gymnasium, with text observations and tool-call actions."""
+
+    env_id: str = ""
+    version: str = "0"
+
+    @abstractmethod
+    def reset(self, task: TaskSpec | dict | None = None, seed: int | None = None) -> TimeStep: ...
+
+    @abstractmethod
+    def step(self, action: ToolCall | dict | str) -> TimeStep: ...
+
+    def close(self) -> None:
+        pass
+
+    @property
+    @abstractmethod
+    def available_tools(self) -> list[dict[str, Any]]:
+        """Function schemas of the tools the agent may call in this episode."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """The full internal state, for verifiers and recorders; never shown to the agent."""
+
+    @property
+    def unwrapped(self) -> AgentEnv:
+        return self
+
+
+class ToolEnv(AgentEnv):
+    """A world whose actions are calls to declared tools.
+
+    A family subclass provides `profile`, `generate_task`, `initial_state`, the tool
+    handlers (methods named `tool_<name>` taking the state and the arguments) and
+    `is_finished`. This class parses actions, enforces the task's allowed tools and the
+    profile's argument schemas, turns every bad action into an error observation, and
+    keeps the episode's own step list for the outcome function."""
+
+    profile: ClassVar[DomainProfile]
+    family: ClassVar[str]
+
+    def __init__(self, outcome_fn: OutcomeFn | None = None, level: int = 2):
+        self.outcome_fn = outcome_fn
+        self.level = level
+        self.task: TaskSpec | None = None
+        self._state: dict[str, Any] = {}
+        self._steps: list[Step] = []
+        self._observation = ""
+        self._done = False
+        self._validators = {t.name: jsonschema.Draft202012Validator(t.parameters) for t in self.profile.tools}
+
+    # -- what a family provides -------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def generate_task(cls, seed: int, level: int = 2) -> TaskSpec: ...
+
+    @abstractmethod
+    def initial_state(self, task: TaskSpec) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def render_goal(self, task: TaskSpec) -> str: ...
+
+    @abstractmethod
+    def is_finished(self, state: dict[str, Any]) -> bool: ...
+
+    # -- the protocol -----------------------------------------------------------------
+    def reset(self, task: TaskSpec | dict | None = None, seed: int | None = None) -> TimeStep:
+        if task is None:
+            task = self.generate_task(seed if seed is not None else 0, self.level)
+        elif isinstance(task, dict):
+            task = TaskSpec.model_validate(task)
+        elif not isinstance(task, TaskSpec):
+            raise TypeError(f"task must be a TaskSpec, a dict or None, not {type(task).__name__}")
+        if task.family != self.family:
+            raise ValueError(f"task {task.task_id} is for family {task.family!r}, not {self.family!r}")
+        self.task = task
+        self._state = self.initial_state(task)
+        self._steps = []
+        self._done = False
+        self._observation = self.render_goal(task)
+        return TimeStep(self._observation, info={"task_id": task.task_id})
+
+    def step(self, action: ToolCall | dict | str) -> TimeStep:
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode is over; call reset()")
+        info: dict[str, Any] = {"tool_call": None, "error": None, "thought": None, "env_fault": False}
+        action_text = action if isinstance(action, str) else None
+        try:
+            parsed = parse_action(action, self.task.budget.max_action_chars)
+            call, info["thought"] = parsed.call, parsed.thought
+            info["tool_call"] = call
+            info["category"] = self._check_call(call)
+            result = getattr(self, f"tool_{call.name}")(self._state, **call.arguments)
+            observation = render_result(call.name, result)
+        except ActionError as exc:
+            observation = render_error(info["tool_call"], exc.kind, exc.message)
+            info["error"] = {"kind": exc.kind, "message": exc.message}
+        except ToolError as exc:
+            observation = render_error(info["tool_call"], exc.kind, exc.message)
+            info["error"] = {"kind": exc.kind, "message": exc.message}
+        except Exception as exc:  # EnvFault, or a tool that crashed: the environment's fault
+            message = str(exc) if isinstance(exc, EnvFault) else f"tool crashed: {type(exc).__name__}: {exc}"
+            observation = render_error(info["tool_call"], "env_fault", message)
+            info["error"] = {"kind": "env_fault", "message": message}
+            info["env_fault"] = True
+        call = info["tool_call"]
+        self._steps.append(Step(
+            index=len(self._steps), observation=self._observation, action_text=action_text,
+            thought=info["thought"], tool_call=call, result=observation,
+            error=info["error"]["kind"] if info["error"] else None))
+        self._observation = observation
+        terminated = self.is_finished(self._state)
+        reward = 0.0
+        if terminated:
+            self._done = True
+            if self.outcome_fn is not None:
+                reward, info["outcome"] = self.outcome_fn(self.task, list(self._steps), self.state())
+        return TimeStep(observation, reward, terminated, False, info)
+
+    def _check_call(self, call: ToolCall) -> str:
+        spec = self.profile.tool(call.name)
+        if spec is None or not hasattr(self, f"tool_{call.name}"):
+            raise ActionError("unknown_tool", f"unknown tool {call.name!r}; available: "
+                                              f"{', '.join(self.task.allowed_tools)}")
+        if call.name not in self.task.allowed_tools:
+            raise ActionError("tool_not_allowed", f"tool {call.name!r} is not allowed in this task")
+        errors = sorted(self._validators[call.name].iter_errors(call.arguments), key=str)
+        if errors:
+            where = "/".join(str(p) for p in errors[0].absolute_path) or "arguments"
+            raise ActionError("invalid_arguments", f"{call.name}: {where}: {errors[0].message}")
+        return spec.category.value
+
+    @property
+    def available_tools(self) -> list[dict[str, Any]]:
+        allowed = self.task.allowed_tools if self.task else None
+        return self.profile.function_schemas(allowed)
+
+    def state(self) -> dict[str, Any]:
+        return copy.deepcopy(self._state)
+
+    @property
+    def steps(self) -> list[Step]:
+        return list(self._steps)
+
+
+def render_result(tool: str, result: Any) -> str:
+    return json.dumps({"tool": tool, "ok": True, "result": result}, sort_keys=True, ensure_ascii=True)
+
+
+def render_error(call: ToolCall | None, kind: str, message: str) -> str:
+    payload = {"tool": call.name if call else None, "ok": False, "error": {"type": kind, "message": message}}
+    return json.dumps(payload, sort_keys=True, ensure_ascii=True)

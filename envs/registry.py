@@ -1,0 +1,73 @@
+"""Environment registry: ids are `gymfoundry/<name>-v<N>`.
+
+`register` also registers the id with Gymnasium, so `gymnasium.make(id)` works once
+`envs` is imported. An entry may name its outcome verifier as "module:attr"; it is
+imported when the env is made (environments never import verifiers themselves)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium
+
+from envs.base import AgentEnv
+
+ENV_ID = re.compile(r"^gymfoundry/(?P<name>[a-z][a-z0-9_]*)-v(?P<version>\d+)$")
+
+
+@dataclass
+class EnvSpec:
+    id: str
+    entry_point: Callable[..., AgentEnv] | str
+    verifier: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        return ENV_ID.match(self.id)["version"]
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def load(target: Callable | str) -> Any:
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def register(id: str, entry_point: Callable[..., AgentEnv] | str, *, verifier: str | None = None,
+             **kwargs: Any) -> None:
+    if not ENV_ID.match(id):
+        raise ValueError(f"env id {id!r} must look like gymfoundry/<name>-v<N>")
+    _REGISTRY[id] = EnvSpec(id, entry_point, verifier, kwargs)
+    if id in gymnasium.registry:
+        del gymnasium.registry[id]
+    gymnasium.register(id=id, entry_point="envs.gym_adapter:GymnasiumEnv", kwargs={"env_id": id})
+
+
+def spec(id: str) -> EnvSpec:
+    try:
+        return _REGISTRY[id]
+    except KeyError:
+        raise KeyError(f"no environment {id!r}; registered: {', '.join(list_envs()) or 'none'}") from None
+
+
+def make(id: str, *, verified: bool = True, **kwargs: Any) -> AgentEnv:
+    """Build a registered env. With `verified`, the env's end-of-episode reward comes from
+    the family's outcome verifier (1.0 on success, else 0.0)."""
+    entry = spec(id)
+    if verified and entry.verifier and "outcome_fn" not in kwargs:
+        kwargs["outcome_fn"] = load(entry.verifier)().terminal_reward
+    env = load(entry.entry_point)(**{**entry.kwargs, **kwargs})
+    env.env_id, env.version = id, entry.version
+    return env
+
+
+def list_envs() -> list[str]:
+    return sorted(_REGISTRY)

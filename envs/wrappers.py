@@ -1,0 +1,231 @@
+"""Wrappers that the runtime uses to enforce what rewards only discourage.
+
+`standard_stack` builds the order the factory uses:
+Recorder(TimeLimit(ToolBudget(PermissionGuard(ObservationTruncation(env))))).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from envs.base import AgentEnv, render_error
+from envs.parsing import ActionError, parse_action
+from envs.records import Step, TaskSpec, ToolCall, ToolCategory
+from envs.timestep import TimeStep
+
+
+class Wrapper(AgentEnv):
+    def __init__(self, env: AgentEnv):
+        self.env = env
+
+    def reset(self, task: TaskSpec | dict | None = None, seed: int | None = None) -> TimeStep:
+        return self.env.reset(task=task, seed=seed)
+
+    def step(self, action: ToolCall | dict | str) -> TimeStep:
+        return self.env.step(action)
+
+    def close(self) -> None:
+        self.env.close()
+
+    @property
+    def available_tools(self) -> list[dict[str, Any]]:
+        return self.env.available_tools
+
+    def state(self) -> dict[str, Any]:
+        return self.env.state()
+
+    @property
+    def unwrapped(self) -> AgentEnv:
+        return self.env.unwrapped
+
+    @property
+    def task(self) -> TaskSpec | None:
+        return self.unwrapped.task
+
+    @property
+    def env_id(self) -> str:  # type: ignore[override]
+        return self.unwrapped.env_id
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        return self.unwrapped.version
+
+
+def _end(observation: str, termination: str, reason: str, info: dict | None = None) -> TimeStep:
+    info = {**(info or {}), "termination": termination, "termination_reason": reason}
+    return TimeStep(observation, 0.0, False, True, info)
+
+
+class TimeLimit(Wrapper):
+    """Step limit and wall-clock limits (per step and per episode), defaulting to the task's
+    budget. A step that overruns is abandoned while it runs: the caller gets a truncated
+    TimeStep at the deadline and the episode is over."""
+
+    def __init__(self, env: AgentEnv, max_steps: int | None = None, step_timeout_s: float | None = None,
+                 episode_timeout_s: float | None = None):
+        super().__init__(env)
+        self._limits = (max_steps, step_timeout_s, episode_timeout_s)
+        self._over = False
+
+    def reset(self, task=None, seed=None) -> TimeStep:
+        ts = self.env.reset(task=task, seed=seed)
+        budget = self.task.budget
+        max_steps, step_timeout, episode_timeout = self._limits
+        self.max_steps = max_steps if max_steps is not None else budget.max_steps
+        self.step_timeout_s = step_timeout if step_timeout is not None else budget.step_timeout_s
+        self.deadline = time.monotonic() + (episode_timeout if episode_timeout is not None
+                                            else budget.episode_timeout_s)
+        self.steps_taken = 0
+        self._over = False
+        return ts
+
+    def step(self, action) -> TimeStep:
+        if self._over:
+            raise RuntimeError("the episode is over; call reset()")
+        timeout = min(self.step_timeout_s, self.deadline - time.monotonic())
+        if timeout <= 0:
+            self._over = True
+            reason = "episode time limit reached"
+            return _end(render_error(None, "timeout", reason), "timeout", reason,
+                        {"error": {"kind": "timeout", "message": reason}})
+        finished, ts = _run_with_timeout(lambda: self.env.step(action), timeout)
+        self.steps_taken += 1
+        if not finished:
+            self._over = True
+            which = "step" if timeout == self.step_timeout_s else "episode"
+            reason = f"{which} time limit of {timeout:.3g}s reached during the step"
+            return _end(render_error(None, "timeout", reason), "timeout", reason,
+                        {"error": {"kind": "timeout", "message": reason}})
+        if not ts.done and self.steps_taken >= self.max_steps:
+            ts.truncated = True
+            ts.info.update(termination="truncated", termination_reason=f"step limit {self.max_steps} reached")
+        self._over = ts.done
+        return ts
+
+
+def _run_with_timeout(fn: Callable[[], TimeStep], timeout: float) -> tuple[bool, TimeStep | None]:
+    """Run fn in a daemon thread; a step that never returns cannot hold up the caller or exit."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box["value"]
+
+
+class ToolBudget(Wrapper):
+    """Truncates the episode once the task's tool-call budget is spent. Only actions that
+    parsed into a call count; malformed text counts against the step limit instead."""
+
+    def __init__(self, env: AgentEnv, max_tool_calls: int | None = None):
+        super().__init__(env)
+        self._max = max_tool_calls
+
+    def reset(self, task=None, seed=None) -> TimeStep:
+        ts = self.env.reset(task=task, seed=seed)
+        self.max_tool_calls = self._max if self._max is not None else self.task.budget.max_tool_calls
+        self.tool_calls = 0
+        return ts
+
+    def step(self, action) -> TimeStep:
+        ts = self.env.step(action)
+        if ts.info.get("tool_call") is not None:
+            self.tool_calls += 1
+        if not ts.done and self.tool_calls >= self.max_tool_calls:
+            ts.truncated = True
+            ts.info.update(termination="truncated",
+                           termination_reason=f"tool-call budget {self.max_tool_calls} spent")
+        return ts
+
+
+class PermissionGuard(Wrapper):
+    """Refuses calls to tool categories that need approval unless `approver(call)` says yes.
+    A refused call never reaches the environment: state is untouched."""
+
+    def __init__(self, env: AgentEnv, require_approval: set[ToolCategory] | None = None,
+                 approver: Callable[[ToolCall], bool] | None = None):
+        super().__init__(env)
+        profile = env.unwrapped.profile
+        self.require_approval = set(require_approval if require_approval is not None
+                                    else profile.approval_required)
+        self.approver = approver
+
+    def step(self, action) -> TimeStep:
+        if not self.require_approval:
+            return self.env.step(action)
+        try:
+            call = parse_action(action, self.task.budget.max_action_chars).call
+        except ActionError:
+            return self.env.step(action)  # the env reports the malformed action itself
+        category = self.unwrapped.profile.category(call.name)
+        if category in self.require_approval and not (self.approver and self.approver(call)):
+            message = f"{call.name} is a {category.value} action and needs approval, which was not given"
+            info = {"tool_call": call, "thought": None, "env_fault": False,
+                    "error": {"kind": "permission_denied", "message": message}}
+            return TimeStep(render_error(call, "permission_denied", message), 0.0, False, False, info)
+        return self.env.step(action)
+
+
+class ObservationTruncation(Wrapper):
+    def __init__(self, env: AgentEnv, max_chars: int = 4000):
+        super().__init__(env)
+        self.max_chars = max_chars
+
+    def _cut(self, ts: TimeStep) -> TimeStep:
+        if len(ts.observation) > self.max_chars:
+            dropped = len(ts.observation) - self.max_chars
+            ts.observation = ts.observation[: self.max_chars] + f"...[truncated {dropped} chars]"
+        return ts
+
+    def reset(self, task=None, seed=None) -> TimeStep:
+        return self._cut(self.env.reset(task=task, seed=seed))
+
+    def step(self, action) -> TimeStep:
+        return self._cut(self.env.step(action))
+
+
+class Recorder(Wrapper):
+    """Records every step as a `Step` record, with latency and, when the policy gives them,
+    sampled token ids, logprobs and the policy version (never rebuilt from text)."""
+
+    def reset(self, task=None, seed=None) -> TimeStep:
+        ts = self.env.reset(task=task, seed=seed)
+        self.steps: list[Step] = []
+        self.last = ts
+        return ts
+
+    def step(self, action, *, thought: str | None = None, token_ids: list[int] | None = None,
+             logprobs: list[float] | None = None, policy_version: str | None = None) -> TimeStep:
+        started = time.perf_counter()
+        ts = self.env.step(action)
+        latency = time.perf_counter() - started
+        info = ts.info
+        error = info.get("error")
+        self.steps.append(Step(
+            index=len(self.steps), observation=self.last.observation,
+            action_text=action if isinstance(action, str) else None,
+            thought=thought if thought is not None else info.get("thought"),
+            tool_call=info.get("tool_call"), result=ts.observation,
+            error=error["kind"] if error else None, reward=ts.reward, latency_s=latency,
+            token_ids=token_ids, logprobs=logprobs, policy_version=policy_version))
+        self.last = ts
+        return ts
+
+
+def standard_stack(env: AgentEnv, *, approver: Callable[[ToolCall], bool] | None = None,
+                   max_observation_chars: int = 4000) -> Recorder:
+    guarded = PermissionGuard(ObservationTruncation(env, max_observation_chars), approver=approver)
+    return Recorder(TimeLimit(ToolBudget(guarded)))

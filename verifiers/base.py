@@ -1,0 +1,23 @@
+"""What every outcome verifier provides. The exam is kept apart from the world it grades:
+verifiers read the task's hidden fields and the env's internal state; envs never import them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from envs.records import OutcomeReport, Step, TaskSpec
+
+
+class OutcomeVerifier(ABC):
+    verifier_id: str
+    version: str
+
+    @abstractmethod
+    def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
+        """Judge the outcome. Without `final_state`, replay the steps' tool calls from the
+        task's initial state to obtain it."""
+
+    def terminal_reward(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any]) -> tuple[float, dict]:
+        report = self.verify(task, steps, final_state)
+        return (1.0 if report.success else 0.0), report.model_dump(mode="json")
