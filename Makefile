@@ -1,6 +1,6 @@
 # `make demo` runs the factory on the embedded default; `make test` runs the test suite.
 # Both create .venv/ and install the project when missing.
-PYTHON ?= python3.11
+PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -16,7 +16,6 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -8,7 +8,8 @@ from envs.registry import list_envs, make, register
 from envs.timestep import TimeStep
 
 register("gymfoundry/inventory-v0", "envs.inventory.world:InventoryEnv",
-         verifier="verifiers.inventory:InventoryVerifier")
+         verifier="verifiers.inventory:InventoryVerifier",
+         scripted_policy="envs.inventory.policy:ScriptedInventoryPolicy")
 
 __all__ = [
     "AgentEnv", "Budget", "Cost", "Difficulty", "DomainProfile", "EnvFault", "Hidden", "OutcomeReport",

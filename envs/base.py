@@ -151,7 +151,10 @@ class ToolEnv(AgentEnv):
         if terminated:
             self._done = True
             if self.outcome_fn is not None:
-                reward, info["outcome"] = self.outcome_fn(self.task, list(self._steps), self.state())
+                try:
+                    reward, info["outcome"] = self.outcome_fn(self.task, list(self._steps), self.state())
+                except Exception as exc:  # a grader bug is not the agent's failure
+                    info["verifier_error"] = f"{type(exc).__name__}: {exc}"
         return TimeStep(observation, reward, terminated, False, info)
 
     def _check_call(self, call: ToolCall) -> str:

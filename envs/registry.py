@@ -24,6 +24,7 @@ class EnvSpec:
     id: str
     entry_point: Callable[..., AgentEnv] | str
     verifier: str | None = None
+    scripted_policy: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -42,10 +43,11 @@ def load(target: Callable | str) -> Any:
 
 
 def register(id: str, entry_point: Callable[..., AgentEnv] | str, *, verifier: str | None = None,
-             **kwargs: Any) -> None:
+             scripted_policy: str | None = None, **kwargs: Any) -> None:
+    """Register an env. `verifier` and `scripted_policy` are "module:attr" references."""
     if not ENV_ID.match(id):
         raise ValueError(f"env id {id!r} must look like gymfoundry/<name>-v<N>")
-    _REGISTRY[id] = EnvSpec(id, entry_point, verifier, kwargs)
+    _REGISTRY[id] = EnvSpec(id, entry_point, verifier, scripted_policy, kwargs)
     if id in gymnasium.registry:
         del gymnasium.registry[id]
     gymnasium.register(id=id, entry_point="envs.gym_adapter:GymnasiumEnv", kwargs={"env_id": id})
@@ -71,3 +73,11 @@ def make(id: str, *, verified: bool = True, **kwargs: Any) -> AgentEnv:
 
 def list_envs() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def family_env_id(family: str) -> str:
+    """The newest registered env id of a family."""
+    ids = [i for i in _REGISTRY if ENV_ID.match(i)["name"] == family]
+    if not ids:
+        raise KeyError(f"no environment family {family!r}; registered: {', '.join(list_envs())}")
+    return max(ids, key=lambda i: int(ENV_ID.match(i)["version"]))

@@ -1,0 +1,21 @@
+"""Stage 1: generate task specs per family, seeded and reproducible."""
+
+from __future__ import annotations
+
+import random
+
+from envs.records import TaskSpec
+from envs.registry import family_env_id, load, spec
+
+LEVELS = (1, 2, 3, 4, 5)
+
+
+def family_env_class(family: str):
+    return load(spec(family_env_id(family)).entry_point)
+
+
+def generate_tasks(family: str, n: int, seed: int, levels: tuple[int, ...] = LEVELS) -> list[TaskSpec]:
+    """`n` tasks of one family; the same (family, n, seed, levels) always gives the same tasks."""
+    rng = random.Random(f"{family}:{seed}")
+    env_class = family_env_class(family)
+    return [env_class.generate_task(rng.randrange(2**31), levels[i % len(levels)]) for i in range(n)]

@@ -1,0 +1,79 @@
+"""A minimal family used to test the env machinery without depending on a real family."""
+
+from __future__ import annotations
+
+import time
+
+from envs.base import EnvFault, ToolEnv, ToolError
+from envs.profile import DomainProfile
+from envs.records import Difficulty, Hidden, Source, TaskSpec, ToolCall
+
+PROFILE = DomainProfile.model_validate({
+    "name": "counter",
+    "tools": [
+        {"name": "read", "description": "read the counter", "category": "read",
+         "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+        {"name": "add", "description": "add n", "category": "write",
+         "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}},
+                        "required": ["n"], "additionalProperties": False}},
+        {"name": "sleep", "description": "sleep", "category": "execute",
+         "parameters": {"type": "object", "properties": {"seconds": {"type": "number"}},
+                        "required": ["seconds"], "additionalProperties": False}},
+        {"name": "crash", "description": "a broken tool", "category": "execute",
+         "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+        {"name": "outage", "description": "a service that is down", "category": "read",
+         "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+        {"name": "finish", "description": "end", "category": "irreversible",
+         "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+    ],
+})
+
+
+class CounterEnv(ToolEnv):
+    family = "counter"
+    profile = PROFILE
+
+    @classmethod
+    def generate_task(cls, seed: int, level: int = 2) -> TaskSpec:
+        return TaskSpec(family="counter", env_id="gymfoundry/counter-v0", source=Source(generator="counter", version="1", seed=seed),
+                        template_id="counter", goal=f"Reach {seed % 7 + 1}.", initial_state={"target": seed % 7 + 1},
+                        allowed_tools=[t.name for t in PROFILE.tools], difficulty=Difficulty(level=level),
+                        hidden=Hidden(reference=[ToolCall(name="add", arguments={"n": seed % 7 + 1}),
+                                                 ToolCall(name="finish")], secrets=["s3cr3t-value"]))
+
+    def initial_state(self, task):
+        return {"value": 0, "target": task.initial_state["target"], "finished": False}
+
+    def render_goal(self, task):
+        return task.goal
+
+    def is_finished(self, state):
+        return state["finished"]
+
+    def tool_read(self, state):
+        return {"value": state["value"]}
+
+    def tool_add(self, state, n):
+        if n > 100:
+            raise ToolError("too_big", "n must be at most 100")
+        state["value"] += n
+        return {"value": state["value"]}
+
+    def tool_sleep(self, state, seconds):
+        time.sleep(seconds)
+        return {"slept": seconds}
+
+    def tool_crash(self, state):
+        raise ValueError("boom")
+
+    def tool_outage(self, state):
+        raise EnvFault("counter service unavailable")
+
+    def tool_finish(self, state):
+        state["finished"] = True
+        return {"value": state["value"]}
+
+
+def reward_at_target(task, steps, state):
+    ok = state["value"] == state["target"]
+    return (1.0 if ok else 0.0), {"success": ok}

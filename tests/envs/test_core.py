@@ -1,0 +1,190 @@
+import json
+import time
+
+import pytest
+
+from envs.parsing import ActionError, parse_action
+from envs.profile import DomainProfile
+from envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
+from envs.registry import list_envs, make, register
+from envs.wrappers import (ObservationTruncation, PermissionGuard, Recorder, TimeLimit, ToolBudget,
+                           standard_stack)
+from tests.envs.counter_env import CounterEnv, reward_at_target
+
+
+def obs(ts):
+    return json.loads(ts.observation)
+
+
+@pytest.fixture
+def env():
+    e = CounterEnv(outcome_fn=reward_at_target)
+    e.reset(seed=3)  # target 4
+    return e
+
+
+def test_parse_accepts_bare_tagged_and_openai_forms():
+    bare = parse_action('I will add. {"name": "add", "arguments": {"n": 2}}')
+    assert bare.call == ToolCall(name="add", arguments={"n": 2}) and bare.thought == "I will add."
+    tagged = parse_action('think\n<tool_call>{"name": "add", "arguments": "{\\"n\\": 3}"}</tool_call>')
+    assert tagged.call.arguments == {"n": 3} and tagged.thought == "think"
+    wire = parse_action({"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}})
+    assert wire.call == ToolCall(name="read", arguments={}, id="c1")
+
+
+@pytest.mark.parametrize("text,kind", [
+    ('{"name": "add", "arguments": {"n": 2}', "invalid_json"),
+    ("just words", "no_tool_call"),
+    ('{"arguments": {}}', "invalid_tool_call"),
+    ('{"name": "add", "arguments": [1]}', "invalid_arguments"),
+    ('<tool_call>{"name":"read"}</tool_call><tool_call>{"name":"read"}</tool_call>', "multiple_tool_calls"),
+    ('{"name": "add", "arguments": {"n": "' + "x" * 1_000_000 + '"}}', "action_too_large"),
+])
+def test_parse_errors_have_kinds(text, kind):
+    with pytest.raises(ActionError) as err:
+        parse_action(text)
+    assert err.value.kind == kind
+
+
+@pytest.mark.parametrize("action,kind", [
+    ('{"name": "add", "arguments": {"n": 2', "invalid_json"),
+    ('{"name": "teleport", "arguments": {}}', "unknown_tool"),
+    ('{"name": "add", "arguments": {"n": "two"}}', "invalid_arguments"),
+    ('{"name": "add", "arguments": {}}', "invalid_arguments"),
+    ('{"name": "add", "arguments": {"n": 1, "extra": true}}', "invalid_arguments"),
+    ({"name": "add", "arguments": {"n": "y" * 1_000_000}}, "action_too_large"),
+    ('{"name": "add", "arguments": {"n": 500}}', "too_big"),
+])
+def test_bad_actions_become_error_observations_and_the_episode_goes_on(env, action, kind):
+    ts = env.step(action)
+    assert not ts.done
+    assert obs(ts)["ok"] is False and obs(ts)["error"]["type"] == kind
+    assert ts.info["error"]["kind"] == kind
+    assert env.state()["value"] == 0
+    ts = env.step('{"name": "add", "arguments": {"n": 4}}')
+    assert obs(ts) == {"ok": True, "result": {"value": 4}, "tool": "add"}
+
+
+def test_tool_not_allowed_is_refused(env):
+    task = env.task.model_copy(update={"allowed_tools": ["read", "finish"]})
+    env.reset(task=task)
+    ts = env.step(ToolCall(name="add", arguments={"n": 1}))
+    assert obs(ts)["error"]["type"] == "tool_not_allowed" and env.state()["value"] == 0
+    assert [t["function"]["name"] for t in env.available_tools] == ["read", "finish"]
+
+
+def test_tool_crash_and_outage_are_env_faults(env):
+    for tool in ("crash", "outage"):
+        ts = env.step(ToolCall(name=tool))
+        assert ts.info["env_fault"] is True and obs(ts)["error"]["type"] == "env_fault"
+    assert "ValueError: boom" in env.steps[0].result
+
+
+def test_terminal_reward_comes_from_the_outcome_function(env):
+    env.step(ToolCall(name="add", arguments={"n": 4}))
+    ts = env.step(ToolCall(name="finish"))
+    assert ts.terminated and ts.done and ts.reward == 1.0 and ts.info["outcome"] == {"success": True}
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.step(ToolCall(name="read"))
+
+
+def test_step_timeout_is_enforced_during_the_step():
+    env = TimeLimit(CounterEnv(), step_timeout_s=0.2)
+    env.reset(seed=1)
+    started = time.monotonic()
+    ts = env.step(ToolCall(name="sleep", arguments={"seconds": 5}))
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.5
+    assert ts.truncated and ts.info["termination"] == "timeout" and ts.info["error"]["kind"] == "timeout"
+
+
+def test_episode_timeout_and_step_limit():
+    env = TimeLimit(CounterEnv(), max_steps=3)
+    env.reset(seed=1)
+    assert not env.step(ToolCall(name="read")).done
+    assert not env.step(ToolCall(name="read")).done
+    ts = env.step(ToolCall(name="read"))
+    assert ts.truncated and ts.info["termination"] == "truncated" and "step limit 3" in ts.info["termination_reason"]
+
+    env = TimeLimit(CounterEnv(), episode_timeout_s=0.3, step_timeout_s=10)
+    env.reset(seed=1)
+    ts = env.step(ToolCall(name="sleep", arguments={"seconds": 3}))
+    assert ts.truncated and ts.info["termination"] == "timeout" and "episode" in ts.info["termination_reason"]
+
+
+def test_tool_budget_counts_parsed_calls_only():
+    env = ToolBudget(CounterEnv(), max_tool_calls=2)
+    env.reset(seed=1)
+    assert not env.step("no call here").done
+    assert not env.step(ToolCall(name="read")).done
+    ts = env.step(ToolCall(name="read"))
+    assert ts.truncated and "budget 2" in ts.info["termination_reason"]
+
+
+def test_permission_guard_refuses_without_touching_state():
+    env = PermissionGuard(CounterEnv(), require_approval={ToolCategory.write, ToolCategory.irreversible})
+    env.reset(seed=1)
+    ts = env.step(ToolCall(name="add", arguments={"n": 1}))
+    assert obs(ts)["error"]["type"] == "permission_denied" and env.state()["value"] == 0 and not ts.done
+    assert not env.step(ToolCall(name="read")).info["error"]
+    approved = PermissionGuard(CounterEnv(), require_approval={ToolCategory.write},
+                               approver=lambda call: call.arguments.get("n") == 1)
+    approved.reset(seed=1)
+    approved.step(ToolCall(name="add", arguments={"n": 1}))
+    assert obs(approved.step(ToolCall(name="add", arguments={"n": 2})))["error"]["type"] == "permission_denied"
+    assert approved.state()["value"] == 1
+
+
+def test_observation_truncation():
+    env = ObservationTruncation(CounterEnv(), max_chars=10)
+    ts = env.reset(task=CounterEnv.generate_task(1).model_copy(update={"goal": "g" * 50}))
+    assert ts.observation == "g" * 10 + "...[truncated 40 chars]"
+
+
+def test_recorder_and_standard_stack_record_steps():
+    env = standard_stack(CounterEnv(outcome_fn=reward_at_target))
+    first = env.reset(seed=3)
+    env.step('adding {"name": "add", "arguments": {"n": 4}}', token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3],
+             policy_version="p1")
+    env.step("oops")
+    ts = env.step(ToolCall(name="finish"))
+    assert ts.terminated and ts.reward == 1.0
+    s0, s1, s2 = env.steps
+    assert s0.observation == first.observation and s0.thought == "adding" and s0.token_ids == [1, 2, 3]
+    assert s0.tool_call == ToolCall(name="add", arguments={"n": 4}) and s0.latency_s > 0
+    assert s1.error == "no_tool_call" and s1.tool_call is None and s1.observation == s0.result
+    assert s2.reward == 1.0 and [s.index for s in env.steps] == [0, 1, 2]
+    rollout = Rollout(task_id=env.task.task_id, family="counter", env_id="gymfoundry/counter-v0", env_version="0",
+                      policy_id="test", policy_version="1", seed=0, steps=env.steps,
+                      termination=Termination.success)
+    assert rollout.rollout_id.startswith("r-") and Rollout.model_validate(rollout.model_dump()) == rollout
+
+
+def test_task_id_is_a_content_hash():
+    task = CounterEnv.generate_task(5)
+    assert task.task_id == task.compute_id() and task.task_id != CounterEnv.generate_task(6).task_id
+    with pytest.raises(ValueError, match="content hash"):
+        TaskSpec.model_validate({**task.model_dump(), "goal": "changed"})
+    assert TaskSpec.model_validate(task.model_dump()) == task
+
+
+def test_registry():
+    with pytest.raises(ValueError, match="gymfoundry/<name>-v<N>"):
+        register("counter", CounterEnv)
+    register("gymfoundry/counter-v0", CounterEnv)
+    assert "gymfoundry/counter-v0" in list_envs()
+    env = make("gymfoundry/counter-v0")
+    assert isinstance(env, CounterEnv) and env.env_id == "gymfoundry/counter-v0" and env.version == "0"
+    with pytest.raises(KeyError, match="registered"):
+        make("gymfoundry/nothing-v0")
+
+
+def test_profile_from_yaml(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("name: d\ntools:\n  - {name: a, description: x, category: read}\n"
+                    "score_weights: {rules: {progress: 2.0}}\n")
+    profile = DomainProfile.from_yaml(path)
+    assert profile.category("a") == ToolCategory.read and profile.score_weights.rules == {"progress": 2.0}
+    path.write_text("name: d\ntools: []\noutcome_rules: [vibes]\n")
+    with pytest.raises(ValueError, match="unknown outcome rules"):
+        DomainProfile.from_yaml(path)

@@ -1,0 +1,54 @@
+"""The Parquet lake: immutable batch files under
+`<data_dir>/lake/<table>/task_family=<family>/<batch_id>.parquet`.
+
+Writing a file does not make it visible; only the catalog's manifest does (see catalog.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from envs.records import content_hash
+from warehouse.tables import PARTITION, Table
+
+# Family names become directory names and hive partition values; keep them plain.
+FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Batch:
+    batch_id: str
+    table: str
+    task_family: str
+    path: str  # relative to the data dir, with forward slashes
+    row_count: int
+
+
+def batch_id(table: Table, family: str, rows: list[dict[str, Any]]) -> str:
+    """Content hash of the rows' keys: the same new rows always make the same file name, so a
+    file written by a run that crashed before registering is simply overwritten on re-run."""
+    keys = sorted([row[k] for k in table.key] for row in rows)
+    return "b-" + content_hash([table.name, family, keys], length=24)
+
+
+def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, Any]]) -> Batch:
+    """Write rows of one family as one Parquet file (temp name, then an atomic rename)."""
+    if not FAMILY_NAME.match(family):
+        raise ValueError(f"task family {family!r} is not a plain name ({FAMILY_NAME.pattern})")
+    bid = batch_id(table, family, rows)
+    relative = f"lake/{table.name}/{PARTITION}={family}/{bid}.parquet"
+    target = data_dir / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    file_rows = [{k: v for k, v in row.items() if k != PARTITION} for row in rows]
+    arrow = pa.Table.from_pylist(file_rows, schema=table.file_schema)
+    temp = target.with_name(f".{bid}.{os.getpid()}.tmp")
+    pq.write_table(arrow, temp)
+    os.replace(temp, target)
+    return Batch(bid, table.name, family, relative, len(rows))

@@ -1,0 +1,61 @@
+"""The logical tables: which record each holds, its key, and the few columns added to it.
+
+Every table is partitioned by `task_family`. Where the record has a `family` field, that field
+becomes the partition column; otherwise `task_family` is added from outside the record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from envs.records import Record, Rollout, Step, StepScore, TaskRejection, TaskSpec
+from warehouse.schema import Column, arrow_schema, model_columns
+
+PARTITION = "task_family"
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    model: type[Record]
+    key: tuple[str, ...]
+    added: tuple[Column, ...] = ()          # key columns the record itself does not carry
+    exclude: frozenset[str] = frozenset()   # record fields stored in another table
+    family_field: str | None = "family"     # record field that becomes the partition column
+    derived: tuple[str, ...] = field(default=())  # SQL expressions the view adds for analysis
+
+    @property
+    def columns(self) -> list[Column]:
+        """The logical columns, `task_family` included, in view order."""
+        columns = list(self.added)
+        for column in model_columns(self.model, self.exclude):
+            columns.append(Column(PARTITION, pa.string()) if column.name == self.family_field else column)
+        return columns
+
+    @property
+    def file_columns(self) -> list[Column]:
+        """What a Parquet file holds: the partition column lives in the directory name."""
+        return [c for c in self.columns if c.name != PARTITION]
+
+    @property
+    def file_schema(self) -> pa.Schema:
+        return arrow_schema(self.file_columns)
+
+
+TABLES: dict[str, Table] = {t.name: t for t in [
+    Table("tasks", TaskSpec, key=("task_id",),
+          derived=("CAST(json_extract(difficulty, '$.level') AS BIGINT) AS difficulty_level",)),
+    Table("rollouts", Rollout, key=("rollout_id",), exclude=frozenset({"steps"}),
+          derived=("termination = 'success' AS success",
+                   "json_extract_string(outcome, '$.verifier_id') AS verifier_id",
+                   "json_extract_string(outcome, '$.verifier_version') AS verifier_version",
+                   "CAST(json_extract(cost, '$.tokens') AS BIGINT) AS tokens")),
+    Table("steps", Step, key=("rollout_id", "index"), family_field=None,
+          added=(Column("rollout_id", pa.string()), Column(PARTITION, pa.string())),
+          derived=("json_extract_string(tool_call, '$.name') AS tool_name",)),
+    Table("step_scores", StepScore, key=("rollout_id", "step_index", "layer", "scorer_id", "scorer_version"),
+          family_field=None, added=(Column(PARTITION, pa.string()),)),
+    Table("task_rejections", TaskRejection, key=("task_id", "stage")),
+]}
