@@ -17,8 +17,12 @@ def content_hash(payload: Any, length: int = 16) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+FAMILY_NAME = r"^[a-z][a-z0-9_]*$"
+
+
 class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN never equals itself and is not JSON: a stored record must equal its reload.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ToolCall(Record):
@@ -90,7 +94,7 @@ class Hidden(Record):
 
 class TaskSpec(Record):
     task_id: str = ""
-    family: str
+    family: str = Field(pattern=FAMILY_NAME)
     env_id: str
     split: Split = Split.train
     source: Source
@@ -167,7 +171,7 @@ class Cost(Record):
 class Rollout(Record):
     rollout_id: str = ""
     task_id: str
-    family: str
+    family: str = Field(pattern=FAMILY_NAME)
     env_id: str
     env_version: str
     policy_id: str

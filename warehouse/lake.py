@@ -38,10 +38,14 @@ def batch_id(table: Table, family: str, rows: list[dict[str, Any]]) -> str:
     return "b-" + content_hash([table.name, family, keys], length=24)
 
 
-def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, Any]]) -> Batch:
-    """Write rows of one family as one Parquet file (temp name, then an atomic rename)."""
+def check_family(family: str) -> None:
     if not FAMILY_NAME.match(family):
         raise ValueError(f"task family {family!r} is not a plain name ({FAMILY_NAME.pattern})")
+
+
+def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, Any]]) -> Batch:
+    """Write rows of one family as one Parquet file (temp name, then an atomic rename)."""
+    check_family(family)
     bid = batch_id(table, family, rows)
     relative = f"lake/{table.name}/{PARTITION}={family}/{bid}.parquet"
     target = data_dir / relative

@@ -1,9 +1,10 @@
 """`Warehouse`: land records into the lake and read them back through the catalog.
 
-DuckDB allows one writing process per database file, so exactly one process opens a data
-dir's catalog for writing (the factory flow, or whoever lands results); workers hand their
-records to it. Readers open with `read_only=True`, which needs no write lock but also cannot
-open while a writer holds the catalog.
+DuckDB allows one writing process per database file: exactly one process opens a data dir's
+catalog for writing (the factory flow, or whoever lands results) and workers hand their
+records to it. A writer excludes every other process, readers included; any number of
+`read_only=True` readers may share the catalog while no writer holds it. So open for writing
+only around landing, and read with `read_only=True` (a CLI query needs no write lock).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pyarrow as pa
 
 from envs.records import Record, Rollout, Step, StepScore, TaskRejection, TaskSpec
 from warehouse import catalog
-from warehouse.lake import write_batch
+from warehouse.lake import check_family, write_batch
 from warehouse.schema import from_row, to_row
 from warehouse.tables import PARTITION, TABLES, Table
 
@@ -29,6 +30,15 @@ CATALOG_FILE = "catalog.duckdb"
 
 
 class Warehouse:
+    """The catalog of one data dir. Usage::
+
+        with Warehouse(".gymfoundry") as wh:
+            wh.land_rollouts(rollouts)          # {"rollouts": 2, "steps": 14}
+        with Warehouse(".gymfoundry", read_only=True) as wh:
+            wh.sql("select task_family, avg(success::int) from rollouts group by all")
+            wh.load_rollouts("task_family = ?", ["inventory"])
+    """
+
     def __init__(self, data_dir: str | os.PathLike = DEFAULT_DATA_DIR, read_only: bool = False):
         self.data_dir = Path(data_dir).resolve()
         self.read_only = read_only
@@ -59,14 +69,18 @@ class Warehouse:
     # Landing -------------------------------------------------------------------------------
 
     def land_tasks(self, tasks: Iterable[TaskSpec]) -> dict[str, int]:
-        return self._land({"tasks": [_row(TABLES["tasks"], t) for t in tasks]})
+        return self._land("tasks", [_row(TABLES["tasks"], t) for t in tasks])
 
     def land_rollouts(self, rollouts: Iterable[Rollout]) -> dict[str, int]:
-        """Land rollouts and their steps (the steps of a rollout already landed are skipped too)."""
-        rollouts = list(rollouts)
-        steps = [_row(TABLES["steps"], step, rollout_id=r.rollout_id, task_family=r.family)
-                 for r in rollouts for step in r.steps]
-        return self._land({"rollouts": [_row(TABLES["rollouts"], r) for r in rollouts], "steps": steps})
+        """Land rollouts with their steps. A rollout already landed is skipped with all its steps,
+        even if this run of it took different steps."""
+        by_id: dict[str, Rollout] = {}
+        for rollout in rollouts:
+            by_id.setdefault(rollout.rollout_id, rollout)
+        rows = self._new_rows(TABLES["rollouts"], [_row(TABLES["rollouts"], r) for r in by_id.values()])
+        steps = [_row(TABLES["steps"], step, rollout_id=row["rollout_id"], task_family=row[PARTITION])
+                 for row in rows for step in by_id[row["rollout_id"]].steps]
+        return self._land("rollouts", rows, steps=steps)
 
     def land_scores(self, scores: Iterable[StepScore],
                     family_of: Mapping[str, str] | None = None) -> dict[str, int]:
@@ -83,28 +97,29 @@ class Warehouse:
         if unknown:
             raise ValueError(f"no task family known for rollouts {unknown}; land them first or pass family_of")
         table = TABLES["step_scores"]
-        return self._land({"step_scores": [_row(table, s, task_family=families[s.rollout_id]) for s in scores]})
+        return self._land("step_scores", [_row(table, s, task_family=families[s.rollout_id]) for s in scores])
 
     def land_rejections(self, rejections: Iterable[TaskRejection]) -> dict[str, int]:
-        return self._land({"task_rejections": [_row(TABLES["task_rejections"], r) for r in rejections]})
+        return self._land("task_rejections", [_row(TABLES["task_rejections"], r) for r in rejections])
 
-    def _land(self, rows_by_table: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
+    def _land(self, name: str, rows: list[dict[str, Any]], **more: list[dict[str, Any]]) -> dict[str, int]:
         """Write the rows whose keys are new, one file per table and family, then register every
-        file of the call in one transaction."""
+        file of the call in one transaction. `more` holds rows for further tables (steps)."""
         if self.read_only:
             raise PermissionError("this warehouse was opened read-only")
-        batches, landed = [], {}
-        for name, rows in rows_by_table.items():
-            table = TABLES[name]
-            new_rows = self._new_rows(table, rows)
-            landed[name] = len(new_rows)
+        new_rows = {table: self._new_rows(TABLES[table], table_rows)
+                    for table, table_rows in {name: rows, **more}.items()}
+        for row in (row for table_rows in new_rows.values() for row in table_rows):
+            check_family(row[PARTITION])  # before any file is written
+        batches = []
+        for table, table_rows in new_rows.items():
             by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for row in new_rows:
+            for row in table_rows:
                 by_family[row[PARTITION]].append(row)
-            batches += [write_batch(self.data_dir, table, family, family_rows)
+            batches += [write_batch(self.data_dir, TABLES[table], family, family_rows)
                         for family, family_rows in sorted(by_family.items())]
         catalog.register(self.con, self.data_dir, batches, datetime.now(timezone.utc).replace(tzinfo=None))
-        return landed
+        return {table: len(table_rows) for table, table_rows in new_rows.items()}
 
     def _new_rows(self, table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows whose key is neither registered already nor repeated earlier in `rows`."""
@@ -130,10 +145,11 @@ class Warehouse:
     # Reading -------------------------------------------------------------------------------
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
-        return self.con.execute(query, params).fetch_arrow_table()
+        result = self.con.sql(query, params=params)
+        return result.to_arrow_table() if result is not None else pa.table({})
 
     def sql_df(self, query: str, params: Sequence[Any] | None = None) -> pl.DataFrame:
-        return self.con.execute(query, params).pl()
+        return pl.from_arrow(self.sql(query, params))
 
     def load_tasks(self, where: str | None = None, params: Sequence[Any] | None = None) -> list[TaskSpec]:
         return [_record(TABLES["tasks"], row) for row in self._select("tasks", where, params)]

@@ -6,7 +6,7 @@ becomes the partition column; otherwise `task_family` is added from outside the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -24,7 +24,7 @@ class Table:
     added: tuple[Column, ...] = ()          # key columns the record itself does not carry
     exclude: frozenset[str] = frozenset()   # record fields stored in another table
     family_field: str | None = "family"     # record field that becomes the partition column
-    derived: tuple[str, ...] = field(default=())  # SQL expressions the view adds for analysis
+    derived: tuple[str, ...] = ()            # SQL expressions the view adds for analysis
 
     @property
     def columns(self) -> list[Column]:

@@ -120,19 +120,16 @@ def _goal_text(order_id: str, amount_cents: int, targets: list[dict]) -> str:
 
 
 def _distractors(rng: random.Random, name: str, count: int, taken: list[str]) -> list[str]:
+    """Half (rounded up) contain the target's name, so a search for it shows them; the rest
+    share one word with it."""
     adjective, noun = name.split()
-    pool = ([f"{name} {s}" for s in SUFFIXES] + [f"{s} {name}" for s in ("mini", "heavy", "spare")]
-            + [f"{adjective} {n}" for n in NOUNS if n != noun] + [f"{a} {noun}" for a in ADJECTIVES if a != adjective])
-    rng.shuffle(pool)
-    # Names containing the target come first, so that a search for the target shows them.
-    pool.sort(key=lambda candidate: name not in candidate)
-    out = []
-    for candidate in pool:
-        if len(out) == count:
-            break
-        if candidate not in taken and candidate not in out:
-            out.append(candidate)
-    return out
+    containing = [f"{name} {s}" for s in SUFFIXES] + [f"{s} {name}" for s in ("mini", "heavy", "spare")]
+    sharing = [f"{adjective} {n}" for n in NOUNS if n != noun] + [f"{a} {noun}" for a in ADJECTIVES if a != adjective]
+    rng.shuffle(containing)
+    rng.shuffle(sharing)
+    n_containing = (count + 1) // 2
+    pool = containing[:n_containing] + [c for c in sharing if c not in taken][: count - n_containing]
+    return [c for c in pool if c not in taken]
 
 
 def _filler(rng: random.Random, taken: list[str], target_names: list[str]) -> str:

@@ -1,0 +1,78 @@
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from flows.cli import main
+from flows.factory import factory
+from warehouse import Warehouse
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, prefect_harness):
+    data_dir = tmp_path_factory.mktemp("factory")
+    report = factory(families=["inventory"], tasks_per_family=20, seed=1, data_dir=str(data_dir))
+    return data_dir, report
+
+
+def counts(data_dir):
+    with Warehouse(data_dir, read_only=True) as wh:
+        return {t: wh.sql(f"select count(*) as n from {t}").to_pylist()[0]["n"]
+                for t in ("tasks", "rollouts", "steps", "step_scores", "task_rejections")}
+
+
+def test_factory_lands_a_mix_of_outcomes_partitioned_by_family(run_dir):
+    data_dir, report = run_dir
+    n = counts(data_dir)
+    assert n["tasks"] + n["task_rejections"] == 20
+    assert n["rollouts"] == 2 * n["tasks"] and n["steps"] == n["step_scores"] > n["rollouts"]
+    terminations = {r["termination"] for r in report["summary"]}
+    assert "success" in terminations and len(terminations) >= 2
+    files = list((Path(data_dir) / "lake" / "rollouts").rglob("*.parquet"))
+    assert files and all(f.parent.name == "task_family=inventory" for f in files)
+
+
+def test_rerunning_with_the_same_inputs_lands_nothing(run_dir):
+    data_dir, _ = run_dir
+    before = counts(data_dir)
+    files_before = sorted(Path(data_dir).rglob("*.parquet"))
+    report = factory(families=["inventory"], tasks_per_family=20, seed=1, data_dir=str(data_dir))
+    assert all(v == 0 for v in report["landed"].values())
+    assert counts(data_dir) == before and sorted(Path(data_dir).rglob("*.parquet")) == files_before
+
+
+def test_records_flow_unchanged_into_the_datasets(run_dir):
+    data_dir, report = run_dir
+    sft = datasets.Dataset.from_parquet(report["datasets"]["sft"]["path"])
+    dpo = datasets.Dataset.from_parquet(report["datasets"]["dpo"]["path"])
+    assert len(sft) == report["datasets"]["sft"]["rows"] > 0 and len(dpo) > 0
+    with Warehouse(data_dir, read_only=True) as wh:
+        row = sft[0]
+        (rollout,) = wh.load_rollouts(f"rollout_id = '{row['rollout_id']}'")
+        assert rollout.termination == "success"
+        (task,) = wh.load_tasks(f"task_id = '{rollout.task_id}'")
+    assert task.split == "train"
+    assistant = [m for m in row["messages"] if m["role"] == "assistant"]
+    assert len(assistant) == len(rollout.steps) == len(row["step_rewards"])
+    for message, step in zip(assistant, rollout.steps):
+        if step.tool_call:
+            call = message["tool_calls"][0]["function"]
+            assert call["name"] == step.tool_call.name and json.loads(call["arguments"]) == step.tool_call.arguments
+    assert row["messages"][1]["content"] == rollout.steps[0].observation
+    assert {t["function"]["name"] for t in json.loads(row["tools"])} == set(task.allowed_tools)
+    for pair in dpo:
+        assert pair["chosen"] != pair["rejected"] and pair["prompt"][1]["role"] == "user"
+
+
+def test_cli_run_and_sql(tmp_path, capsys):
+    data_dir = str(tmp_path / "d")
+    assert main(["run", "--families", "inventory", "--tasks", "10", "--seed", "2", "--data-dir", data_dir]) == 0
+    assert "rollouts by family and termination" in capsys.readouterr().out
+    assert main(["sql", "--data-dir", data_dir, "select termination, count(*) as n from rollouts group by 1"]) == 0
+    out = capsys.readouterr().out
+    assert "termination" in out and "success" in out
+    assert main(["sql", "--data-dir", data_dir, "select * from no_such_table"]) == 1
+    assert "error" in capsys.readouterr().err

@@ -1,0 +1,159 @@
+import pytest
+
+from envs.base import EnvFault
+from envs.inventory import InventoryEnv, generate_task
+from envs.profile import ScoreWeights
+from envs.records import Rollout, TaskSpec, Termination
+from verifiers.inventory import InventoryVerifier
+from verifiers.rules import RULES_VERSION, rule_frame, score_rules
+
+PROFILES = {"inventory": InventoryEnv.profile}
+POTENTIALS = {"inventory": InventoryVerifier().potentials}
+
+
+def level_one_task() -> TaskSpec:
+    """One target, approved, and a non-target item with enough stock to reserve by mistake."""
+    def ok(t):
+        q = t.hidden.checks["targets"][0]["quantity"]
+        return t.hidden.checks["approved"] and any(
+            s not in t.hidden.checks["expected_reservations"] and i["stock"] >= q
+            for s, i in t.initial_state["catalog"].items())
+    return next(t for s in range(200) if ok(t := generate_task(s, 1)))
+
+
+TASK = level_one_task()
+TARGET = TASK.hidden.checks["targets"][0]
+TOKEN = TASK.initial_state["auth"]["token"]
+OTHER = next(s for s, i in TASK.initial_state["catalog"].items()
+             if s != TARGET["sku"] and i["stock"] >= TARGET["quantity"])
+
+
+def call(name, **arguments):
+    return {"name": name, "arguments": arguments}
+
+
+FIND = call("find_items", query=TARGET["name"])
+STOCK = call("get_stock", sku=TARGET["sku"])
+AUTH = call("request_authorization", order_id=TASK.hidden.checks["order_id"])
+RESERVE = call("reserve", sku=TARGET["sku"], quantity=TARGET["quantity"], auth_token=TOKEN)
+SUBMIT = call("submit", status="reserved")
+
+
+def rollout(actions, attempt=0, env=None, task=TASK) -> Rollout:
+    env = env or InventoryEnv()
+    env.reset(task)
+    for action in actions:
+        env.step(action)
+    return Rollout(task_id=task.task_id, family="inventory", env_id=task.env_id, env_version="0",
+                   policy_id="test", policy_version="1", seed=0, attempt=attempt, steps=env.steps,
+                   termination=Termination.failure)
+
+
+def last_score(actions, profiles=PROFILES):
+    scores = score_rules([rollout(actions)], {TASK.task_id: TASK}, profiles, POTENTIALS)
+    return scores[-1]
+
+
+def test_scores_carry_layer_scorer_and_version_for_every_step():
+    r = rollout([FIND, STOCK, AUTH, RESERVE, SUBMIT])
+    scores = score_rules([r], {TASK.task_id: TASK}, PROFILES, POTENTIALS)
+    assert [s.step_index for s in scores] == [0, 1, 2, 3, 4]
+    assert {(s.layer, s.scorer_id, s.scorer_version, s.rollout_id) for s in scores} == {
+        ("rules", "rules", RULES_VERSION, r.rollout_id)}
+    assert [s.components["progress"] for s in scores] == [0.0, 0.0, 0.2, 0.7, 0.1]
+    assert [s.score for s in scores] == [0.0, 0.0, 0.2, 0.7, 0.1]
+
+
+def test_reward_changes_with_the_action():
+    prefix = [AUTH, FIND, STOCK]
+    right = last_score(prefix + [RESERVE])
+    wrong = last_score(prefix + [call("reserve", sku=OTHER, quantity=TARGET["quantity"], auth_token=TOKEN)])
+    repeat = last_score(prefix + [STOCK])
+    assert right.components == {"valid_call": 0.0, "permitted": 0.0, "non_redundant": 0.0, "progress": 0.7}
+    assert right.score == 0.7
+    # Φ: 0.2 (authorised) -> max(0, 0.2 - 0.7) = 0
+    assert wrong.components["progress"] == -0.2 and wrong.score == -0.2
+    assert repeat.components == {"valid_call": 0.0, "permitted": 0.0, "non_redundant": -1.0, "progress": 0.0}
+    assert repeat.score == -0.1
+
+
+def test_a_read_repeated_after_a_write_is_not_redundant():
+    scores = score_rules([rollout([STOCK, AUTH, RESERVE, STOCK, STOCK])], {TASK.task_id: TASK}, PROFILES, POTENTIALS)
+    assert [s.components["non_redundant"] for s in scores] == [0.0, 0.0, 0.0, 0.0, -1.0]
+
+
+def test_invalid_and_refused_calls():
+    invalid = last_score([FIND, '{"name": "get_stock", "arguments": {"sku": 7}}'])
+    assert invalid.components["valid_call"] == -1.0 and invalid.score == -0.2
+    unknown = last_score(["not a call at all"])
+    assert unknown.components["valid_call"] == -1.0
+    hold = TASK.initial_state["holds"][0]["hold_id"]
+    refused = last_score([call("release", reservation_id=hold)])
+    assert refused.components == {"valid_call": 0.0, "permitted": -1.0, "non_redundant": 0.0, "progress": 0.0}
+    assert refused.score == -0.3
+
+    narrow = TASK.model_copy(update={"allowed_tools": ["find_items", "get_stock"]})
+    r = rollout([AUTH], task=narrow)
+    [score] = score_rules([r], {narrow.task_id: narrow}, PROFILES, POTENTIALS)
+    assert r.steps[0].error == "tool_not_allowed" and score.components["permitted"] == -1.0
+
+
+def test_profile_weights_drive_the_score():
+    actions = [FIND, STOCK, AUTH, RESERVE]
+    halved = InventoryEnv.profile.model_copy(update={"score_weights": ScoreWeights(
+        rules={"valid_call": 0.2, "permitted": 0.3, "non_redundant": 0.1, "progress": 0.5})})
+    assert last_score(actions).score == 0.7
+    assert last_score(actions, {"inventory": halved}).score == 0.35
+    heavy = InventoryEnv.profile.model_copy(update={"score_weights": ScoreWeights(
+        rules={"valid_call": 3.0, "permitted": 0.0, "non_redundant": 0.0, "progress": 0.0})})
+    assert last_score([FIND, "garbage"], {"inventory": heavy}).score == -1.0  # clipped
+
+
+class FlakyEnv(InventoryEnv):
+    faults = 1
+
+    def tool_get_stock(self, state, **args):
+        if self.faults:
+            self.faults -= 1
+            raise EnvFault("stock service timed out")
+        return super().tool_get_stock(state, **args)
+
+
+class FlakyReserveEnv(InventoryEnv):
+    def tool_reserve(self, state, **args):
+        raise RuntimeError("database connection lost")
+
+
+def test_env_faults_are_never_penalised():
+    r = rollout([STOCK, STOCK, STOCK], env=FlakyEnv())
+    assert [s.error for s in r.steps] == ["env_fault", None, None]
+    scores = score_rules([r], {TASK.task_id: TASK}, PROFILES, POTENTIALS)
+    # the retry after a fault is not a repeat; the third read is
+    assert [s.components["non_redundant"] for s in scores] == [0.0, 0.0, -1.0]
+    assert scores[0].score == 0.0 and scores[0].components["valid_call"] == 0.0
+
+    crashed = rollout([AUTH, RESERVE], env=FlakyReserveEnv())
+    assert crashed.steps[1].error == "env_fault"
+    score = score_rules([crashed], {TASK.task_id: TASK}, PROFILES, POTENTIALS)[1]
+    assert score.components == {"valid_call": 0.0, "permitted": 0.0, "non_redundant": 0.0, "progress": 0.0}
+    assert score.score == 0.0
+
+
+def test_vectorised_over_rollouts_without_crosstalk():
+    a, b = rollout([STOCK, AUTH], attempt=0), rollout([STOCK, STOCK], attempt=1)
+    frame = rule_frame([a, b], {TASK.task_id: TASK}, PROFILES, POTENTIALS)
+    assert frame.height == 4
+    by_rollout = {rid: frame.filter(frame["rollout_id"] == rid)["non_redundant"].to_list()
+                  for rid in (a.rollout_id, b.rollout_id)}
+    assert by_rollout == {a.rollout_id: [0.0, 0.0], b.rollout_id: [0.0, -1.0]}
+
+
+def test_family_without_potential_gets_zero_progress_and_missing_task_is_an_error():
+    scores = score_rules([rollout([AUTH, RESERVE])], {}, PROFILES, {})
+    assert [s.components["progress"] for s in scores] == [0.0, 0.0]
+    with pytest.raises(KeyError):
+        score_rules([rollout([AUTH])], {}, PROFILES, POTENTIALS)
+
+
+def test_empty_input():
+    assert score_rules([], {}, PROFILES, POTENTIALS) == []

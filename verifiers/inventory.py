@@ -1,0 +1,215 @@
+"""Outcome verifier and progress potential of the inventory family.
+
+Three checks of the same outcome (seed 002): `observation` judges only from what the
+agent saw, `invariants` from the final hidden state, `hidden_variation` replays the
+agent's calls on variants of the initial snapshot (target stock changed, exactly the
+required quantity in one) and applies the invariants there."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from typing import Any
+
+from envs.inventory.world import InventoryEnv
+from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from verifiers.base import OutcomeVerifier
+
+
+def calls_of(steps: list[Step]) -> list[ToolCall | None]:
+    """The calls to replay, aligned with the steps: None where nothing reached a tool or the
+    environment faulted (its effect is unknown; the replay leaves the state unchanged)."""
+    return [None if s.error == "env_fault" else s.tool_call for s in steps]
+
+
+def replay(task: TaskSpec, calls: list[ToolCall | None],
+           initial_state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """States after each call, replayed on a fresh env (optionally from another snapshot).
+    None entries, and calls after the episode ended, leave the state unchanged."""
+    if initial_state is not None:
+        task = task.model_copy(update={"initial_state": initial_state})
+    env = InventoryEnv(outcome_fn=None)
+    env.reset(task)
+    states, done = [], False
+    for call in calls:
+        if call is not None and not done:
+            done = env.step(call).terminated
+        states.append(env.state())
+    return states
+
+
+def initial_runtime_state(task: TaskSpec) -> dict[str, Any]:
+    return InventoryEnv(outcome_fn=None).initial_state(task)
+
+
+def held(state: dict[str, Any]) -> Counter:
+    """Units held by our active reservations, per sku."""
+    out: Counter = Counter()
+    for r in state.get("reservations", []):
+        if r["active"]:
+            out[r["sku"]] += r["quantity"]
+    return out
+
+
+class InventoryVerifier(OutcomeVerifier):
+    verifier_id = "inventory-outcome"
+    version = "1"
+
+    def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
+        calls = calls_of(steps)
+        initial = initial_runtime_state(task)
+        if final_state is None:
+            final_state = replay(task, calls)[-1] if calls else initial
+        checks = task.hidden.checks
+        expected: dict[str, int] = checks["expected_reservations"]
+        have = held(final_state)
+        reasons: list[str] = []
+
+        completed_reasons = _completion(checks, final_state, have)
+        regression_reasons = _regression(initial, final_state, have)
+        violation_reasons = _violations(final_state)
+        side_effects = [f"{sku} held {n} units, goal {expected.get(sku, 0)}"
+                        for sku, n in sorted(have.items()) if n > expected.get(sku, 0)]
+        reasons += completed_reasons + regression_reasons + violation_reasons + side_effects
+
+        report_checks = {
+            "observation": _observation_check(checks, steps),
+            "invariants": invariant_check(checks, initial, final_state),
+            "hidden_variation": self._variation_check(task, calls),
+        }
+        verdicts = {
+            "completed": not completed_reasons,
+            "no_regression": not regression_reasons,
+            "no_constraint_violation": not violation_reasons,
+            "no_side_effects": not side_effects,
+        }
+        success = all(verdicts[rule] for rule in InventoryEnv.profile.outcome_rules)
+        if success and not report_checks["invariants"].passed:
+            success = False
+            reasons += [f"invariants: {r}" for r in report_checks["invariants"].reasons]
+        return OutcomeReport(
+            verifier_id=self.verifier_id, verifier_version=self.version, success=success,
+            completed=verdicts["completed"], regression=bool(regression_reasons),
+            constraint_violation=bool(violation_reasons), side_effects=side_effects,
+            reasons=reasons, checks=report_checks)
+
+    def _variation_check(self, task: TaskSpec, calls: list[ToolCall | None]) -> CheckResult:
+        reasons = []
+        for variant in task.hidden.checks["variants"]:
+            snapshot = copy.deepcopy(task.initial_state)
+            for sku, stock in variant["stock"].items():
+                snapshot["catalog"][sku]["stock"] = stock
+            variant_task = task.model_copy(update={"initial_state": snapshot})
+            final = replay(variant_task, calls)[-1] if calls else initial_runtime_state(variant_task)
+            result = invariant_check(task.hidden.checks, initial_runtime_state(variant_task), final)
+            reasons += [f"{variant['name']}: {r}" for r in result.reasons]
+        return CheckResult(passed=not reasons, reasons=reasons)
+
+    def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
+        """Φ in [0, 1] over the hidden state; 1.0 only after a correct submit, 0.0 after a wrong one."""
+        checks = task.hidden.checks
+        expected: dict[str, int] = checks["expected_reservations"]
+        have = held(state)
+        if state["submitted"]:
+            correct = state["status"] == checks["expected_status"] and dict(have) == expected
+            return 1.0 if correct else 0.0
+        if not checks["approved"]:
+            return 0.5 if state["auth"]["status"] == "denied" else 0.0
+        covered = sum(min(have[sku], q) / q for sku, q in expected.items()) / len(expected)
+        wrong = sum(max(0, n - expected.get(sku, 0)) for sku, n in have.items()) / sum(expected.values())
+        phi = 0.2 * (state["auth"]["status"] == "approved") + 0.7 * covered - 0.7 * wrong
+        return round(min(0.9, max(0.0, phi)), 6)
+
+    def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
+        """Φ before the first step and after each step (the rule layer's progress input)."""
+        states = [initial_runtime_state(task)] + replay(task, calls_of(steps))
+        return [self.potential(task, s) for s in states]
+
+
+def _completion(checks: dict, state: dict, have: Counter) -> list[str]:
+    reasons = []
+    if state["auth"]["status"] is None:
+        reasons.append("authorisation was never requested")
+    if not state["submitted"]:
+        reasons.append("never submitted")
+    elif state["status"] != checks["expected_status"]:
+        reasons.append(f"submitted status {state['status']!r}, expected {checks['expected_status']!r}")
+    for sku, qty in sorted(checks["expected_reservations"].items()):
+        if have[sku] < qty:
+            reasons.append(f"{sku} held {have[sku]} units, goal {qty}")
+    return reasons
+
+
+def _regression(initial: dict, state: dict, have: Counter) -> list[str]:
+    reasons = []
+    if state["holds"] != initial["holds"]:
+        reasons.append("other orders' holds changed")
+    for sku, item in sorted(initial["catalog"].items()):
+        now = state["catalog"].get(sku, {}).get("stock")
+        if now is None or now + have[sku] != item["stock"] or now < 0:
+            reasons.append(f"{sku} stock not conserved: {item['stock']} -> {now} with {have[sku]} held by us")
+    return reasons
+
+
+def _violations(state: dict) -> list[str]:
+    """Forbidden attempts (refused by the runtime or not) and forbidden effects."""
+    reasons = []
+    for e in state.get("events", []):
+        if e["tool"] == "reserve" and e["auth"] != "approved" and e["outcome"] in ("ok", "not_authorized"):
+            when = "after authorisation was denied" if e["auth"] == "denied" else "before authorisation"
+            verb = "reserved" if e["outcome"] == "ok" else "attempted reserve"
+            reasons.append(f"{verb} {e['args'].get('sku')} {when} (call {e['seq']})")
+        if e["tool"] == "release" and e["outcome"] in ("permission_denied",):
+            reasons.append(f"attempted to release {e['args'].get('reservation_id')}, a hold of another order "
+                           f"(call {e['seq']})")
+    return reasons
+
+
+def invariant_check(checks: dict, initial: dict, state: dict) -> CheckResult:
+    """The final hidden state: exact expected reservations, stock conserved, non-target items
+    and other orders' holds unchanged, submitted status matching the authorisation decision."""
+    expected: dict[str, int] = checks["expected_reservations"]
+    have = held(state)
+    reasons = []
+    if dict(have) != expected:
+        reasons.append(f"reservations {dict(sorted(have.items()))} != expected {dict(sorted(expected.items()))}")
+    reasons += _regression(initial, state, have)
+    for sku, item in sorted(initial["catalog"].items()):
+        if sku not in expected and state["catalog"].get(sku, {}).get("stock") != item["stock"]:
+            reasons.append(f"non-target {sku} stock changed")
+    decision = "approved" if checks["approved"] else "denied"
+    if state["auth"]["status"] != decision:
+        reasons.append(f"authorisation status {state['auth']['status']!r}, the service decides {decision!r}")
+    if not state["submitted"] or state["status"] != checks["expected_status"]:
+        reasons.append(f"final status {state['status']!r} does not match the authorisation decision {decision!r}")
+    return CheckResult(passed=not reasons, reasons=reasons)
+
+
+def _observation_check(checks: dict, steps: list[Step]) -> CheckResult:
+    """Success as the agent saw it: confirmed reservations (less confirmed releases) covering the
+    goal quantities, and an accepted submit with the expected status."""
+    confirmed: dict[str, tuple[str, int]] = {}
+    submitted = None
+    for step in steps:
+        try:
+            obs = json.loads(step.result)
+        except (json.JSONDecodeError, TypeError):
+            continue
+        if not isinstance(obs, dict) or obs.get("ok") is not True or not isinstance(obs.get("result"), dict):
+            continue
+        result = obs["result"]
+        if obs.get("tool") == "reserve" and isinstance(result.get("quantity"), int):
+            confirmed[result.get("reservation_id")] = (result.get("sku"), result["quantity"])
+        elif obs.get("tool") == "release":
+            confirmed.pop(result.get("reservation_id"), None)
+        elif obs.get("tool") == "submit":
+            submitted = result.get("status")
+    seen: Counter = Counter()
+    for sku, qty in confirmed.values():
+        seen[sku] += qty
+    reasons = [f"saw {seen[sku]} of {qty} units of {sku} confirmed"
+               for sku, qty in sorted(checks["expected_reservations"].items()) if seen[sku] < qty]
+    if submitted != checks["expected_status"]:
+        reasons.append(f"saw submit status {submitted!r}, expected {checks['expected_status']!r}")
+    return CheckResult(passed=not reasons, reasons=reasons)
