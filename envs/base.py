@@ -122,11 +122,13 @@ class ToolEnv(AgentEnv):
             raise RuntimeError("the episode is over; call reset()")
         info: dict[str, Any] = {"tool_call": None, "error": None, "thought": None, "env_fault": False}
         action_text = action if isinstance(action, str) else None
+        before = None
         try:
             parsed = parse_action(action, self.task.budget.max_action_chars)
             call, info["thought"] = parsed.call, parsed.thought
             info["tool_call"] = call
             info["category"] = self._check_call(call)
+            before = copy.deepcopy(self._state)
             result = getattr(self, f"tool_{call.name}")(self._state, **call.arguments)
             observation = render_result(call.name, result)
         except ActionError as exc:
@@ -136,6 +138,8 @@ class ToolEnv(AgentEnv):
             observation = render_error(info["tool_call"], exc.kind, exc.message)
             info["error"] = {"kind": exc.kind, "message": exc.message}
         except Exception as exc:  # EnvFault, or a tool that crashed: the environment's fault
+            if before is not None:  # a crashed call did nothing, so replays stay exact
+                self._state = before
             message = str(exc) if isinstance(exc, EnvFault) else f"tool crashed: {type(exc).__name__}: {exc}"
             observation = render_error(info["tool_call"], "env_fault", message)
             info["error"] = {"kind": "env_fault", "message": message}

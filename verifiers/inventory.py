@@ -85,9 +85,12 @@ class InventoryVerifier(OutcomeVerifier):
             "no_side_effects": not side_effects,
         }
         success = all(verdicts[rule] for rule in InventoryEnv.profile.outcome_rules)
-        if success and not report_checks["invariants"].passed:
-            success = False
-            reasons += [f"invariants: {r}" for r in report_checks["invariants"].reasons]
+        # A success must hold in the hidden state and survive the hidden variants too: one that
+        # only worked thanks to slack stock is not something to train on.
+        for name in ("invariants", "hidden_variation"):
+            if success and not report_checks[name].passed:
+                success = False
+                reasons += [f"{name}: {r}" for r in report_checks[name].reasons]
         return OutcomeReport(
             verifier_id=self.verifier_id, verifier_version=self.version, success=success,
             completed=verdicts["completed"], regression=bool(regression_reasons),

@@ -188,3 +188,15 @@ def test_profile_from_yaml(tmp_path):
     path.write_text("name: d\ntools: []\noutcome_rules: [vibes]\n")
     with pytest.raises(ValueError, match="unknown outcome rules"):
         DomainProfile.from_yaml(path)
+
+
+def test_a_crashed_tool_leaves_the_state_as_it_was():
+    class Leaky(CounterEnv):
+        def tool_crash(self, state):
+            state["value"] = 99
+            raise ValueError("boom after writing")
+
+    env = Leaky()
+    env.reset(seed=1)
+    ts = env.step(ToolCall(name="crash"))
+    assert ts.info["env_fault"] and env.state()["value"] == 0

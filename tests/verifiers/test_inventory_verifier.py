@@ -85,8 +85,9 @@ def test_slack_stock_rollout_passes_invariants_but_fails_hidden_variation():
     report = verifier.verify(task, env.steps, env.state())
     assert passed(report) == {"observation": True, "invariants": True, "hidden_variation": False}
     assert report.disagreement
-    # success follows the outcome rules and the invariants; the variation check is reported beside it
-    assert report.success
+    # a success that only held thanks to slack stock is not a success
+    assert report.completed and not report.regression and not report.constraint_violation
+    assert not report.success and report.reasons[-1].startswith("hidden_variation: exact_stock")
     assert report.checks["hidden_variation"].reasons[0] == (
         f"exact_stock: reservations {{}} != expected {{'{sku}': {q}}}")
 
