@@ -21,7 +21,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     report = factory(families=args.families, tasks_per_family=args.tasks, seed=args.seed, policy=args.policy,
                      mistake_rate=args.mistake_rate, samples_per_task=args.samples, batch_size=args.batch_size,
-                     data_dir=args.data_dir)
+                     data_dir=args.data_dir, task_runner=args.task_runner)
     print_report(report)
     return 0
 
@@ -72,12 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", type=int, default=2, help="rollouts per task")
     run.add_argument("--batch-size", type=int, default=25, help="tasks per rollout batch")
     run.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    run.add_argument("--task-runner", default="threads", choices=["threads", "dask", "ray"])
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="run the factory on the embedded default")
     demo.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     demo.set_defaults(func=cmd_run, families=["inventory"], tasks=50, seed=0, policy="scripted",
-                      mistake_rate=0.25, samples=2, batch_size=25)
+                      mistake_rate=0.25, samples=2, batch_size=25, task_runner="threads")
 
     envs_cmd = sub.add_parser("envs", help="list registered environments")
     envs_cmd.set_defaults(func=cmd_envs)

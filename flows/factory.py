@@ -4,12 +4,14 @@ orchestration (retries, concurrency through the task runner, artifacts)."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
 
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import Rollout, StepScore, TaskRejection, TaskSpec
@@ -77,18 +79,35 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: str, 
     return {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores}
 
 
+def make_task_runner(name: str, max_workers: int | None = None):
+    """`threads` (default, one machine), `dask` or `ray` (many machines; needs the extra)."""
+    if name == "threads":
+        return ThreadPoolTaskRunner(max_workers=max_workers)
+    extras = {"dask": ("prefect_dask", "DaskTaskRunner"), "ray": ("prefect_ray", "RayTaskRunner")}
+    if name not in extras:
+        raise ValueError(f"unknown task runner {name!r}; use threads, dask or ray")
+    module, cls = extras[name]
+    try:
+        return getattr(importlib.import_module(module), cls)()
+    except ImportError:
+        raise ValueError(f"task runner {name!r} needs {module.replace('_', '-')}: "
+                         f"pip install -e '.[{name}]'") from None
+
+
 @flow(name="factory", log_prints=True)
 def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, seed: int = 0,  # noqa: B006
             policy: str = "scripted", mistake_rate: float = 0.25, samples_per_task: int = 2,
-            batch_size: int = 25, data_dir: str = ".gymfoundry") -> dict[str, Any]:
+            batch_size: int = 25, data_dir: str = ".gymfoundry", task_runner: str = "threads") -> dict[str, Any]:
     """Run the whole factory and land everything in the warehouse under `data_dir`.
 
-    Re-running with the same parameters lands nothing new (ids are content hashes)."""
+    Re-running with the same parameters lands nothing new (ids are content hashes).
+    `task_runner` spreads the rollout batches: threads, dask or ray."""
     logger = get_run_logger()
     policy_kwargs = {"mistake_rate": mistake_rate} if policy == "scripted" else {}
+    pipeline = family_pipeline.with_options(task_runner=make_task_runner(task_runner))
     landed: dict[str, int] = {}
     for family in families:
-        out = family_pipeline(family, tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size)
+        out = pipeline(family, tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size)
         counts = land(data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"])
         for table, n in counts.items():
             landed[table] = landed.get(table, 0) + n

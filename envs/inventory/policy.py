@@ -19,10 +19,11 @@ MAX_TURNS = 40
 
 class ScriptedInventoryPolicy:
     policy_id = "scripted-inventory"
-    version = "1"
 
     def __init__(self, mistake_rate: float = 0.2, seed: int = 0):
         self.mistake_rate = mistake_rate
+        # The mistake rate is part of what the policy is: rollouts at other rates are other rollouts.
+        self.version = f"1+mistakes{mistake_rate:g}"
         self.seed = seed
         self.reset(seed)
 

@@ -280,7 +280,8 @@ def test_scripted_policy_is_deterministic_and_emits_text_actions():
     a = [s.action_text for s in run_policy(task, ScriptedInventoryPolicy(0.3), 8)[0].steps]
     b = [s.action_text for s in run_policy(task, ScriptedInventoryPolicy(0.3), 8)[0].steps]
     assert a == b and all(isinstance(t, str) and t.strip() for t in a)
-    assert ScriptedInventoryPolicy.policy_id == "scripted-inventory" and ScriptedInventoryPolicy.version
+    assert ScriptedInventoryPolicy.policy_id == "scripted-inventory"
+    assert ScriptedInventoryPolicy(0.25).version == "1+mistakes0.25" != ScriptedInventoryPolicy(0.1).version
 
 
 def test_scripted_policy_acts_on_observation_text_alone():

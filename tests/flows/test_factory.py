@@ -76,3 +76,18 @@ def test_cli_run_and_sql(tmp_path, capsys):
     assert "termination" in out and "success" in out
     assert main(["sql", "--data-dir", data_dir, "select * from no_such_table"]) == 1
     assert "error" in capsys.readouterr().err
+
+
+def test_task_runner_choice():
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from flows.factory import make_task_runner
+
+    assert isinstance(make_task_runner("threads"), ThreadPoolTaskRunner)
+    with pytest.raises(ValueError, match="unknown task runner"):
+        make_task_runner("spark")
+    try:
+        import prefect_dask  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match=r"pip install -e '\.\[dask\]'"):
+            make_task_runner("dask")
