@@ -57,6 +57,11 @@ class AgentEnv(ABC):
     def state(self) -> dict[str, Any]:
         """The full internal state, for verifiers and recorders; never shown to the agent."""
 
+    def runtime_info(self) -> dict[str, Any]:
+        """What the runtime guarantees for this episode (sandbox backend, limits); stored
+        with the rollout."""
+        return {}
+
     @property
     def unwrapped(self) -> AgentEnv:
         return self

@@ -183,6 +183,8 @@ class Rollout(Record):
     termination_reason: str = ""
     outcome: OutcomeReport | None = None
     cost: Cost = Field(default_factory=Cost)
+    # What the runtime guaranteed during the episode (e.g. sandbox backend and limits in force).
+    env_info: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _fill_rollout_id(self) -> Rollout:

@@ -42,6 +42,7 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0) -> 
     except Exception as exc:
         env_error = f"environment raised {type(exc).__name__}: {exc} ({_where(exc)})"
     steps = list(getattr(env, "steps", []))
+    env_info = env.unwrapped.runtime_info()
     if ts is not None and "verifier_error" in ts.info:
         verifier_error = f"verifier raised {ts.info['verifier_error']}"
     elif ts is not None and "outcome" in ts.info:  # the env asked the verifier at the end
@@ -62,7 +63,8 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0) -> 
     return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
                    env_version=spec(task.env_id).version, policy_id=policy.policy_id,
                    policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
-                   termination=termination, termination_reason=reason[:2000], outcome=outcome, cost=cost)
+                   termination=termination, termination_reason=reason[:2000], outcome=outcome, cost=cost,
+                   env_info=env_info)
 
 
 def collect_rollouts(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int) -> list[Rollout]:
