@@ -4,8 +4,8 @@ and rollout / rule-scoring throughput. Not a test (pytest collects test_*.py onl
     .venv/bin/python tests/benchmarks/bench_factory.py --tasks 50 --repeats 5 [--json out.json]
 
 One ephemeral Prefect API serves every repeat (its start-up is reported on its own line).
-Each repeat runs flow and plain back to back (A, B, A, B ...) into fresh temp data dirs, so
-both share the machine's noise; one unmeasured warm-up of each comes first. Figures are medians.
+Each repeat runs flow then plain (A, B, A, B ...) into fresh temp data dirs to share the
+machine's noise, after one unmeasured warm-up of each. Figures are medians.
 """
 
 from __future__ import annotations
@@ -83,11 +83,11 @@ def throughput(n: int, seed: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description="Factory flow vs plain stage calls; rollout/scoring steps/s.")
     ap.add_argument("--tasks", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = ap.parse_args(argv)
     command = " ".join(shlex.quote(a) for a in [sys.executable.replace(os.getcwd() + "/", ""), *sys.argv])
 
@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     import flows.factory  # noqa: F401  Prefect, polars, duckdb, the envs
     import_s = time.perf_counter() - t0
     from prefect.testing.utilities import prefect_test_harness
-
     flow_s: list[float] = []
     plain_s: list[float] = []
     tp: list[dict[str, float]] = []
