@@ -10,6 +10,9 @@ from envs.timestep import TimeStep
 register("gymfoundry/inventory-v0", "envs.inventory.world:InventoryEnv",
          verifier="verifiers.inventory:InventoryVerifier",
          scripted_policy="envs.inventory.policy:ScriptedInventoryPolicy")
+register("gymfoundry/coding-v0", "envs.coding.world:CodingEnv",
+         verifier="verifiers.coding:CodingVerifier",
+         scripted_policy="envs.coding.policy:ScriptedCodingPolicy")
 
 __all__ = [
     "AgentEnv", "Budget", "Cost", "Difficulty", "DomainProfile", "EnvFault", "Hidden", "OutcomeReport",

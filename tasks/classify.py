@@ -29,6 +29,16 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
         return Termination.verifier_error, "no outcome verifier for this env"
     if outcome.success:
         return Termination.success, "; ".join(outcome.reasons) or "verified"
+    # A verifier attributes a failure to the environment or to time with a failed check of that name
+    # (e.g. the coding grader's sandbox crashed, or the submitted code hung the hidden tests).
+    if _failed(outcome, "env_fault"):
+        return Termination.env_fault, "; ".join(outcome.checks["env_fault"].reasons)
     if outcome.constraint_violation:
         return Termination.constraint_violation, "; ".join(outcome.reasons)
+    if _failed(outcome, "timeout"):
+        return Termination.timeout, "; ".join(outcome.checks["timeout"].reasons)
     return Termination.failure, "; ".join(outcome.reasons) or "outcome not achieved"
+
+
+def _failed(outcome: OutcomeReport, check: str) -> bool:
+    return check in outcome.checks and not outcome.checks[check].passed

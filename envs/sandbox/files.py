@@ -1,0 +1,153 @@
+"""Workspace file operations done by the host on a directory the sandbox can write.
+
+The host may run as root, and the sandboxed code may have planted symlinks, FIFOs or
+device-like files in the workspace. So every path is opened one component at a time
+relative to the workspace with O_NOFOLLOW, and only regular files are read or written."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+
+from envs.sandbox.base import PathError, normalize_path
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_parent(root: str, rel: str, create: bool, owner: tuple[int, int] | None) -> tuple[int, str]:
+    """An fd of the directory holding `rel`, and the last component's name."""
+    parts = rel.split("/")
+    fd = os.open(root, DIR_FLAGS)
+    try:
+        for part in parts[:-1]:
+            try:
+                next_fd = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise PathError("not_found", f"no such file: {rel}") from None
+                os.mkdir(part, 0o755, dir_fd=fd)
+                next_fd = os.open(part, DIR_FLAGS, dir_fd=fd)
+                if owner:
+                    os.fchown(next_fd, *owner)
+            except OSError as exc:
+                raise _path_error(rel, exc) from None
+            os.close(fd)
+            fd = next_fd
+        return fd, parts[-1]
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _path_error(rel: str, exc: OSError) -> PathError:
+    if exc.errno == errno.ELOOP:
+        return PathError("symlink_refused", f"{rel} goes through a symbolic link; links are not followed")
+    if exc.errno == errno.ENOTDIR:
+        return PathError("not_found", f"no such file: {rel}")
+    if exc.errno == errno.ENOENT:
+        return PathError("not_found", f"no such file: {rel}")
+    if exc.errno == errno.EISDIR:
+        return PathError("is_a_directory", f"{rel} is a directory")
+    return PathError("io_error", f"{rel}: {exc.strerror}")
+
+
+def read_file(root: str, path: str, max_bytes: int) -> bytes:
+    rel = normalize_path(path)
+    if rel == ".":
+        raise PathError("is_a_directory", "the workspace root is a directory")
+    parent, name = _open_parent(root, rel, create=False, owner=None)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as exc:
+        raise _path_error(rel, exc) from None
+    finally:
+        os.close(parent)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise PathError("is_a_directory", f"{rel} is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise PathError("not_a_regular_file", f"{rel} is not a regular file")
+        return fh.read(max_bytes)
+
+
+def write_file(root: str, path: str, data: bytes, owner: tuple[int, int] | None) -> None:
+    rel = normalize_path(path)
+    if rel == ".":
+        raise PathError("is_a_directory", "the workspace root is a directory")
+    parent, name = _open_parent(root, rel, create=True, owner=owner)
+    try:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o644, dir_fd=parent)
+        except OSError as exc:
+            raise _path_error(rel, exc) from None
+    finally:
+        os.close(parent)
+    with os.fdopen(fd, "wb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise PathError("not_a_regular_file", f"{rel} is not a regular file")
+        fh.truncate(0)
+        fh.write(data)
+        if owner:
+            os.fchown(fh.fileno(), *owner)
+
+
+def list_files(root: str) -> list[str]:
+    """Regular files under root, workspace-relative; links and special files are skipped."""
+    out: list[str] = []
+
+    def walk(directory: str, prefix: str) -> None:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                rel = f"{prefix}{entry.name}"
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":
+                        walk(entry.path, rel + "/")
+                elif entry.is_file(follow_symlinks=False):
+                    out.append(rel)
+
+    walk(root, "")
+    return sorted(out)
+
+
+def snapshot(root: str, max_total_bytes: int) -> dict[str, bytes]:
+    files, total = {}, 0
+    for rel in list_files(root):
+        try:
+            data = read_file(root, rel, max_total_bytes - total + 1)
+        except PathError:
+            continue  # replaced by something else since it was listed
+        total += len(data)
+        if total > max_total_bytes:
+            raise PathError("workspace_too_large", f"the workspace holds more than {max_total_bytes} bytes")
+        files[rel] = data
+    return files
+
+
+def populate(root: str, files: dict[str, bytes | str], owner: tuple[int, int] | None) -> None:
+    for rel, data in sorted(files.items()):
+        write_file(root, rel, data.encode() if isinstance(data, str) else data, owner)
+
+
+def clear(root: str) -> None:
+    """Remove everything inside root (rmtree never follows links)."""
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+
+
+def disk_usage(root: str) -> int:
+    total = 0
+    for directory, dirs, names in os.walk(root):
+        for name in names + dirs:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                pass
+    return total
