@@ -1,20 +1,31 @@
 """PRM layer 1: rule rewards per step, generic over families, vectorised with polars.
 
-    rule_frame(rollouts, tasks, profiles, potentials) -> polars.DataFrame
+    step_table(rollouts, tasks, profiles, potentials) -> polars.DataFrame   one row per step
+    score_table(table, profiles) -> polars.DataFrame                       the rules, vectorised
+    rule_frame(...) = score_table(step_table(...), profiles)
     score_rules(rollouts, tasks, profiles, potentials) -> list[StepScore]
 
 - `tasks`: task_id -> TaskSpec (needed for progress).
-- `profiles`: family -> DomainProfile (tool categories and `score_weights.rules`).
+- `profiles`: family -> DomainProfile (tool categories, `undoes`, `grounded_arguments` and
+  `score_weights.rules`).
 - `potentials`: family -> callable (task, steps) -> [Φ(s_0), Φ(s_1), ..., Φ(s_n)], the
   potential before the first step and after each step, obtained by replaying the steps
   from the task's initial state (e.g. `InventoryVerifier().potentials`). A family without
   one gets progress 0.
 
-Components per step: `valid_call` (-1 when the action did not parse or failed the schema),
-`permitted` (-1 for a refused tool or permission), `non_redundant` (-1 for a read identical in
-name and arguments to an earlier read of the same rollout with no write between),
-`progress` (Φ(s') - Φ(s)). score = clip(Σ w_c · c, -1, 1), w from the family's profile.
-An env_fault step is never the model's mistake: all its components are 0."""
+Components per step:
+- `valid_call`: -1 when the action did not parse or failed the tool's schema;
+- `permitted`: -1 for a refused tool or permission;
+- `non_redundant`: -1 for a read identical in name and arguments to an earlier read of the
+  same rollout with no write between;
+- `no_undo`: -1 for a successful call that reverts an earlier successful call of the same
+  rollout, as the profile's `undoes` declares (inventory: releasing a reservation it made);
+- `information_use`: minus the share of the call's grounded argument values (the profile's
+  `grounded_arguments`: skus, tokens, ids) that appear in no observation the agent had seen
+  (the goal included), case-insensitively; 0 when all were seen or there are none;
+- `progress`: Φ(s') - Φ(s).
+score = clip(Σ w_c · c, -1, 1), w from the family's profile. An env_fault step is never the
+model's mistake: all its components are 0."""
 
 from __future__ import annotations
 
@@ -24,51 +35,71 @@ from collections.abc import Callable
 import polars as pl
 
 from envs.profile import DomainProfile
-from envs.records import Rollout, Step, StepScore, TaskSpec
+from envs.records import Rollout, Step, StepScore, TaskSpec, content_hash
 
-RULES_VERSION = "1"
-COMPONENTS = ("valid_call", "permitted", "non_redundant", "progress")
+RULES_VERSION = "2"
+COMPONENTS = ("valid_call", "permitted", "non_redundant", "no_undo", "information_use", "progress")
 INVALID_KINDS = ["invalid_action", "invalid_json", "no_tool_call", "invalid_tool_call", "invalid_arguments",
                  "action_too_large", "multiple_tool_calls", "unknown_tool"]
 REFUSED_KINDS = ["tool_not_allowed", "permission_denied"]
 PotentialFn = Callable[[TaskSpec, list[Step]], list[float]]
+STEP_SCHEMA = {"rollout_id": pl.String, "family": pl.String, "step_index": pl.Int64, "order": pl.Int64,
+               "error": pl.String, "tool": pl.String, "args": pl.String, "category": pl.String,
+               "observation": pl.String, "result": pl.String, "phi_before": pl.Float64, "phi_after": pl.Float64}
+# Joins observations into one text per rollout; never inside a JSON-rendered value.
+SEPARATOR = "\x00"
 
 
-def rule_frame(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
+def rules_version(profile: DomainProfile) -> str:
+    """The rule layer's version for one family: the code's version and its weights, so a
+    re-score under other weights lands beside the old scores instead of being skipped."""
+    return f"{RULES_VERSION}+w{content_hash(sorted(profile.score_weights.rules.items()), 6)}"
+
+
+def step_table(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
                potentials: dict[str, PotentialFn]) -> pl.DataFrame:
-    rows = []
+    """The rules' input, one row per step: plain columns, arguments and results as JSON text."""
+    columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
     for rollout in rollouts:
         profile = profiles[rollout.family]
         phi = _potentials(rollout, tasks, potentials)
         for i, step in enumerate(rollout.steps):
             call = step.tool_call
             category = profile.category(call.name) if call else None
-            rows.append({
-                "rollout_id": rollout.rollout_id, "family": rollout.family, "step_index": step.index,
-                "order": i, "error": step.error, "tool": call.name if call else None,
-                "args": json.dumps(call.arguments, sort_keys=True, default=str) if call else None,
-                "category": category.value if category else None,
-                "phi_before": phi[i], "phi_after": phi[i + 1],
-            })
-    schema = {"rollout_id": pl.String, "family": pl.String, "step_index": pl.Int64, "order": pl.Int64,
-              "error": pl.String, "tool": pl.String, "args": pl.String, "category": pl.String,
-              "phi_before": pl.Float64, "phi_after": pl.Float64}
-    frame = pl.DataFrame(rows, schema=schema).sort("rollout_id", "order")
+            values = (rollout.rollout_id, rollout.family, step.index, i, step.error, call.name if call else None,
+                      json.dumps(call.arguments, sort_keys=True, default=str) if call else None,
+                      category.value if category else None, step.observation, step.result, phi[i], phi[i + 1])
+            for name, value in zip(STEP_SCHEMA, values):
+                columns[name].append(value)
+    return pl.DataFrame(columns, schema=STEP_SCHEMA)
 
-    fault = pl.col("error").fill_null("") == "env_fault"
-    reached_tool = pl.col("tool").is_not_null() & ~pl.col("error").fill_null("").is_in(
-        INVALID_KINDS + REFUSED_KINDS + ["env_fault"])
+
+def score_table(table: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
+    """Every component and the weighted score of every step of `table` (see `step_table`)."""
+    frame = table.sort("rollout_id", "order").with_row_index("row").with_columns(
+        # an integer per rollout: partitions and joins on it are much cheaper than on the id string
+        rollout_key=(pl.col("rollout_id") != pl.col("rollout_id").shift()).fill_null(True).cum_sum())
+    error = pl.col("error").fill_null("")
+    fault = error == "env_fault"
+    reached_tool = pl.col("tool").is_not_null() & ~error.is_in(INVALID_KINDS + REFUSED_KINDS + ["env_fault"])
     is_read = reached_tool & (pl.col("category") == "read")
     is_write = reached_tool & pl.col("category").is_not_null() & (pl.col("category") != "read")
     frame = frame.with_columns(
         # Reads between the same two writes share an epoch; a repeat within an epoch is redundant.
-        epoch=is_write.cast(pl.Int64).cum_sum().over("rollout_id"), is_read=is_read)
+        epoch=is_write.cast(pl.Int64).cum_sum().over("rollout_key"), is_read=is_read,
+        # byte offset just past the observation seen before this step in the rollout's joined text
+        seen_end=(pl.col("observation").fill_null("").str.len_bytes().cast(pl.Int64) + len(SEPARATOR))
+        .cum_sum().over("rollout_key"))
     frame = frame.with_columns(
-        seen_before=pl.int_range(pl.len()).over("rollout_id", "epoch", "is_read", "tool", "args"))
+        repeated=pl.col("is_read") & ~pl.struct("rollout_key", "epoch", "is_read", "tool", "args").is_first_distinct())
+    frame = (frame.join(_undoes(frame, profiles), on="row", how="left")
+             .join(_information_use(frame, profiles), on="row", how="left"))
     frame = frame.with_columns(
         valid_call=pl.when(pl.col("error").is_in(INVALID_KINDS)).then(-1.0).otherwise(0.0),
         permitted=pl.when(pl.col("error").is_in(REFUSED_KINDS)).then(-1.0).otherwise(0.0),
-        non_redundant=pl.when(pl.col("is_read") & (pl.col("seen_before") > 0)).then(-1.0).otherwise(0.0),
+        non_redundant=pl.when(pl.col("repeated")).then(-1.0).otherwise(0.0),
+        no_undo=pl.when(pl.col("undoes").fill_null(False) & ~fault).then(-1.0).otherwise(0.0),
+        information_use=pl.when(fault).then(0.0).otherwise(pl.col("information_use").fill_null(0.0)),
         progress=pl.when(fault).then(0.0).otherwise(pl.col("phi_after") - pl.col("phi_before")),
     )
 
@@ -78,15 +109,82 @@ def rule_frame(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: di
         schema={"family": pl.String, **{f"w_{c}": pl.Float64 for c in COMPONENTS}})
     frame = frame.join(weights, on="family", how="left")
     total = sum(pl.col(f"w_{c}") * pl.col(c) for c in COMPONENTS)
-    return frame.with_columns(score=total.clip(-1.0, 1.0)).select(
+    return frame.with_columns(score=total.clip(-1.0, 1.0)).sort("row").select(
         "rollout_id", "family", "step_index", "error", "tool", *COMPONENTS, "score")
+
+
+def _undoes(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
+    """(row, undoes=True) for each successful call that reverts an earlier successful call of
+    its own rollout."""
+    found = [pl.DataFrame(schema={"row": pl.UInt32})]
+    succeeded = frame.filter(pl.col("error").is_null() & pl.col("tool").is_not_null())
+    for family, profile in profiles.items():
+        for tool, rule in profile.undoes.items():
+            source, field = rule.matches.split(".", 1)
+            named_by = (pl.col("result").str.json_path_match(f"$.result.{field}") if source == "result"
+                        else pl.col("args").str.json_path_match(f"$.{field}"))
+            done = (succeeded.filter((pl.col("family") == family) & (pl.col("tool") == rule.reverts))
+                    .select("rollout_key", done_row="row", key=named_by))
+            undo = (succeeded.filter((pl.col("family") == family) & (pl.col("tool") == tool))
+                    .select("rollout_key", "row", key=pl.col("args").str.json_path_match(f"$.{rule.argument}")))
+            found.append(undo.join(done, on=["rollout_key", "key"])
+                         .filter(pl.col("done_row") < pl.col("row")).select("row"))
+    return pl.concat(found).unique().with_columns(undoes=pl.lit(True))
+
+
+def _grounded_values(calls: pl.DataFrame, arguments: list[str]) -> pl.DataFrame:
+    """(row, rollout_key, seen_end, value) for each grounded argument value of `calls` (one tool)."""
+    try:  # one parse per call; arguments have passed the tool's schema, so they are scalars
+        values = calls.select("row", "rollout_key", "seen_end", args=pl.col("args").str.json_decode(
+            pl.Struct({a: pl.String for a in arguments}))).unnest("args")
+    except pl.exceptions.PolarsError:  # e.g. an object where a string was declared
+        values = calls.select("row", "rollout_key", "seen_end",
+                              *[pl.col("args").str.json_path_match(f"$.{a}").alias(a) for a in arguments])
+    return values.unpivot(index=["row", "rollout_key", "seen_end"], on=arguments, value_name="value").drop("variable")
+
+
+def _information_use(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
+    """(row, information_use) for each call with grounded argument values."""
+    empty = pl.DataFrame(schema={"row": pl.UInt32, "information_use": pl.Float64})
+    error = pl.col("error").fill_null("")
+    calls = frame.filter(pl.col("tool").is_not_null() & ~error.is_in(INVALID_KINDS + ["env_fault"]))
+    values = []
+    for family, profile in profiles.items():
+        for spec in profile.tools:
+            arguments = profile.grounded(spec.name)
+            rows = calls.filter((pl.col("family") == family) & (pl.col("tool") == spec.name)) if arguments else None
+            if rows is not None and rows.height:
+                values.append(_grounded_values(rows, arguments))
+    if not values:
+        return empty
+    values = pl.concat(values).filter(pl.col("value").is_not_null() & (pl.col("value") != "")).with_columns(
+        pl.col("value").str.to_lowercase())
+    if values.is_empty():
+        return empty
+    # One lower-cased text per rollout, its observations in order; a value was seen at a step if
+    # its first occurrence starts before that step's `seen_end`.
+    texts = frame.group_by("rollout_key", maintain_order=True).agg(pl.col("observation").fill_null("")).select(
+        "rollout_key", text=pl.col("observation").list.join(SEPARATOR).str.to_lowercase())
+    # Tool results are rendered as JSON: a value with quotes or newlines appears there escaped.
+    escaped = pl.struct("value").struct.json_encode().str.slice(10).str.head(-2)  # {"value":"…"} -> …
+    values = values.with_columns(escaped=pl.when(escaped != pl.col("value")).then(escaped))
+    checked = values.join(texts, on="rollout_key").with_columns(first=pl.min_horizontal(
+        pl.col("text").str.find(pl.col("value"), literal=True), pl.col("text").str.find(pl.col("escaped"), literal=True)))
+    unseen = pl.col("first").is_null() | (pl.col("first").cast(pl.Int64) >= pl.col("seen_end"))
+    return checked.group_by("row").agg(information_use=0.0 - unseen.cast(pl.Float64).mean())
+
+
+def rule_frame(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
+               potentials: dict[str, PotentialFn]) -> pl.DataFrame:
+    return score_table(step_table(rollouts, tasks, profiles, potentials), profiles)
 
 
 def score_rules(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
                 potentials: dict[str, PotentialFn]) -> list[StepScore]:
     frame = rule_frame(rollouts, tasks, profiles, potentials)
+    versions = {family: rules_version(profile) for family, profile in profiles.items()}
     return [StepScore(rollout_id=row["rollout_id"], step_index=row["step_index"], layer="rules",
-                      scorer_id="rules", scorer_version=RULES_VERSION, score=round(row["score"], 6),
+                      scorer_id="rules", scorer_version=versions[row["family"]], score=round(row["score"], 6),
                       components={c: round(row[c], 6) for c in COMPONENTS})
             for row in frame.iter_rows(named=True)]
 

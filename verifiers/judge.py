@@ -1,0 +1,353 @@
+"""PRM layer 2: an LLM judge over any OpenAI-compatible chat-completions endpoint
+(vLLM, Ollama, llama.cpp server, hosted APIs).
+
+    judge = Judge(JudgeSettings.from_env(), cache=JudgeCache(path))
+    scores, stats = judge.score(rollouts, tasks, profiles)
+
+The judge is shown the task goal, the last few steps, and the step's reasoning, action and
+observation, with the domain's rubric (`DomainProfile.judge_rubric`: dimensions and weights).
+It must answer with one JSON object `{"scores": {<dimension>: -1..1}, "rationale": "..."}`;
+anything else is retried a bounded number of times and then recorded as status "error" with
+no score. Without an endpoint every step gets status "not_configured" and no score: the
+layer never makes a value up. Verdicts are cached by a hash of (model, prompt version,
+messages), so a re-score costs no requests. The score row names the judge model
+(`scorer_id = "judge:<model>"`) and the prompt version (`scorer_version`); the API key is
+read from settings or the environment and never stored."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from envs.profile import DomainProfile, JudgeRubric, RubricDimension
+from envs.records import Rollout, Step, StepScore, TaskSpec, content_hash
+
+JUDGE_PROMPT_VERSION = "1"
+ENV_PREFIX = "GYMFOUNDRY_JUDGE_"
+DEFAULT_RUBRIC = JudgeRubric(dimensions=[
+    RubricDimension(name="goal_progress", weight=0.5,
+                    description="Does this step move the task toward its goal?"),
+    RubricDimension(name="correctness", weight=0.3,
+                    description="Is it the right tool with the right arguments at this point?"),
+    RubricDimension(name="grounding", weight=0.2,
+                    description="Does the action use what the agent has actually seen, and does its "
+                                "stated reasoning match the action?"),
+])
+
+
+class JudgeSettings(BaseModel):
+    """Where the judge is and how to call it. `base_url` is the API root that serves
+    `/chat/completions`, e.g. http://127.0.0.1:8000/v1 (vLLM), http://127.0.0.1:11434/v1
+    (Ollama), http://127.0.0.1:8080/v1 (llama.cpp server), https://api.openai.com/v1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_concurrency: int = Field(default=8, ge=1)
+    max_attempts: int = Field(default=3, ge=1)
+    retry_backoff_s: float = Field(default=0.5, ge=0)
+    history_steps: int = Field(default=4, ge=0)
+    max_chars: int = Field(default=2000, ge=100)  # of each text shown to the judge
+    json_mode: bool = True                        # send response_format={"type": "json_object"}
+    temperature: float = 0.0
+    max_tokens: int = 512
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> JudgeSettings:
+        """GYMFOUNDRY_JUDGE_BASE_URL, _MODEL, _API_KEY, _TIMEOUT_S, _MAX_CONCURRENCY,
+        _MAX_ATTEMPTS, _JSON_MODE; `overrides` that are not None win."""
+        environ = os.environ if environ is None else environ
+        fields = {"base_url": str, "model": str, "api_key": str, "timeout_s": float, "max_concurrency": int,
+                  "max_attempts": int, "json_mode": lambda v: v.strip().lower() not in ("0", "false", "no")}
+        values: dict[str, Any] = {}
+        for name, parse in fields.items():
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw not in (None, ""):
+                values[name] = parse(raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url and self.model)
+
+
+def prompt_version(rubric: JudgeRubric) -> str:
+    """The code's prompt version and the rubric it renders."""
+    return f"{JUDGE_PROMPT_VERSION}+{content_hash(rubric.model_dump(mode='json'), 6)}"
+
+
+def rubric_of(profile: DomainProfile | None) -> JudgeRubric:
+    return profile.judge_rubric if profile and profile.judge_rubric else DEFAULT_RUBRIC
+
+
+# -- the prompt ---------------------------------------------------------------------------
+
+def clip_text(text: str | None, limit: int) -> str:
+    text = text or ""
+    return text if len(text) <= limit else text[:limit] + f" …[{len(text) - limit} more characters]"
+
+
+def render_action(step: Step, limit: int) -> str:
+    if step.tool_call is not None:
+        return clip_text(json.dumps({"name": step.tool_call.name, "arguments": step.tool_call.arguments},
+                                    sort_keys=True), limit)
+    return clip_text(step.action_text, limit) + "\n(this did not parse as a tool call)"
+
+
+def judge_messages(goal: str, steps: list[Step], position: int, rubric: JudgeRubric,
+                   settings: JudgeSettings) -> list[dict[str, str]]:
+    """The chat messages that ask the judge to grade `steps[position]`."""
+    limit = settings.max_chars
+    dimensions = "\n".join(f"- {d.name} (weight {d.weight:g}): {d.description}" for d in rubric.dimensions)
+    example = json.dumps({"scores": {d.name: 0.0 for d in rubric.dimensions}, "rationale": "..."})
+    system = (
+        "You are a strict process reward judge for a tool-using agent. You grade one step of its "
+        "trajectory: the step under review, not the ones before it.\n"
+        + (rubric.instructions.strip() + "\n" if rubric.instructions.strip() else "")
+        + "Score each dimension from -1 (wrong or harmful) through 0 (neutral, no effect) to 1 "
+        "(clearly right and useful):\n" + dimensions + "\n"
+        "Reply with exactly one JSON object and nothing else, of this form:\n" + example)
+    step = steps[position]
+    start = max(0, position - settings.history_steps)
+    history = "\n".join(f"[step {s.index}] action: {render_action(s, limit // 2)}\n"
+                        f"[step {s.index}] result: {clip_text(s.result, limit // 2)}" for s in steps[start:position])
+    user = (f"## Task goal\n{clip_text(goal, limit)}\n\n"
+            f"## Earlier steps (last {position - start} of {position})\n{history or '(none: this is the first step)'}\n\n"
+            f"## Step under review (step {step.index})\n"
+            f"Agent's reasoning: {clip_text(step.thought, limit) or '(none given)'}\n"
+            f"Action: {render_action(step, limit)}\n"
+            f"Observation returned: {clip_text(step.result, limit)}")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+# -- the reply ----------------------------------------------------------------------------
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scores: dict[str, float]
+    rationale: str = Field(default="", max_length=4000)
+
+
+class InvalidReply(ValueError):
+    pass
+
+
+def parse_verdict(content: str, rubric: JudgeRubric) -> Verdict:
+    """The verdict in a reply: one JSON object (a ```json fence around it is tolerated) with a
+    score in [-1, 1] for exactly the rubric's dimensions."""
+    text = content.strip()
+    if text.startswith("```"):
+        text = text.strip("`").removeprefix("json").strip()
+    try:
+        verdict = Verdict.model_validate(json.loads(text))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise InvalidReply(f"not a verdict object: {str(exc).splitlines()[0][:200]}") from None
+    expected = {d.name for d in rubric.dimensions}
+    if set(verdict.scores) != expected:
+        raise InvalidReply(f"scores must name exactly {sorted(expected)}, got {sorted(verdict.scores)}")
+    bad = {k: v for k, v in verdict.scores.items() if not (math.isfinite(v) and -1.0 <= v <= 1.0)}
+    if bad:
+        raise InvalidReply(f"scores must lie in [-1, 1]: {bad}")
+    return verdict
+
+
+def weighted_score(verdict: Verdict, rubric: JudgeRubric) -> float:
+    total = sum(d.weight for d in rubric.dimensions)
+    return sum(d.weight * verdict.scores[d.name] for d in rubric.dimensions) / total
+
+
+# -- the cache ----------------------------------------------------------------------------
+
+class JudgeCache:
+    """Verdicts by key (hash of model, prompt version and messages) in a SQLite file; `None`
+    keeps them in memory for this object's life. Only valid verdicts are stored."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = Path(path) if path else None
+        self._memory: dict[str, str] = {}
+        self._lock = threading.Lock()
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._connect() as con:
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, model TEXT NOT NULL, "
+                            "prompt_version TEXT NOT NULL, verdict TEXT NOT NULL, created_at REAL NOT NULL)")
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def get(self, keys: list[str]) -> dict[str, Verdict]:
+        if not self.path:
+            found = {k: self._memory[k] for k in keys if k in self._memory}
+        else:
+            found = {}
+            with self._connect() as con:
+                for i in range(0, len(keys), 500):
+                    chunk = keys[i:i + 500]
+                    rows = con.execute(f"SELECT key, verdict FROM verdicts WHERE key IN ({','.join('?' * len(chunk))})",
+                                       chunk).fetchall()
+                    found.update(dict(rows))
+        return {k: Verdict.model_validate_json(v) for k, v in found.items()}
+
+    def put(self, key: str, model: str, version: str, verdict: Verdict) -> None:
+        text = verdict.model_dump_json()
+        with self._lock:
+            if not self.path:
+                self._memory[key] = text
+                return
+            with self._connect() as con:
+                con.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?)",
+                            (key, model, version, text, time.time()))
+
+
+def cache_key(model: str, version: str, messages: list[dict[str, str]]) -> str:
+    payload = json.dumps([model, version, messages], sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# -- the judge ----------------------------------------------------------------------------
+
+@dataclass
+class JudgeStats:
+    steps: int = 0
+    requests: int = 0
+    cache_hits: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    first_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    rollout_id: str
+    step_index: int
+    rubric: JudgeRubric
+    version: str
+    messages: list[dict[str, str]]
+    key: str
+
+
+class Judge:
+    def __init__(self, settings: JudgeSettings | None = None, cache: JudgeCache | None = None):
+        self.settings = settings or JudgeSettings.from_env()
+        self.cache = cache or JudgeCache()
+
+    @property
+    def scorer_id(self) -> str:
+        return f"judge:{self.settings.model}" if self.settings.configured else "judge"
+
+    def score(self, rollouts: list[Rollout], tasks: dict[str, TaskSpec],
+              profiles: dict[str, DomainProfile]) -> tuple[list[StepScore], JudgeStats]:
+        """One judge row per step (environment-fault steps are not the agent's doing and are
+        not judged): status ok with a score, error with none, or not_configured with none."""
+        started, stats = time.perf_counter(), JudgeStats()
+        jobs = [job for rollout in rollouts for job in self._jobs(rollout, tasks, profiles.get(rollout.family))]
+        stats.steps = len(jobs)
+        if not self.settings.configured:
+            return [StepScore(rollout_id=j.rollout_id, step_index=j.step_index, layer="judge", scorer_id="judge",
+                              scorer_version=j.version, status="not_configured",
+                              rationale="no judge endpoint configured (GYMFOUNDRY_JUDGE_BASE_URL / _MODEL)")
+                    for j in jobs], stats
+        cached = self.cache.get(sorted({j.key for j in jobs}))
+        stats.cache_hits = sum(j.key in cached for j in jobs)
+        missing = list({j.key: j for j in jobs if j.key not in cached}.values())
+        outcomes: dict[str, Verdict | str] = dict(cached)
+        if missing:
+            limits = httpx.Limits(max_connections=self.settings.max_concurrency)
+            with httpx.Client(timeout=self.settings.timeout_s, limits=limits) as client, \
+                    ThreadPoolExecutor(max_workers=self.settings.max_concurrency) as pool:
+                for job, (outcome, requests) in zip(missing, pool.map(lambda j: self._ask(client, j), missing)):
+                    stats.requests += requests
+                    outcomes[job.key] = outcome
+                    if isinstance(outcome, Verdict):
+                        self.cache.put(job.key, self.settings.model, job.version, outcome)
+        scores = []
+        for job in jobs:
+            outcome = outcomes[job.key]
+            if isinstance(outcome, Verdict):
+                scores.append(StepScore(
+                    rollout_id=job.rollout_id, step_index=job.step_index, layer="judge", scorer_id=self.scorer_id,
+                    scorer_version=job.version, score=round(weighted_score(outcome, job.rubric), 6),
+                    components={k: float(v) for k, v in outcome.scores.items()}, rationale=outcome.rationale))
+            else:
+                stats.errors += 1
+                if len(stats.first_errors) < 5:
+                    stats.first_errors.append(outcome)
+                scores.append(StepScore(rollout_id=job.rollout_id, step_index=job.step_index, layer="judge",
+                                        scorer_id=self.scorer_id, scorer_version=job.version, status="error",
+                                        rationale=outcome))
+        stats.seconds = time.perf_counter() - started
+        return scores, stats
+
+    def _jobs(self, rollout: Rollout, tasks: dict[str, TaskSpec], profile: DomainProfile | None) -> list[_Job]:
+        rubric = rubric_of(profile)
+        version = prompt_version(rubric)
+        task = tasks.get(rollout.task_id)
+        goal = task.goal if task else (rollout.steps[0].observation if rollout.steps else "")
+        jobs = []
+        for position, step in enumerate(rollout.steps):
+            if step.error == "env_fault":
+                continue
+            messages = judge_messages(goal, rollout.steps, position, rubric, self.settings)
+            jobs.append(_Job(rollout.rollout_id, step.index, rubric, version, messages,
+                             cache_key(self.settings.model or "", version, messages)))
+        return jobs
+
+    def _ask(self, client: httpx.Client, job: _Job) -> tuple[Verdict | str, int]:
+        """The verdict, or the last error after `max_attempts` tries; and the requests made.
+        Timeouts, connection errors, 429 and 5xx are retried; an invalid reply is retried with a
+        note saying what was wrong; other 4xx (bad key, unknown model) are not."""
+        settings = self.settings
+        url = settings.base_url.rstrip("/") + "/chat/completions"
+        headers = {"Authorization": f"Bearer {settings.api_key.get_secret_value()}"} if settings.api_key else {}
+        messages, error, attempt = list(job.messages), "no attempt made", 0
+        for attempt in range(1, settings.max_attempts + 1):
+            if attempt > 1 and settings.retry_backoff_s:
+                time.sleep(settings.retry_backoff_s * (attempt - 1))
+            body: dict[str, Any] = {"model": settings.model, "messages": messages,
+                                    "temperature": settings.temperature, "max_tokens": settings.max_tokens}
+            if settings.json_mode:
+                body["response_format"] = {"type": "json_object"}
+            try:
+                response = client.post(url, json=body, headers=headers)
+            except httpx.TimeoutException:
+                error = f"timed out after {settings.timeout_s:g} s"
+                continue
+            except httpx.TransportError as exc:
+                error = f"connection failed: {type(exc).__name__}: {exc}"
+                continue
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {response.text[:200]}"
+                if response.status_code == 429 or response.status_code >= 500:
+                    continue
+                break
+            try:
+                content = response.json()["choices"][0]["message"]["content"]
+                if not isinstance(content, str):
+                    raise InvalidReply("the reply has no text content")
+                return parse_verdict(content, job.rubric), attempt
+            except (InvalidReply, ValueError, KeyError, IndexError, TypeError) as exc:
+                error = f"invalid reply: {exc}"
+                if isinstance(exc, InvalidReply):
+                    messages = list(job.messages) + [
+                        {"role": "assistant", "content": clip_text(content, settings.max_chars)},
+                        {"role": "user", "content": f"That reply was invalid ({exc}). Reply with only the JSON "
+                                                    "object, with every dimension scored in [-1, 1]."}]
+        return f"judge failed after {attempt} attempt(s): {error}", attempt
