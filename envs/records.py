@@ -223,3 +223,137 @@ class TaskRejection(Record):
     family: str
     stage: str
     reason: str
+
+
+# Classes decided by what the model did. The others (env_fault, timeout, policy_error,
+# verifier_error) say nothing about its skill: never a model failure, never in a success rate.
+MODEL_OUTCOMES = frozenset({Termination.success, Termination.failure, Termination.constraint_violation,
+                            Termination.truncated})
+
+
+class RetryPolicy(Record):
+    """How a run retries episodes that ended for a reason that is not the model's doing.
+    Fixed per run and stored with it; a model outcome is never retried. After `max_retries`
+    the (task, sample) is skipped, or the run fails."""
+
+    max_retries: int = Field(default=2, ge=0)
+    backoff_s: float = Field(default=0.5, ge=0)
+    backoff_factor: float = Field(default=2.0, ge=1)
+    max_backoff_s: float = Field(default=30.0, ge=0)
+    retry_on: list[Termination] = Field(default_factory=lambda: [Termination.env_fault])
+    on_exhausted: Literal["skip", "fail"] = "skip"
+
+    @model_validator(mode="after")
+    def _never_model_outcomes(self) -> RetryPolicy:
+        model = sorted(t.value for t in self.retry_on if t in MODEL_OUTCOMES)
+        if model:
+            raise ValueError(f"model outcomes are never retried: {model}")
+        return self
+
+    def delay_s(self, retry: int) -> float:
+        """Wait before retry number `retry` (1 for the first)."""
+        return min(self.max_backoff_s, self.backoff_s * self.backoff_factor ** (retry - 1))
+
+
+class FaultConfig(Record):
+    """Environment faults to inject (`envs.faults.FaultInjection`): `rate` per tool call, split
+    between the kinds by weight. Seeded, so a run's faults are reproducible."""
+
+    rate: float = Field(default=0.0, ge=0, le=1)
+    kinds: dict[Literal["tool_crash", "timeout", "unavailable"], float] = Field(
+        default_factory=lambda: {"tool_crash": 1.0, "timeout": 1.0, "unavailable": 1.0})
+    timeout_s: float = Field(default=0.0, ge=0)  # how long an injected timeout hangs before it fails
+    seed: int = 0
+
+
+class Run(Record):
+    """One factory run: its configuration (which fixes `run_id`), retry policy and injected
+    faults, and what happened: rollouts attempted by class and family, retries, skips."""
+
+    run_id: str = ""
+    params: dict[str, Any]
+    retry_policy: RetryPolicy
+    faults: FaultConfig | None = None
+    started_at: str = ""
+    finished_at: str = ""
+    attempted: int = Field(default=0, ge=0)
+    retries: int = Field(default=0, ge=0)
+    skips: int = Field(default=0, ge=0)
+    by_class: dict[str, int] = Field(default_factory=dict)
+    by_family: dict[str, dict[str, int]] = Field(default_factory=dict)
+    landed: dict[str, int] = Field(default_factory=dict)
+    quarantined: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _fill_run_id(self) -> Run:
+        if not self.run_id:
+            config = [self.params, self.retry_policy.model_dump(mode="json"),
+                      self.faults.model_dump(mode="json") if self.faults else None]
+            self.run_id = "run-" + content_hash(config)
+        return self
+
+
+class DatasetManifest(Record):
+    """A dataset assembled from the warehouse: its file, the curriculum behind its sampling
+    weights (per-rollout success rates per "family/level" for one policy, the learnability
+    function, the resulting mixture) and what was left out. Its rows are `DatasetRow`s."""
+
+    dataset_id: str
+    kind: Literal["sft", "dpo", "grpo"]
+    path: str | None = None  # relative to the data dir
+    rows: int = Field(ge=0)
+    families: list[str]
+    policy_id: str | None = None
+    policy_version: str | None = None
+    learnability: str
+    success_rates: dict[str, float] = Field(default_factory=dict)
+    mixture: dict[str, float] = Field(default_factory=dict)
+    reward_layer: str | None = None
+    reward_scorer_version: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    dropped: dict[str, int] = Field(default_factory=dict)
+    created_at: str = ""
+
+
+class DatasetRow(Record):
+    """Lineage of one dataset row: the rollouts it came from and its sampling weight."""
+
+    dataset_id: str
+    row_id: str  # content hash of the row
+    row_index: int = Field(ge=0)
+    family: str = Field(pattern=FAMILY_NAME)
+    task_id: str
+    difficulty: int = Field(ge=1, le=5)
+    rollout_ids: list[str] = Field(default_factory=list)
+    pair_type: Literal["trajectory", "step"] | None = None
+    step_index: int | None = None
+    margin: float | None = None
+    weight: float = Field(ge=0)
+
+
+class TrainingRun(Record):
+    """One training run: the dataset it read (lineage through `datasets` / `dataset_rows`),
+    the base model, method and hyperparameters (which fix `run_id`), the checkpoint written
+    and its metrics (loss, seconds per step, peak memory, held-out success where evaluated)."""
+
+    run_id: str = ""
+    method: Literal["sft", "dpo", "grpo"]
+    base_model: str
+    base_model_version: str = ""
+    dataset_id: str | None = None
+    dataset_path: str | None = None
+    families: list[str] = Field(default_factory=list)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    checkpoint: str = ""
+    checkpoint_version: str = ""
+    status: Literal["completed", "failed"] = "completed"
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    started_at: str = ""
+    finished_at: str = ""
+
+    @model_validator(mode="after")
+    def _fill_run_id(self) -> TrainingRun:
+        if not self.run_id:
+            key = [self.method, self.base_model_version or self.base_model, self.dataset_id, self.hyperparameters]
+            self.run_id = "train-" + content_hash(key)
+        return self

@@ -5,6 +5,7 @@ orchestration (retries, concurrency through the task runner, artifacts)."""
 from __future__ import annotations
 
 import importlib
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import envs  # noqa: F401  registers the built-in environments
-from envs.records import Rollout, StepScore, TaskRejection, TaskSpec
+from envs.records import FaultConfig, RetryPolicy, Rollout, Run, StepScore, TaskRejection, TaskSpec
 from tasks import assemble as assemble_stage
 from tasks.generate import generate_tasks
-from tasks.isolate import assert_no_leaks, isolate_tasks
-from tasks.land import land_batch
+from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits
+from tasks.land import land_records, land_run
 from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts
+from tasks.retry import RetryExhausted, collect_with_retries, run_counts
 from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
 
@@ -36,46 +37,83 @@ def validate(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]
 
 
 @task(name="isolate", cache_policy=NO_CACHE)
-def isolate(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]]:
-    return isolate_tasks(tasks)
+def isolate(tasks: list[TaskSpec], data_dir: str | None = None,
+            holdout_fraction: float = HOLDOUT_FRACTION) -> tuple[list[TaskSpec], list[TaskRejection]]:
+    """Templates already in the warehouse keep their split (the holdout stays locked)."""
+    known = landed_splits(data_dir) if data_dir else {}
+    return isolate_tasks(tasks, known, holdout_fraction)
 
 
-@task(name="rollout-batch", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+def _crashed_not_exhausted(task, task_run, state) -> bool:
+    """Prefect retries a crashed batch once, but not one that used up the run's retry policy."""
+    try:
+        state.result()
+    except RetryExhausted:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="rollout-batch", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1,
+      retry_condition_fn=_crashed_not_exhausted)
 def rollout_batch(tasks: list[TaskSpec], policy: str, policy_kwargs: dict[str, Any], samples_per_task: int,
-                  seed: int) -> list[Rollout]:
+                  seed: int, retry: RetryPolicy | None = None, faults: FaultConfig | None = None) -> list[Rollout]:
     agent = make_policy(policy, tasks[0].family, **policy_kwargs)
-    return collect_rollouts(tasks, agent, samples_per_task, seed)
+    return collect_with_retries(tasks, agent, samples_per_task, seed, retry or RetryPolicy(), faults)
 
 
 @task(name="score", cache_policy=NO_CACHE)
-def score(rollouts: list[Rollout], tasks: list[TaskSpec]) -> list[StepScore]:
+def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None = None) -> list[StepScore]:
+    """All PRM layers: rules, the judge where GYMFOUNDRY_JUDGE_* configures one, and the family's
+    current calibrator under `data_dir`."""
     assert_no_leaks(rollouts, {t.task_id: t for t in tasks})
-    return score_rollouts(rollouts, tasks)
+    return score_rollouts(rollouts, tasks, data_dir)
 
 
 @task(name="land", cache_policy=NO_CACHE)
 def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
-         scores: list[StepScore]) -> dict[str, int]:
-    return land_batch(data_dir, tasks, rejections, rollouts, scores)
+         scores: list[StepScore]) -> dict[str, Any]:
+    """One transaction after the quality gates; a failing batch goes to quarantine, loudly."""
+    landing = land_records(data_dir, tasks, rejections, rollouts, scores)
+    if not landing.ok:
+        report = landing.report.summary() if landing.report else ""
+        get_run_logger().error("QUARANTINED: a batch of %d tasks, %d rollouts and %d step scores failed the quality "
+                               "gates and did not land: %s. Rows and validation report: %s", len(tasks),
+                               len(rollouts), len(scores), report, landing.quarantine)
+        create_markdown_artifact(
+            key="quarantined-batch", description="A batch failed the quality gates and went to quarantine",
+            markdown=f"# Quarantined batch\n\nNothing of it landed. Rows and report: `{landing.quarantine}`\n\n"
+                     + "\n".join(f"- {line}" for line in report.split("; ")))
+    return {"counts": landing.counts, "quarantine": str(landing.quarantine) if landing.quarantine else None}
 
 
 @task(name="assemble", cache_policy=NO_CACHE)
-def assemble(data_dir: str, families: list[str]) -> dict[str, Any]:
-    return assemble_stage.assemble_datasets(data_dir, families)
+def assemble(data_dir: str, families: list[str], policy_version: str | None = None, learnability: str = "p(1-p)",
+             min_margin: float = 0.5) -> dict[str, Any]:
+    return assemble_stage.assemble_datasets(data_dir, families, policy_version=policy_version,
+                                            learnability=learnability, min_margin=min_margin)
+
+
+@task(name="record-run", cache_policy=NO_CACHE)
+def record_run(data_dir: str, run: Run) -> dict[str, int]:
+    return land_run(data_dir, run)
 
 
 @flow(name="factory-family")
 def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: str, policy_kwargs: dict[str, Any],
-                    samples_per_task: int, batch_size: int) -> dict[str, Any]:
+                    samples_per_task: int, batch_size: int, data_dir: str | None = None,
+                    holdout_fraction: float = HOLDOUT_FRACTION, retry: RetryPolicy | None = None,
+                    faults: FaultConfig | None = None) -> dict[str, Any]:
     """One family, from task specs to scored rollouts (not yet landed)."""
     generated = generate(family, tasks_per_family, seed)
     valid, invalid = validate(generated)
-    isolated, leaked = isolate(valid)
+    isolated, leaked = isolate(valid, data_dir, holdout_fraction)
     batches = [isolated[i:i + batch_size] for i in range(0, len(isolated), batch_size)]
-    futures = rollout_batch.map(batches, unmapped(policy), unmapped(policy_kwargs),
-                                   unmapped(samples_per_task), unmapped(seed)) if batches else []
+    futures = rollout_batch.map(batches, unmapped(policy), unmapped(policy_kwargs), unmapped(samples_per_task),
+                                unmapped(seed), unmapped(retry), unmapped(faults)) if batches else []
     rollouts = [r for future in futures for r in future.result()]
-    scores = score(rollouts, isolated) if rollouts else []
+    scores = score(rollouts, isolated, data_dir) if rollouts else []
     return {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores}
 
 
@@ -97,25 +135,50 @@ def make_task_runner(name: str, max_workers: int | None = None):
 @flow(name="factory", log_prints=True)
 def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, seed: int = 0,  # noqa: B006
             policy: str = "scripted", mistake_rate: float = 0.25, samples_per_task: int = 2,
-            batch_size: int = 25, data_dir: str = ".gymfoundry", task_runner: str = "threads") -> dict[str, Any]:
+            batch_size: int = 25, data_dir: str = ".gymfoundry", task_runner: str = "threads",
+            retry: RetryPolicy | None = None, faults: FaultConfig | None = None,
+            holdout_fraction: float = HOLDOUT_FRACTION, learnability: str = "p(1-p)",
+            min_margin: float = 0.5) -> dict[str, Any]:
     """Run the whole factory and land everything in the warehouse under `data_dir`.
 
     Re-running with the same parameters lands nothing new (ids are content hashes).
-    `task_runner` spreads the rollout batches: threads, dask or ray."""
+    `task_runner` spreads the rollout batches: threads, dask or ray. `retry` (default
+    `RetryPolicy()`: env faults retried twice with backoff, then skipped) is fixed for the run and
+    stored with it in `runs`; `faults` injects environment faults (envs/faults.py)."""
     logger = get_run_logger()
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    retry = retry or RetryPolicy()
     policy_kwargs = {"mistake_rate": mistake_rate} if policy == "scripted" else {}
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(task_runner))
     landed: dict[str, int] = {}
+    rollouts: list[Rollout] = []
+    quarantined: list[str] = []
     for family in families:
-        out = pipeline(family, tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size)
-        counts = land(data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"])
-        for table, n in counts.items():
+        out = pipeline(family, tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size,
+                       data_dir, holdout_fraction, retry, faults)
+        landing = land(data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"])
+        for table, n in landing["counts"].items():
             landed[table] = landed.get(table, 0) + n
+        if landing["quarantine"]:
+            quarantined.append(landing["quarantine"])
+        rollouts += out["rollouts"]
         logger.info("%s: %d tasks kept, %d rejected, %d rollouts", family, len(out["tasks"]),
                     len(out["rejections"]), len(out["rollouts"]))
-    datasets = assemble(data_dir, families)
+    versions = {r.policy_version for r in rollouts}  # the curriculum measures this run's policy
+    datasets = assemble(data_dir, families, versions.pop() if len(versions) == 1 else None, learnability,
+                        min_margin)
+    params = {"families": families, "tasks_per_family": tasks_per_family, "seed": seed, "policy": policy,
+              "policy_kwargs": policy_kwargs, "samples_per_task": samples_per_task,
+              "holdout_fraction": holdout_fraction, "learnability": learnability, "min_margin": min_margin}
+    run = Run(params=params, retry_policy=retry, faults=faults, started_at=started,
+              finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), landed=landed,
+              quarantined=quarantined, **run_counts(rollouts, retry))
+    record_run(data_dir, run)
+    if quarantined:
+        logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
     report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets,
-              "summary": assemble_stage.summary(data_dir, families)}
+              "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
+              "quarantined": quarantined}
     create_markdown_artifact(key="factory-report", markdown=render_report(report),
                              description="Factory run: landed rows, datasets and outcomes")
     return report
@@ -127,4 +190,9 @@ def render_report(report: dict[str, Any]) -> str:
     lines += [f"| {r['task_family']} | {r['termination']} | {r['rollouts']} |" for r in report["summary"]]
     lines += ["", "Landed: " + ", ".join(f"{k}={v}" for k, v in report["landed"].items())]
     lines += [f"Dataset `{d['dataset_id']}`: {d['rows']} rows at `{d['path']}`" for d in report["datasets"].values()]
+    run = report["run"]
+    lines += ["", f"Run `{run['run_id']}`: {run['attempted']} rollouts attempted, {run['retries']} retries, "
+                  f"{run['skips']} skipped; by class: " + ", ".join(f"{k}={v}" for k, v in run["by_class"].items()),
+              f"Retry policy: {run['retry_policy']}"]
+    lines += [f"**QUARANTINED** batch: `{q}`" for q in report["quarantined"]]
     return "\n".join(lines)

@@ -1,13 +1,29 @@
-"""Stage: assemble training datasets from the warehouse's records.
+"""Stage: assemble curriculum-weighted training datasets from the warehouse.
 
-SFT rows are TRL conversational rows (`messages`, `tools` as a JSON string, tool-call
-arguments as JSON strings) with the PRM's per-step rewards aligned to the assistant turns.
-DPO rows pair a verified success with a model failure of the same task
-(`prompt` / `chosen` / `rejected`). Only train-split tasks are used."""
+- **SFT**: TRL conversational rows (`messages`, `tools` as a JSON string, tool-call arguments
+  as JSON strings) of verified successes, with the PRM reward of each assistant turn
+  (`step_rewards`).
+- **DPO**: `prompt` / `chosen` / `rejected` message lists from the same task. Trajectory pairs:
+  the task's best verified success against each other model outcome whose value (success +
+  mean step reward) is at least `min_margin` lower. Step pairs: a success and a model failure
+  that made the same calls and saw the same results up to step k, then diverged; the prompt is
+  that shared prefix, chosen and rejected are their step-k turns (kept when the step reward of
+  chosen is at least `min_step_margin` above rejected's).
+- **GRPO**: one prompt row per task, with the env id and the generator seed and level that
+  recreate the task (`envs.make(env_id).generate_task(seed, level)`), for online RL.
+
+Only train-split tasks are used and never a task of a holdout template; every row is scanned
+for hidden values and deduplicated by content. Rows carry a sampling `weight` from the
+curriculum (tasks/curriculum.py), reduced per rollout. Each dataset is a content-addressed
+Parquet file under `<data_dir>/datasets/` plus a `datasets` row (mixture, success rates,
+parameters) and `dataset_rows` (lineage to rollouts) in the warehouse.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,14 +31,25 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.records import Rollout, Split, TaskSpec, Termination, content_hash
+from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, Rollout, Split, Step, TaskSpec,
+                          Termination, content_hash)
 from envs.registry import make
+from tasks import curriculum
+from tasks.isolate import _first_observation, assert_no_leaks_in_rows, dedupe_rows
 
 SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
                  "turn; the tool's result comes back as the next message.")
 
-# Failures that are the model's doing; environment faults, timeouts and policy errors are not.
-MODEL_FAILURES = {Termination.failure, Termination.constraint_violation, Termination.truncated}
+MODEL_FAILURES = MODEL_OUTCOMES - {Termination.success}
+DATASETS_DIR = "datasets"
+KINDS = ("sft", "dpo", "grpo")
+CONTENT = {"sft": ("messages", "tools"), "dpo": ("prompt", "chosen", "rejected", "tools"),
+           "grpo": ("task_id", "env_id", "seed", "level")}
+OWNER: dict[str, Callable[[dict], str]] = {
+    "sft": lambda row: row["rollout_id"],
+    "dpo": lambda row: row["rejected_rollout_id"],  # a failure shares one unit among its pairs
+    "grpo": lambda row: row["task_id"],
+}
 
 
 def tool_schemas(task: TaskSpec) -> list[dict[str, Any]]:
@@ -39,22 +66,26 @@ def prompt_messages(rollout: Rollout) -> list[dict[str, Any]]:
             {"role": "user", "content": rollout.steps[0].observation if rollout.steps else ""}]
 
 
+def step_messages(step: Step) -> list[dict[str, Any]]:
+    """One step as an assistant turn and the observation it received."""
+    call = step.tool_call
+    if call is None:
+        return [{"role": "assistant", "content": step.action_text or ""}, {"role": "user", "content": step.result}]
+    call_id = call.id or f"call_{step.index}"
+    return [{"role": "assistant", "content": step.thought or "",
+             "tool_calls": [{"id": call_id, "type": "function",
+                             "function": {"name": call.name, "arguments": json.dumps(call.arguments, sort_keys=True)}}]},
+            {"role": "tool", "name": call.name, "tool_call_id": call_id, "content": step.result}]
+
+
 def turn_messages(rollout: Rollout) -> list[dict[str, Any]]:
     """Assistant turns and the observations they received, in order."""
-    messages: list[dict[str, Any]] = []
-    for step in rollout.steps:
-        call = step.tool_call
-        if call is None:
-            messages.append({"role": "assistant", "content": step.action_text or ""})
-            messages.append({"role": "user", "content": step.result})
-            continue
-        call_id = call.id or f"call_{step.index}"
-        messages.append({"role": "assistant", "content": step.thought or "",
-                         "tool_calls": [{"id": call_id, "type": "function",
-                                         "function": {"name": call.name,
-                                                      "arguments": json.dumps(call.arguments, sort_keys=True)}}]})
-        messages.append({"role": "tool", "name": call.name, "tool_call_id": call_id, "content": step.result})
-    return messages
+    return [m for step in rollout.steps for m in step_messages(step)]
+
+
+def _row_base(task: TaskSpec) -> dict[str, Any]:
+    return {"tools": json.dumps(tool_schemas(task)), "task_id": task.task_id, "task_family": task.family,
+            "difficulty": task.difficulty.level}
 
 
 def sft_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout],
@@ -64,77 +95,202 @@ def sft_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout],
         task = tasks[rollout.task_id]
         if task.split != Split.train or rollout.termination != Termination.success:
             continue
-        rows.append({"messages": prompt_messages(rollout) + turn_messages(rollout),
-                     "tools": json.dumps(tool_schemas(task)),
-                     "step_rewards": step_rewards.get(rollout.rollout_id, [0.0] * len(rollout.steps)),
-                     "rollout_id": rollout.rollout_id, "task_id": task.task_id, "task_family": task.family,
-                     "difficulty": task.difficulty.level})
+        rows.append({"messages": prompt_messages(rollout) + turn_messages(rollout), **_row_base(task),
+                     "step_rewards": _rewards(rollout, step_rewards), "rollout_id": rollout.rollout_id})
     return rows
 
 
-def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout]) -> list[dict[str, Any]]:
-    """One pair per model failure: the task's shortest verified success against it."""
+def trajectory_value(rollout: Rollout, step_rewards: dict[str, list[float]]) -> float:
+    """Outcome first, process second: 1 for a verified success plus the mean step reward."""
+    rewards = _rewards(rollout, step_rewards)
+    return float(rollout.success) + (sum(rewards) / len(rewards) if rewards else 0.0)
+
+
+def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: dict[str, list[float]] | None = None,
+             min_margin: float = 0.5, min_step_margin: float = 0.0) -> list[dict[str, Any]]:
+    step_rewards = step_rewards or {}
     by_task: dict[str, list[Rollout]] = {}
     for rollout in rollouts:
-        if tasks[rollout.task_id].split == Split.train and rollout.steps:
+        if tasks[rollout.task_id].split == Split.train and rollout.steps and rollout.termination in MODEL_OUTCOMES:
             by_task.setdefault(rollout.task_id, []).append(rollout)
     rows = []
     for task_id, group in sorted(by_task.items()):
-        successes = sorted((r for r in group if r.termination == Termination.success),
-                           key=lambda r: (len(r.steps), r.rollout_id))
-        failures = sorted((r for r in group if r.termination in MODEL_FAILURES), key=lambda r: r.rollout_id)
+        task = tasks[task_id]
+        value = {r.rollout_id: trajectory_value(r, step_rewards) for r in group}
+        successes = sorted((r for r in group if r.success), key=lambda r: (-value[r.rollout_id], len(r.steps),
+                                                                          r.rollout_id))
         if not successes:
             continue
         chosen = successes[0]
-        for rejected in failures:
-            task = tasks[task_id]
-            rows.append({"prompt": prompt_messages(chosen), "chosen": turn_messages(chosen),
-                         "rejected": turn_messages(rejected), "tools": json.dumps(tool_schemas(task)),
-                         "chosen_rollout_id": chosen.rollout_id, "rejected_rollout_id": rejected.rollout_id,
-                         "task_id": task_id, "task_family": task.family, "difficulty": task.difficulty.level})
+        for other in sorted(group, key=lambda r: r.rollout_id):
+            margin = value[chosen.rollout_id] - value[other.rollout_id]
+            if other is chosen or margin < min_margin:
+                continue
+            rows.append(_pair(task, chosen, other, prompt_messages(chosen), turn_messages(chosen),
+                              turn_messages(other), "trajectory", None, margin))
+        failures = [r for r in group if r.termination in MODEL_FAILURES]
+        for good in successes:
+            for bad in sorted(failures, key=lambda r: r.rollout_id):
+                k = divergence(good, bad)
+                if k is None:
+                    continue
+                margin = _rewards(good, step_rewards)[k] - _rewards(bad, step_rewards)[k]
+                if margin < min_step_margin:
+                    continue
+                prefix = prompt_messages(good) + [m for s in good.steps[:k] for m in step_messages(s)]
+                rows.append(_pair(task, good, bad, prefix, step_messages(good.steps[k])[:1],
+                                  step_messages(bad.steps[k])[:1], "step", k, margin))
     return rows
 
 
-def write_dataset(rows: list[dict[str, Any]], kind: str, out_dir: Path) -> tuple[str, Path | None]:
-    """Write rows once under a content-addressed name; the same rows give the same file."""
-    ids = sorted(r.get("rollout_id") or f"{r['chosen_rollout_id']}>{r['rejected_rollout_id']}" for r in rows)
-    dataset_id = f"{kind}-{content_hash(ids, 12)}"
+def divergence(a: Rollout, b: Rollout) -> int | None:
+    """The first step at which `a` and `b` act differently, when every earlier step made the
+    same call and saw the same result; None when they never diverge or their prefixes differ."""
+    for k in range(min(len(a.steps), len(b.steps))):
+        sa, sb = a.steps[k], b.steps[k]
+        if _action(sa) != _action(sb):
+            return k
+        if sa.result != sb.result:
+            return None  # same call, different world (an env fault): not a shared prefix
+    return None
+
+
+def _action(step: Step) -> Any:
+    return step.tool_call.model_dump(exclude={"id"}) if step.tool_call else step.action_text
+
+
+def _pair(task: TaskSpec, chosen: Rollout, rejected: Rollout, prompt, chosen_messages, rejected_messages,
+          pair_type: str, step_index: int | None, margin: float) -> dict[str, Any]:
+    return {"prompt": prompt, "chosen": chosen_messages, "rejected": rejected_messages, **_row_base(task),
+            "chosen_rollout_id": chosen.rollout_id, "rejected_rollout_id": rejected.rollout_id,
+            "pair_type": pair_type, "step_index": step_index, "margin": round(margin, 6)}
+
+
+def grpo_rows(tasks: dict[str, TaskSpec]) -> list[dict[str, Any]]:
+    """One prompt per train task, with what recreates its env: env id, generator seed and level."""
+    rows = []
+    for task in sorted(tasks.values(), key=lambda t: t.task_id):
+        if task.split != Split.train:
+            continue
+        prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": _first_observation(task)}]
+        rows.append({"prompt": prompt, **_row_base(task), "env_id": task.env_id, "seed": task.source.seed,
+                     "level": task.difficulty.level, "generator": task.source.generator,
+                     "generator_version": task.source.version})
+    return rows
+
+
+def _rewards(rollout: Rollout, step_rewards: dict[str, list[float]]) -> list[float]:
+    rewards = [0.0 if r is None else float(r) for r in step_rewards.get(rollout.rollout_id, [])]
+    return rewards if len(rewards) == len(rollout.steps) else [0.0] * len(rollout.steps)
+
+
+def write_dataset(rows: list[dict[str, Any]], dataset_id: str, out_dir: Path) -> Path | None:
+    """Write rows once under their content-addressed name (temp file, then an atomic rename)."""
     if not rows:
-        return dataset_id, None
+        return None
     path = out_dir / f"{dataset_id}.parquet"
     if not path.exists():
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         pq.write_table(pa.Table.from_pylist(rows), tmp)
         tmp.replace(path)
-    return dataset_id, path
+    return path
 
 
-def assemble_datasets(data_dir: str, families: list[str]) -> dict[str, dict[str, Any]]:
-    """Build the SFT and DPO datasets of `families` from what the warehouse holds."""
+def finish(kind: str, rows: list[dict[str, Any]], tasks: dict[str, TaskSpec], rates: dict[str, float],
+           learnability: str | curriculum.Learnability, config: dict[str, Any]
+           ) -> tuple[list[dict[str, Any]], DatasetManifest, list[DatasetRow]]:
+    """Scan, dedupe and weight the rows of one dataset; its manifest and lineage rows."""
+    assert_no_leaks_in_rows(rows, tasks)
+    rows, duplicates = dedupe_rows(rows, CONTENT[kind])
+    name, fn = curriculum.learnability_fn(learnability)
+    shares = curriculum.mixture(rates, [curriculum.cell(r["task_family"], r["difficulty"]) for r in rows], fn)
+    for row, weight in zip(rows, curriculum.row_weights(rows, shares, OWNER[kind])):
+        row["weight"] = weight
+    dataset_id = f"{kind}-" + content_hash([sorted(r["row_id"] for r in rows), shares, config], 12)
+    manifest = DatasetManifest(
+        dataset_id=dataset_id, kind=kind, rows=len(rows), families=config["families"],
+        policy_id=config["policy_id"], policy_version=config["policy_version"], learnability=name,
+        success_rates={c: round(p, 6) for c, p in rates.items()}, mixture={c: round(s, 6) for c, s in shares.items()},
+        reward_layer=config["reward_layer"], params=config["params"], dropped={**config["dropped"],
+                                                                             "duplicate_rows": duplicates},
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    lineage = [DatasetRow(dataset_id=dataset_id, row_id=r["row_id"], row_index=i, family=r["task_family"],
+                          task_id=r["task_id"], difficulty=r["difficulty"], rollout_ids=_rollout_ids(r),
+                          pair_type=r.get("pair_type"), step_index=r.get("step_index"), margin=r.get("margin"),
+                          weight=r["weight"])
+               for i, r in enumerate(rows)]
+    return rows, manifest, lineage
+
+
+def _rollout_ids(row: dict[str, Any]) -> list[str]:
+    if "rollout_id" in row:
+        return [row["rollout_id"]]
+    if "chosen_rollout_id" in row:
+        return [row["chosen_rollout_id"], row["rejected_rollout_id"]]
+    return []
+
+
+def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: str | None = None,
+                      policy_version: str | None = None, learnability: str | curriculum.Learnability = "p(1-p)",
+                      prior: float = 1.0, min_margin: float = 0.5, min_step_margin: float = 0.0,
+                      kinds: tuple[str, ...] = KINDS) -> dict[str, dict[str, Any]]:
+    """Build, write and register the datasets of `families` from what the warehouse holds.
+    Success rates (hence the curriculum) are measured for `policy_id` / `policy_version`
+    (all policies where None) on the train split."""
+    from tasks.score import latest_step_rewards
     from warehouse import Warehouse
 
-    with Warehouse(data_dir, read_only=True) as wh:
-        family_list = ", ".join(f"'{f}'" for f in families)
-        where = f"task_family in ({family_list})"
-        tasks = {t.task_id: t for t in wh.load_tasks(where)}
-        rollouts = wh.load_rollouts(where)
-        rewards = wh.sql(f"""
-            select rollout_id, list(score order by step_index) as rewards from step_scores
-            where {where} and layer = 'rules' group by rollout_id""").to_pylist()
-    step_rewards = {r["rollout_id"]: r["rewards"] for r in rewards}
-    out_dir = Path(data_dir) / "datasets"
-    result = {}
-    for kind, rows in (("sft", sft_rows(tasks, rollouts, step_rewards)), ("dpo", dpo_rows(tasks, rollouts))):
-        dataset_id, path = write_dataset(rows, kind, out_dir)
-        result[kind] = {"dataset_id": dataset_id, "rows": len(rows), "path": str(path) if path else None}
+    with Warehouse(data_dir) as wh:
+        in_families = "task_family IN (SELECT unnest(?))"
+        all_tasks = {t.task_id: t for t in wh.load_tasks(in_families, [families])}
+        holdout = {t.template_id for t in wh.load_tasks("split = 'holdout'")}
+        tasks = {i: t for i, t in all_tasks.items() if t.split == Split.train and t.template_id not in holdout}
+        dropped = {"holdout_tasks": sum(t.split == Split.holdout or t.template_id in holdout
+                                        for t in all_tasks.values()),
+                   "other_split_tasks": sum(t.split in (Split.val, Split.test) for t in all_tasks.values())}
+        eligible = "task_id IN (SELECT unnest(?))"
+        rollouts = wh.load_rollouts(eligible, [sorted(tasks)])
+        step_rewards = latest_step_rewards(wh, "rollout_id IN (SELECT unnest(?))",
+                                           [sorted(r.rollout_id for r in rollouts)])
+        rates = curriculum.success_rates(
+            [{"task_family": r.family, "difficulty": tasks[r.task_id].difficulty.level,
+              "termination": r.termination.value} for r in rollouts
+             if (policy_id is None or r.policy_id == policy_id)
+             and (policy_version is None or r.policy_version == policy_version)], prior)
+        config = {"families": sorted(families), "policy_id": policy_id, "policy_version": policy_version,
+                  "reward_layer": "combined (newest), else rules", "dropped": dropped,
+                  "params": {"min_margin": min_margin, "min_step_margin": min_step_margin, "prior": prior,
+                             "split": "train"}}
+        builders = {"sft": lambda: sft_rows(tasks, rollouts, step_rewards),
+                    "dpo": lambda: dpo_rows(tasks, rollouts, step_rewards, min_margin, min_step_margin),
+                    "grpo": lambda: grpo_rows(tasks)}
+        result, manifests, lineage = {}, [], []
+        out_dir = Path(data_dir) / DATASETS_DIR
+        for kind in kinds:
+            rows, manifest, kind_lineage = finish(kind, builders[kind](), tasks, rates, learnability, config)
+            path = write_dataset(rows, manifest.dataset_id, out_dir)
+            if path is not None:
+                manifest.path = path.resolve().relative_to(wh.data_dir).as_posix()
+            manifests.append(manifest)
+            lineage += kind_lineage
+            result[kind] = {"dataset_id": manifest.dataset_id, "rows": len(rows), "path": str(path) if path else None,
+                            "mixture": manifest.mixture, "dropped": manifest.dropped}
+        wh.land(datasets=manifests, dataset_rows=lineage).checked()
     return result
+
+
+def load_dataset(path: str | Path):
+    """A dataset file as a `datasets.Dataset`, as TRL's trainers take it."""
+    import datasets
+
+    return datasets.Dataset.from_parquet(str(path))
 
 
 def summary(data_dir: str, families: list[str]) -> list[dict[str, Any]]:
     from warehouse import Warehouse
 
-    family_list = ", ".join(f"'{f}'" for f in families)
     with Warehouse(data_dir, read_only=True) as wh:
-        return wh.sql(f"""select task_family, termination, count(*) as rollouts from rollouts
-                          where task_family in ({family_list}) group by all order by all""").to_pylist()
+        return wh.sql("""select task_family, termination, count(*) as rollouts from rollouts
+                         where task_family in (select unnest(?)) group by all order by all""",
+                      [families]).to_pylist()

@@ -1,27 +1,56 @@
 """Stage 3: isolation. Dedupe by content hash, assign splits by `template_id` group so
-near-duplicates never straddle train and test, and scan visible text for hidden values."""
+near-duplicates never straddle splits, lock a holdout set per family, and scan visible text
+(goals, observations, dataset rows) for hidden values.
+
+The holdout is locked twice over: a template's holdout membership is a pure function of
+(family, template_id, fraction), and once a template has landed, its split is read back from
+the warehouse (`landed_splits`) and never reassigned, whatever the fractions become later.
+Dataset assembly refuses every task of a holdout template (tasks/assemble.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
-from envs.records import Rollout, Split, TaskRejection, TaskSpec
+from envs.records import Rollout, Split, TaskRejection, TaskSpec, content_hash
 from envs.registry import make
 
 SPLIT_FRACTIONS = {Split.train: 0.8, Split.val: 0.1, Split.test: 0.1}
+HOLDOUT_FRACTION = 0.1  # of each family's template groups, before the other splits
+
+
+def _bucket(text: str) -> float:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
 
 def split_for(template_id: str, fractions: dict[Split, float] = SPLIT_FRACTIONS) -> Split:
     """Deterministic split of a template group (uniform hash bucket)."""
-    bucket = int(hashlib.sha256(template_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    bucket = _bucket(template_id)
     edge = 0.0
     for split, fraction in fractions.items():
         edge += fraction
         if bucket <= edge:
             return split
     return list(fractions)[-1]
+
+
+def in_holdout(family: str, template_id: str, fraction: float = HOLDOUT_FRACTION) -> bool:
+    return _bucket(f"holdout:{family}:{template_id}") < fraction
+
+
+def assign_split(task: TaskSpec, known: Mapping[str, Split] | None = None,
+                 holdout_fraction: float | Mapping[str, float] = HOLDOUT_FRACTION) -> Split:
+    """A landed template keeps its split; a new one goes to the holdout or to a hashed split."""
+    if known and task.template_id in known:
+        return Split(known[task.template_id])
+    fraction = holdout_fraction if isinstance(holdout_fraction, (int, float)) \
+        else holdout_fraction.get(task.family, HOLDOUT_FRACTION)
+    if in_holdout(task.family, task.template_id, fraction):
+        return Split.holdout
+    return split_for(task.template_id)
 
 
 def hidden_values(task: TaskSpec) -> list[str]:
@@ -36,7 +65,11 @@ def find_leaks(task: TaskSpec, texts: Iterable[str]) -> list[str]:
     return sorted({v[:60] for text in texts for v in values if v in text})
 
 
-def isolate_tasks(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]]:
+def isolate_tasks(tasks: list[TaskSpec], known_splits: Mapping[str, Split] | None = None,
+                  holdout_fraction: float | Mapping[str, float] = HOLDOUT_FRACTION,
+                  ) -> tuple[list[TaskSpec], list[TaskRejection]]:
+    """Kept tasks with their split, and the rejections with reasons. `known_splits`
+    (template_id -> split) holds the splits already landed (see `landed_splits`)."""
     kept: dict[str, TaskSpec] = {}
     rejected: list[TaskRejection] = []
     for task in tasks:
@@ -49,8 +82,21 @@ def isolate_tasks(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejec
             rejected.append(TaskRejection(task_id=task.task_id, family=task.family, stage="isolate",
                                           reason=f"hidden value visible in the goal: {leaks}"))
             continue
-        kept[task.task_id] = task.model_copy(update={"split": split_for(task.template_id)})
+        kept[task.task_id] = task.model_copy(update={"split": assign_split(task, known_splits, holdout_fraction)})
     return list(kept.values()), rejected
+
+
+def landed_splits(data_dir: str | Path, families: list[str] | None = None) -> dict[str, Split]:
+    """template_id -> split of the tasks already in the warehouse (none if it does not exist yet)."""
+    from warehouse import CATALOG_FILE, Warehouse
+
+    if not (Path(data_dir) / CATALOG_FILE).exists():
+        return {}
+    where = "" if families is None else "WHERE task_family IN (SELECT unnest(?))"
+    with Warehouse(data_dir, read_only=True) as wh:
+        rows = wh.sql(f"SELECT DISTINCT template_id, split FROM tasks {where}",
+                      None if families is None else [families]).to_pylist()
+    return {r["template_id"]: Split(r["split"]) for r in rows}
 
 
 def _first_observation(task: TaskSpec) -> str:
@@ -72,3 +118,37 @@ def assert_no_leaks(rollouts: list[Rollout], tasks: dict[str, TaskSpec]) -> None
         leaks = find_leaks(tasks[rollout.task_id], texts)
         if leaks:
             raise LeakError(f"rollout {rollout.rollout_id} of task {rollout.task_id} shows hidden values {leaks}")
+
+
+def row_texts(value: Any) -> Iterable[str]:
+    """Every string inside a dataset row (message contents, tool-call arguments, tools)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from row_texts(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from row_texts(v)
+
+
+def assert_no_leaks_in_rows(rows: list[dict[str, Any]], tasks: Mapping[str, TaskSpec]) -> None:
+    """A dataset row showing a hidden value of its task stops the assembly."""
+    for row in rows:
+        leaks = find_leaks(tasks[row["task_id"]], row_texts(row))
+        if leaks:
+            raise LeakError(f"dataset row of task {row['task_id']} shows hidden values {leaks}")
+
+
+def dedupe_rows(rows: list[dict[str, Any]], content: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
+    """Rows with a new content hash over the `content` columns, and how many were dropped.
+    Each kept row gets its hash as `row_id`."""
+    columns = list(content)
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        row_id = content_hash([row[c] for c in columns], 20)
+        if row_id not in seen:
+            seen.add(row_id)
+            kept.append({**row, "row_id": row_id})
+    return kept, len(rows) - len(kept)

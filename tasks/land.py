@@ -1,18 +1,27 @@
-"""Stage: land a family's records in the warehouse (the one process that writes the catalog)."""
+"""Stage: land a family's records in the warehouse (the one process that writes the catalog).
+
+Everything of a batch lands in one transaction after the quality gates: a crash leaves none
+of it visible, and a batch that fails a gate goes whole to quarantine."""
 
 from __future__ import annotations
 
-from envs.records import Rollout, StepScore, TaskRejection, TaskSpec
-from warehouse import Warehouse
+from envs.records import Rollout, Run, StepScore, TaskRejection, TaskSpec
+from warehouse import Landing, Warehouse
+
+
+def land_records(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
+                 scores: list[StepScore]) -> Landing:
+    with Warehouse(data_dir) as wh:
+        return wh.land(tasks=tasks, rejections=rejections, rollouts=rollouts, scores=scores)
 
 
 def land_batch(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
                scores: list[StepScore]) -> dict[str, int]:
-    """Returns the number of new rows per table; landing the same records again adds none."""
-    counts: dict[str, int] = {}
+    """The number of new rows per table; landing the same records again adds none. Raises
+    QuarantinedBatch when the batch fails the gates."""
+    return land_records(data_dir, tasks, rejections, rollouts, scores).checked()
+
+
+def land_run(data_dir: str, run: Run) -> dict[str, int]:
     with Warehouse(data_dir) as wh:
-        for result in (wh.land_tasks(tasks), wh.land_rejections(rejections), wh.land_rollouts(rollouts),
-                       wh.land_scores(scores, {r.rollout_id: r.family for r in rollouts})):
-            for table, n in result.items():
-                counts[table] = counts.get(table, 0) + n
-    return counts
+        return wh.land(runs=[run]).checked()

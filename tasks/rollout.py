@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 import traceback
 
-from envs.records import Cost, OutcomeReport, Rollout, TaskSpec
+from envs.faults import FaultInjection
+from envs.records import Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec
 from envs.registry import load, make, spec
 from envs.wrappers import standard_stack
 from tasks.classify import classify
@@ -18,8 +19,13 @@ def rollout_seed(base_seed: int, task: TaskSpec, sample: int) -> int:
     return (int(task.task_id[2:10], 16) ^ (base_seed * 1000003 + sample)) & 0x7FFFFFFF
 
 
-def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0) -> Rollout:
-    env = standard_stack(make(task.env_id))
+def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
+                faults: FaultConfig | None = None) -> Rollout:
+    """`faults` injects environment faults (envs/faults.py), drawn anew for each attempt."""
+    base = make(task.env_id)
+    if faults is not None and faults.rate > 0:
+        base = FaultInjection(base, faults, seed=seed * 1009 + attempt)
+    env = standard_stack(base)
     verifier = _verifier(task.env_id)
     started = time.perf_counter()
     policy_error = env_error = verifier_error = None

@@ -18,7 +18,7 @@ def test_readme_has_the_two_commands_first():
 
 
 def test_readme_python_snippets_run(tmp_path, prefect_harness, monkeypatch):
-    quick_start, warehouse_query, factory_run = snippets()
+    quick_start, warehouse_query, analysis_views, factory_run = snippets()
     monkeypatch.chdir(tmp_path)
     exec(compile(quick_start, "README quick start", "exec"), {})
     factory_run = factory_run.replace("tasks_per_family=50", "tasks_per_family=10")
@@ -28,3 +28,6 @@ def test_readme_python_snippets_run(tmp_path, prefect_harness, monkeypatch):
     exec(compile(warehouse_query, "README warehouse query", "exec"), scope)
     assert scope["by_level"].height > 0 and len(scope["frame"]) == 5
     assert scope["rollouts"] and all(r.success for r in scope["rollouts"])
+    scope = {}
+    exec(compile(analysis_views, "README analysis views", "exec"), scope)
+    assert scope["cells"].height > 0 and len(scope["classes"]) > 0 and len(scope["mix"]) > 0

@@ -7,12 +7,14 @@ rebuilt with absolute paths whenever the warehouse is opened, so a data dir can 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 
 from warehouse.lake import Batch
 from warehouse.tables import PARTITION, TABLES, Table
+from warehouse.views import create_analysis_views
 
 MANIFEST_DDL = """
 CREATE TABLE IF NOT EXISTS manifest (
@@ -22,6 +24,18 @@ CREATE TABLE IF NOT EXISTS manifest (
     path        VARCHAR NOT NULL,   -- relative to the data dir
     row_count   BIGINT NOT NULL,
     landed_at   TIMESTAMP NOT NULL  -- UTC
+)
+"""
+
+# Batches that failed the quality gates: their rows and report are under `path`, never in a table.
+QUARANTINE_DDL = """
+CREATE TABLE IF NOT EXISTS quarantine (
+    quarantine_id  VARCHAR PRIMARY KEY,
+    created_at     TIMESTAMP NOT NULL,  -- UTC
+    path           VARCHAR NOT NULL,    -- relative to the data dir
+    tables         VARCHAR[] NOT NULL,
+    row_count      BIGINT NOT NULL,
+    failures       VARCHAR NOT NULL     -- JSON: the failed expectations
 )
 """
 
@@ -41,9 +55,10 @@ def base_select(table: Table, files: list[Path]) -> str:
         return f"SELECT {columns} WHERE false"
     paths = ", ".join(quote_literal(p.as_posix()) for p in files)
     columns = ", ".join(quote_ident(c.name) for c in table.columns)
+    hive = (f"hive_partitioning = true, hive_types = {{'{PARTITION}': VARCHAR}}" if table.partitioned
+            else "hive_partitioning = false")
     # union_by_name: files written before a field was added to a record read it as NULL.
-    return (f"SELECT {columns} FROM read_parquet([{paths}], hive_partitioning = true, "
-            f"hive_types = {{'{PARTITION}': VARCHAR}}, union_by_name = true)")
+    return f"SELECT {columns} FROM read_parquet([{paths}], {hive}, union_by_name = true)"
 
 
 def view_sql(table: Table, files: list[Path], temporary: bool = False) -> str:
@@ -70,10 +85,14 @@ def rebuild_views(con: duckdb.DuckDBPyConnection, data_dir: Path, tables: list[s
     for name in tables or list(TABLES):
         files = registered_files(con, data_dir, name) if manifest else []
         con.execute(view_sql(TABLES[name], files, temporary))
+    if tables is None:
+        create_analysis_views(con, temporary)
 
 
-def register(con: duckdb.DuckDBPyConnection, data_dir: Path, batches: list[Batch], landed_at) -> None:
-    """Register the batches and refresh the affected views, all in one transaction."""
+def register(con: duckdb.DuckDBPyConnection, data_dir: Path, batches: list[Batch], landed_at,
+             before_commit: Callable[[], None] | None = None) -> None:
+    """Register the batches and refresh the affected views, all in one transaction: a crash
+    before the commit leaves none of them registered."""
     if not batches:
         return
     con.execute("BEGIN TRANSACTION")
@@ -81,6 +100,8 @@ def register(con: duckdb.DuckDBPyConnection, data_dir: Path, batches: list[Batch
         con.executemany("INSERT INTO manifest VALUES (?, ?, ?, ?, ?, ?)",
                         [[b.batch_id, b.table, b.task_family, b.path, b.row_count, landed_at] for b in batches])
         rebuild_views(con, data_dir, sorted({b.table for b in batches}))
+        if before_commit is not None:
+            before_commit()
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

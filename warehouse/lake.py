@@ -1,5 +1,6 @@
 """The Parquet lake: immutable batch files under
-`<data_dir>/lake/<table>/task_family=<family>/<batch_id>.parquet`.
+`<data_dir>/lake/<table>/task_family=<family>/<batch_id>.parquet` (or `lake/<table>/<batch_id>.parquet`
+for a table that is not partitioned).
 
 Writing a file does not make it visible; only the catalog's manifest does (see catalog.py).
 """
@@ -26,7 +27,7 @@ FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class Batch:
     batch_id: str
     table: str
-    task_family: str
+    task_family: str  # "" for a table that is not partitioned
     path: str  # relative to the data dir, with forward slashes
     row_count: int
 
@@ -45,9 +46,11 @@ def check_family(family: str) -> None:
 
 def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, Any]]) -> Batch:
     """Write rows of one family as one Parquet file (temp name, then an atomic rename)."""
-    check_family(family)
+    if table.partitioned:
+        check_family(family)
     bid = batch_id(table, family, rows)
-    relative = f"lake/{table.name}/{PARTITION}={family}/{bid}.parquet"
+    folder = f"lake/{table.name}/{PARTITION}={family}" if table.partitioned else f"lake/{table.name}"
+    relative = f"{folder}/{bid}.parquet"
     target = data_dir / relative
     target.parent.mkdir(parents=True, exist_ok=True)
     file_rows = [{k: v for k, v in row.items() if k != PARTITION} for row in rows]

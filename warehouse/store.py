@@ -9,8 +9,11 @@ only around landing, and read with `read_only=True` (a CLI query needs no write 
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -19,41 +22,47 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from envs.records import Record, Rollout, Step, StepScore, TaskRejection, TaskSpec
-from warehouse import catalog
+from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection, TaskSpec,
+                          content_hash)
+from warehouse import catalog, quality
 from warehouse.lake import check_family, write_batch
 from warehouse.schema import from_row, to_row
-from warehouse.tables import PARTITION, TABLES, Table
+from warehouse.tables import PARTITION, TABLES, Reference, Table
 
 DEFAULT_DATA_DIR = ".gymfoundry"
 CATALOG_FILE = "catalog.duckdb"
+QUARANTINE_DIR = "quarantine"
 
 
 class Warehouse:
     """The catalog of one data dir. Usage::
 
         with Warehouse(".gymfoundry") as wh:
-            wh.land_rollouts(rollouts)          # {"rollouts": 2, "steps": 14}
+            landing = wh.land(tasks=tasks, rollouts=rollouts, scores=scores)   # one gated transaction
+            landing.counts                      # {"tasks": 1, "rollouts": 2, "steps": 14, ...}
+            wh.land_rollouts(rollouts)          # one table; raises QuarantinedBatch if the gates fail
         with Warehouse(".gymfoundry", read_only=True) as wh:
             wh.sql("select task_family, avg(success::int) from rollouts group by all")
             wh.load_rollouts("task_family = ?", ["inventory"])
     """
 
-    def __init__(self, data_dir: str | os.PathLike = DEFAULT_DATA_DIR, read_only: bool = False):
+    def __init__(self, data_dir: str | os.PathLike = DEFAULT_DATA_DIR, read_only: bool = False,
+                 lock_timeout_s: float = 60.0):
         self.data_dir = Path(data_dir).resolve()
         self.read_only = read_only
         path = self.data_dir / CATALOG_FILE
         if read_only:
             if not path.exists():
                 raise FileNotFoundError(f"no warehouse catalog at {path}")
-            self.con = duckdb.connect(str(path), read_only=True)
+            self.con = _connect(path, True, lock_timeout_s)
             # The stored views may name the old location of a moved data dir; temp views shadow them.
             catalog.rebuild_views(self.con, self.data_dir, temporary=True)
         else:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            self.con = duckdb.connect(str(path))
+            self.con = _connect(path, False, lock_timeout_s)
             self.con.execute("BEGIN TRANSACTION")
             self.con.execute(catalog.MANIFEST_DDL)
+            self.con.execute(catalog.QUARANTINE_DDL)
             catalog.rebuild_views(self.con, self.data_dir)
             self.con.execute("COMMIT")
 
@@ -68,26 +77,78 @@ class Warehouse:
 
     # Landing -------------------------------------------------------------------------------
 
+    def land(self, *, tasks: Iterable[TaskSpec] | None = None, rejections: Iterable[TaskRejection] | None = None,
+             rollouts: Iterable[Rollout] | None = None, scores: Iterable[StepScore] | None = None,
+             runs: Iterable[Run] | None = None, datasets: Iterable[DatasetManifest] | None = None,
+             dataset_rows: Iterable[DatasetRow] | None = None, family_of: Mapping[str, str] | None = None,
+             gate: bool = True) -> Landing:
+        """Land one batch: every table given, in one transaction, after the quality gates.
+
+        Only rows with new keys land (a rollout already landed is skipped with all its steps).
+        A score's family is that of its rollout: from `family_of` (rollout_id -> family), the
+        rollouts of this batch, or the rollouts already landed. A batch that fails a gate goes
+        to quarantine whole (`Landing.quarantine`) and nothing of it reaches the tables."""
+        rows: dict[str, list[dict[str, Any]]] = {}
+        if tasks is not None:
+            rows["tasks"] = [_row(TABLES["tasks"], t) for t in tasks]
+        if rejections is not None:
+            rows["task_rejections"] = [_row(TABLES["task_rejections"], r) for r in rejections]
+        families = dict(family_of or {})
+        if rollouts is not None:
+            by_id: dict[str, Rollout] = {}
+            for rollout in rollouts:
+                by_id.setdefault(rollout.rollout_id, rollout)
+            families.update({rid: r.family for rid, r in by_id.items()})
+            new = self._new_rows(TABLES["rollouts"], [_row(TABLES["rollouts"], r) for r in by_id.values()])
+            rows["rollouts"] = new
+            rows["steps"] = [_row(TABLES["steps"], step, rollout_id=row["rollout_id"], task_family=row[PARTITION])
+                             for row in new for step in by_id[row["rollout_id"]].steps]
+        if scores is not None:
+            rows["step_scores"] = self._score_rows(list(scores), families)
+        for name, records in (("runs", runs), ("datasets", datasets), ("dataset_rows", dataset_rows)):
+            if records is not None:
+                rows[name] = [_row(TABLES[name], r) for r in records]
+        return self.land_rows(rows, gate=gate)
+
+    def land_rows(self, rows: Mapping[str, list[dict[str, Any]]], gate: bool = True) -> Landing:
+        """Land table rows (as `_row` makes them) as one batch; see `land`."""
+        if self.read_only:
+            raise PermissionError("this warehouse was opened read-only")
+        new = {name: self._new_rows(TABLES[name], list(table_rows)) for name, table_rows in rows.items()}
+        if gate:
+            report = quality.validate_batch(new, self._landed_keys)
+            if not report.success:
+                return self._quarantine(new, report)
+        for name, table_rows in new.items():
+            if TABLES[name].partitioned:
+                for row in table_rows:
+                    check_family(row[PARTITION])  # before any file is written
+        batches = []
+        for name, table_rows in new.items():
+            table = TABLES[name]
+            groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for row in table_rows:
+                groups[row[PARTITION] if table.partitioned else ""].append(row)
+            batches += [write_batch(self.data_dir, table, family, group) for family, group in sorted(groups.items())]
+        catalog.register(self.con, self.data_dir, batches, _utcnow(), before_commit=_landing_hook)
+        return Landing({name: len(table_rows) for name, table_rows in new.items()})
+
     def land_tasks(self, tasks: Iterable[TaskSpec]) -> dict[str, int]:
-        return self._land("tasks", [_row(TABLES["tasks"], t) for t in tasks])
+        return self.land(tasks=tasks).checked()
 
     def land_rollouts(self, rollouts: Iterable[Rollout]) -> dict[str, int]:
         """Land rollouts with their steps. A rollout already landed is skipped with all its steps,
         even if this run of it took different steps."""
-        by_id: dict[str, Rollout] = {}
-        for rollout in rollouts:
-            by_id.setdefault(rollout.rollout_id, rollout)
-        rows = self._new_rows(TABLES["rollouts"], [_row(TABLES["rollouts"], r) for r in by_id.values()])
-        steps = [_row(TABLES["steps"], step, rollout_id=row["rollout_id"], task_family=row[PARTITION])
-                 for row in rows for step in by_id[row["rollout_id"]].steps]
-        return self._land("rollouts", rows, steps=steps)
+        return self.land(rollouts=rollouts).checked()
 
     def land_scores(self, scores: Iterable[StepScore],
                     family_of: Mapping[str, str] | None = None) -> dict[str, int]:
-        """Land step scores. A score's family is that of its rollout: from `family_of`
-        (rollout_id -> family) where given, else from the rollouts already landed."""
-        scores = list(scores)
-        families = dict(family_of or {})
+        return self.land(scores=scores, family_of=family_of).checked()
+
+    def land_rejections(self, rejections: Iterable[TaskRejection]) -> dict[str, int]:
+        return self.land(rejections=rejections).checked()
+
+    def _score_rows(self, scores: list[StepScore], families: dict[str, str]) -> list[dict[str, Any]]:
         missing = sorted({s.rollout_id for s in scores} - families.keys())
         if missing:
             found = self.con.execute("SELECT rollout_id, task_family FROM rollouts WHERE rollout_id IN "
@@ -97,50 +158,84 @@ class Warehouse:
         if unknown:
             raise ValueError(f"no task family known for rollouts {unknown}; land them first or pass family_of")
         table = TABLES["step_scores"]
-        return self._land("step_scores", [_row(table, s, task_family=families[s.rollout_id]) for s in scores])
-
-    def land_rejections(self, rejections: Iterable[TaskRejection]) -> dict[str, int]:
-        return self._land("task_rejections", [_row(TABLES["task_rejections"], r) for r in rejections])
-
-    def _land(self, name: str, rows: list[dict[str, Any]], **more: list[dict[str, Any]]) -> dict[str, int]:
-        """Write the rows whose keys are new, one file per table and family, then register every
-        file of the call in one transaction. `more` holds rows for further tables (steps)."""
-        if self.read_only:
-            raise PermissionError("this warehouse was opened read-only")
-        new_rows = {table: self._new_rows(TABLES[table], table_rows)
-                    for table, table_rows in {name: rows, **more}.items()}
-        for row in (row for table_rows in new_rows.values() for row in table_rows):
-            check_family(row[PARTITION])  # before any file is written
-        batches = []
-        for table, table_rows in new_rows.items():
-            by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for row in table_rows:
-                by_family[row[PARTITION]].append(row)
-            batches += [write_batch(self.data_dir, TABLES[table], family, family_rows)
-                        for family, family_rows in sorted(by_family.items())]
-        catalog.register(self.con, self.data_dir, batches, datetime.now(timezone.utc).replace(tzinfo=None))
-        return {table: len(table_rows) for table, table_rows in new_rows.items()}
+        return [_row(table, s, task_family=families[s.rollout_id]) for s in scores]
 
     def _new_rows(self, table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows whose key is neither registered already nor repeated earlier in `rows`."""
         unique: dict[tuple, dict[str, Any]] = {}
         for row in rows:
-            unique.setdefault(tuple(row[k] for k in table.key), row)
-        if not unique:
-            return []
-        key_columns = {c.name: c for c in table.columns if c.name in table.key}
-        incoming = pa.table({k: pa.array([key[i] for key in unique], key_columns[k].type)
-                             for i, k in enumerate(table.key)})
-        keys = ", ".join(catalog.quote_ident(k) for k in table.key)
+            unique.setdefault(tuple(row.get(k) for k in table.key), row)
+        for key in self._existing_keys(table, list(unique)):
+            unique.pop(key)
+        return list(unique.values())
+
+    def _landed_keys(self, ref: Reference, keys: list[tuple]) -> set[tuple]:
+        return self._existing_keys(TABLES[ref.table], keys)
+
+    def _existing_keys(self, table: Table, keys: list[tuple]) -> set[tuple]:
+        """Which of `keys` (tuples of the table's key columns) the table holds already."""
+        if not keys:
+            return set()
+        types = {c.name: c.type for c in table.columns}
+        try:
+            incoming = pa.table({k: pa.array([key[i] for key in keys], types[k]) for i, k in enumerate(table.key)})
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return set()  # keys of the wrong type are new by definition; the gates will say why
+        columns = ", ".join(catalog.quote_ident(k) for k in table.key)
         self.con.register("incoming_keys", incoming)
         try:
-            existing = self.con.execute(f"SELECT {keys} FROM incoming_keys SEMI JOIN {table.name} "
-                                        f"USING ({keys})").fetchall()
+            return {tuple(k) for k in self.con.execute(f"SELECT {columns} FROM incoming_keys SEMI JOIN "
+                                                        f"{table.name} USING ({columns})").fetchall()}
         finally:
             self.con.unregister("incoming_keys")
-        for key in existing:
-            unique.pop(tuple(key))
-        return list(unique.values())
+
+    def _quarantine(self, rows: dict[str, list[dict[str, Any]]], report: quality.QualityReport) -> Landing:
+        """Keep a failed batch whole, with its validation report, out of every table."""
+        quarantine_id = "q-" + content_hash(rows, 20)
+        folder = self.data_dir / QUARANTINE_DIR / quarantine_id
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, table_rows in rows.items():
+            if table_rows:
+                text = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in table_rows)
+                (folder / f"{name}.jsonl").write_text(text)
+        created = _utcnow()
+        payload = {"quarantine_id": quarantine_id, "created_at": created.isoformat() + "Z",
+                   "rows": {name: len(r) for name, r in rows.items()}, **report.to_json()}
+        (folder / "report.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        self.con.execute("INSERT OR IGNORE INTO quarantine VALUES (?, ?, ?, ?, ?, ?)",
+                         [quarantine_id, created, folder.relative_to(self.data_dir).as_posix(),
+                          sorted(n for n, r in rows.items() if r), sum(len(r) for r in rows.values()),
+                          json.dumps(report.to_json()["failures"], default=str)])
+        return Landing({name: 0 for name in rows}, quarantine=folder, report=report)
+
+    # Checking ------------------------------------------------------------------------------
+
+    def check(self) -> quality.QualityReport:
+        """Re-validate everything landed with the same suites as the gates, plus integrity
+        checks across tables (no holdout task in a dataset, no template group in two splits,
+        dataset lineage that names landed rollouts)."""
+        results = {}
+        for name, table in TABLES.items():
+            try:
+                columns = ", ".join(catalog.quote_ident(c.name) for c in table.columns)
+                frame = self.sql(f"SELECT {columns} FROM {name}").to_pandas()
+                if frame.empty:
+                    results[name] = quality.TableResult(name, 0, True)
+                    continue
+                found = {ref: self._found_references(table, ref) for ref in table.references}
+                results[name] = quality.validate_table(table, frame, found)
+            except duckdb.Error as exc:
+                results[name] = quality.TableResult(name, 0, False, [quality.error_failure(name, exc)])
+        results["integrity"] = quality.integrity(lambda sql: self.sql(sql).to_pylist()[0]["n"])
+        return quality.QualityReport(results)
+
+    def _found_references(self, table: Table, ref: Reference) -> set[tuple]:
+        parent = TABLES[ref.table]
+        on = " AND ".join(f"c.{catalog.quote_ident(c)} = p.{catalog.quote_ident(k)}"
+                          for c, k in zip(ref.columns, parent.key))
+        columns = ", ".join(f"c.{catalog.quote_ident(c)}" for c in ref.columns)
+        query = f"SELECT DISTINCT {columns} FROM {table.name} c SEMI JOIN {parent.name} p ON {on}"
+        return {tuple(r) for r in self.con.execute(query).fetchall()}
 
     # Reading -------------------------------------------------------------------------------
 
@@ -170,6 +265,10 @@ class Warehouse:
                         params: Sequence[Any] | None = None) -> list[TaskRejection]:
         return [_record(TABLES["task_rejections"], row) for row in self._select("task_rejections", where, params)]
 
+    def load(self, table: str, where: str | None = None, params: Sequence[Any] | None = None) -> list[Record]:
+        """Records of any table whose record is stored whole (runs, datasets, dataset_rows, ...)."""
+        return [_record(TABLES[table], row) for row in self._select(table, where, params)]
+
     def files(self, table: str) -> list[Path]:
         """The registered files of a table (absolute paths)."""
         return catalog.registered_files(self.con, self.data_dir, table)
@@ -183,6 +282,58 @@ class Warehouse:
         order = ", ".join(catalog.quote_ident(k) for k in table.key)
         query = f"SELECT {columns} FROM {name}" + (f" WHERE {where}" if where else "") + f" ORDER BY {order}"
         return self.sql(query, params).to_pylist()
+
+
+@dataclass
+class Landing:
+    """What one landing did: the new rows per table, or the quarantine the batch went to."""
+
+    counts: dict[str, int]
+    quarantine: Path | None = None
+    report: quality.QualityReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.quarantine is None
+
+    def checked(self) -> dict[str, int]:
+        """The counts, or QuarantinedBatch when the batch failed the gates."""
+        if not self.ok:
+            raise QuarantinedBatch(self)
+        return self.counts
+
+
+class QuarantinedBatch(RuntimeError):
+    def __init__(self, landing: Landing):
+        super().__init__(f"batch failed the quality gates and went to {landing.quarantine}: "
+                         f"{landing.report.summary() if landing.report else ''}")
+        self.landing = landing
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _landing_hook() -> None:
+    """For the durability test, which kills the process here: with GYMFOUNDRY_PAUSE_LANDING=<path>,
+    landing writes its pid to that file and waits (GYMFOUNDRY_PAUSE_LANDING_S, default 60 s) with
+    the batch files written and the registering transaction open."""
+    marker = os.environ.get("GYMFOUNDRY_PAUSE_LANDING")
+    if marker:
+        Path(marker).write_text(str(os.getpid()))
+        time.sleep(float(os.environ.get("GYMFOUNDRY_PAUSE_LANDING_S", "60")))
+
+
+def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckDBPyConnection:
+    """DuckDB lets one process write a file; another writer waits for the lock up to the timeout."""
+    deadline = time.monotonic() + lock_timeout_s
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _row(table: Table, record: Record, **added: Any) -> dict[str, Any]:

@@ -1,7 +1,12 @@
 """The logical tables: which record each holds, its key, and the few columns added to it.
 
-Every table is partitioned by `task_family`. Where the record has a `family` field, that field
-becomes the partition column; otherwise `task_family` is added from outside the record.
+Large tables are partitioned by `task_family`: where the record has a `family` field, that
+field becomes the partition column; otherwise `task_family` is added from outside the record.
+Small tables that span families (`runs`, `datasets`) are not partitioned.
+
+Besides what the records say about their own fields (types, nullability, value sets, bounds),
+a table declares what the quality gates check across rows and tables: value `bounds` the
+record does not state, and `references` to the rows of other tables (see warehouse.quality).
 """
 
 from __future__ import annotations
@@ -10,10 +15,20 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from envs.records import Record, Rollout, Step, StepScore, TaskRejection, TaskSpec
+from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection,
+                          TaskSpec, TrainingRun)
 from warehouse.schema import Column, arrow_schema, model_columns
 
 PARTITION = "task_family"
+REWARD_RANGE = (-1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Every row's `columns` name a row of `table` (its key columns, in order)."""
+
+    columns: tuple[str, ...]
+    table: str
 
 
 @dataclass(frozen=True)
@@ -25,6 +40,9 @@ class Table:
     exclude: frozenset[str] = frozenset()   # record fields stored in another table
     family_field: str | None = "family"     # record field that becomes the partition column
     derived: tuple[str, ...] = ()            # SQL expressions the view adds for analysis
+    partitioned: bool = True
+    bounds: tuple[tuple[str, float | None, float | None], ...] = ()  # (column, min, max), inclusive
+    references: tuple[Reference, ...] = ()
 
     @property
     def columns(self) -> list[Column]:
@@ -51,11 +69,21 @@ TABLES: dict[str, Table] = {t.name: t for t in [
           derived=("termination = 'success' AS success",
                    "json_extract_string(outcome, '$.verifier_id') AS verifier_id",
                    "json_extract_string(outcome, '$.verifier_version') AS verifier_version",
-                   "CAST(json_extract(cost, '$.tokens') AS BIGINT) AS tokens")),
+                   "CAST(json_extract(cost, '$.tokens') AS BIGINT) AS tokens"),
+          references=(Reference(("task_id",), "tasks"),)),
     Table("steps", Step, key=("rollout_id", "index"), family_field=None,
           added=(Column("rollout_id", pa.string()), Column(PARTITION, pa.string())),
-          derived=("json_extract_string(tool_call, '$.name') AS tool_name",)),
+          derived=("json_extract_string(tool_call, '$.name') AS tool_name",),
+          bounds=(("reward", *REWARD_RANGE), ("latency_s", 0.0, None)),
+          references=(Reference(("rollout_id",), "rollouts"),)),
     Table("step_scores", StepScore, key=("rollout_id", "step_index", "layer", "scorer_id", "scorer_version"),
-          family_field=None, added=(Column(PARTITION, pa.string()),)),
+          family_field=None, added=(Column(PARTITION, pa.string()),),
+          bounds=(("score", *REWARD_RANGE),),
+          references=(Reference(("rollout_id", "step_index"), "steps"),)),
     Table("task_rejections", TaskRejection, key=("task_id", "stage")),
+    Table("runs", Run, key=("run_id",), family_field=None, partitioned=False),
+    Table("datasets", DatasetManifest, key=("dataset_id",), family_field=None, partitioned=False),
+    Table("dataset_rows", DatasetRow, key=("dataset_id", "row_id"),
+          references=(Reference(("dataset_id",), "datasets"), Reference(("task_id",), "tasks"))),
+    Table("training_runs", TrainingRun, key=("run_id",), family_field=None, partitioned=False),
 ]}

@@ -28,7 +28,8 @@ def test_factory_lands_a_mix_of_outcomes_partitioned_by_family(run_dir):
     data_dir, report = run_dir
     n = counts(data_dir)
     assert n["tasks"] + n["task_rejections"] == 20
-    assert n["rollouts"] == 2 * n["tasks"] and n["steps"] == n["step_scores"] > n["rollouts"]
+    # every step: a rules row, a judge row (not configured here) and the combined reward
+    assert n["rollouts"] == 2 * n["tasks"] and 3 * n["steps"] == n["step_scores"] and n["steps"] > n["rollouts"]
     terminations = {r["termination"] for r in report["summary"]}
     assert "success" in terminations and len(terminations) >= 2
     files = list((Path(data_dir) / "lake" / "rollouts").rglob("*.parquet"))

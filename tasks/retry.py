@@ -1,0 +1,64 @@
+"""Stage: rollouts under a run's retry policy.
+
+An episode that ends in a class the policy retries (by default only `env_fault`) runs again
+as the next attempt, after a backoff; each attempt is its own rollout (the attempt is part of
+its id) and is kept, classified, so the run can account for every episode. Model outcomes are
+never retried. After `max_retries` the (task, sample) is skipped, or the run fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from envs.records import FaultConfig, RetryPolicy, Rollout, TaskSpec
+from tasks.policies import Policy
+from tasks.rollout import rollout_seed, run_episode
+
+
+class RetryExhausted(RuntimeError):
+    pass
+
+
+def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int,
+                         retry: RetryPolicy, faults: FaultConfig | None = None,
+                         sleep: Callable[[float], None] = time.sleep) -> list[Rollout]:
+    rollouts = []
+    for task in tasks:
+        for sample in range(samples_per_task):
+            episode_seed = rollout_seed(seed, task, sample)
+            for attempt in range(retry.max_retries + 1):
+                if attempt:
+                    sleep(retry.delay_s(attempt))
+                rollout = run_episode(task, policy, episode_seed, attempt, faults)
+                rollouts.append(rollout)
+                if rollout.termination not in retry.retry_on:
+                    break
+            else:
+                if retry.on_exhausted == "fail":
+                    raise RetryExhausted(f"task {task.task_id} sample {sample}: {retry.max_retries + 1} attempts "
+                                         f"ended in {rollout.termination.value}: {rollout.termination_reason}")
+    return rollouts
+
+
+def run_counts(rollouts: list[Rollout], retry: RetryPolicy) -> dict[str, Any]:
+    """What a run report counts: rollouts attempted, by class (in total and per family),
+    retries (attempts after the first) and skips ((task, sample)s given up after the last
+    retry). The classes add up to the rollouts attempted."""
+    last: dict[tuple, Rollout] = {}
+    for r in rollouts:
+        key = (r.task_id, r.env_id, r.policy_id, r.policy_version, r.seed)
+        if key not in last or r.attempt > last[key].attempt:
+            last[key] = r
+    by_family: dict[str, Counter] = {}
+    for r in rollouts:
+        by_family.setdefault(r.family, Counter())[r.termination.value] += 1
+    return {
+        "attempted": len(rollouts),
+        "by_class": dict(sorted(Counter(r.termination.value for r in rollouts).items())),
+        "by_family": {f: dict(sorted(c.items())) for f, c in sorted(by_family.items())},
+        "retries": sum(r.attempt > 0 for r in rollouts),
+        "skips": sum(r.termination in retry.retry_on for r in last.values()),
+    }

@@ -1,0 +1,147 @@
+"""Benchmark: warehouse ingest rate (steps/s through `Warehouse.land`, quality gates included)
+and the latency of a family-filtered aggregate over 1M steps. Not a test (pytest collects
+test_*.py only).
+
+    .venv/bin/python tests/benchmarks/bench_warehouse.py --steps 1000000 [--batch-steps 100000]
+        [--families 4] [--no-gates] [--repeats 7] [--json out.json]
+
+Synthetic records (hand-built rollouts of 10 steps over `--families` families, realistic text
+sizes) land in batches of `--batch-steps` steps, each batch one `land(tasks, rollouts)` call:
+rows derived from the records, new-key check against the catalog, great-expectations gates,
+Parquet write, one registering transaction. Record construction is timed apart. Then a fresh
+read-only connection times aggregates over `steps` filtered to one family (cold = first query
+after opening, warm = median of the repeats), against the same aggregate over all families.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+STEPS_PER_ROLLOUT = 10
+FAMILY_NAMES = ["inventory", "coding", "engineering", "advisory", "discussion", "browser", "conversation"]
+TOOLS = ["find_items", "get_stock", "request_authorization", "reserve", "release", "submit"]
+TERMINATIONS = ["success", "success", "failure", "constraint_violation", "truncated", "env_fault"]
+
+
+def make_batch(first: int, n_rollouts: int, families: list[str]):
+    from envs.records import (Cost, Difficulty, Hidden, OutcomeReport, Rollout, Source, Step, TaskSpec,
+                              Termination, ToolCall)
+
+    tasks, rollouts = [], []
+    for k in range(first, first + n_rollouts):
+        family = families[k % len(families)]
+        task = TaskSpec(family=family, env_id=f"gymfoundry/{family}-v0",
+                        source=Source(generator="bench", version="1", seed=k), template_id=f"tpl-{k % 997}",
+                        goal=f"Order ORD-{k} needs items reserved. " * 4, initial_state={"seed": k},
+                        allowed_tools=TOOLS, difficulty=Difficulty(level=1 + k % 5),
+                        hidden=Hidden(reference=[ToolCall(name="submit", arguments={"status": "reserved"})]))
+        steps = [Step(index=i, observation=f'{{"ok": true, "result": {{"sku": "SKU-{k % 900}", "n": {i}}}}} ' * 3,
+                      action_text=f'{{"name": "{TOOLS[i % 6]}", "arguments": {{"sku": "SKU-{i}"}}}}',
+                      thought="Check the stock first.", tool_call=ToolCall(name=TOOLS[i % 6], arguments={"sku": f"SKU-{i}"}),
+                      result=f'{{"ok": true, "result": {{"available": {i + k % 7}}}}} ' * 3,
+                      error="env_fault" if (k + i) % 53 == 0 else None, reward=(i % 3) / 3,
+                      latency_s=0.001 * (i + 1), policy_version="bench-1")
+                 for i in range(STEPS_PER_ROLLOUT)]
+        termination = Termination(TERMINATIONS[k % len(TERMINATIONS)])
+        outcome = OutcomeReport(verifier_id="bench", verifier_version="1", success=termination == "success",
+                                completed=True, regression=False, constraint_violation=False)
+        tasks.append(task)
+        rollouts.append(Rollout(task_id=task.task_id, family=family, env_id=task.env_id, env_version="0",
+                                policy_id="bench", policy_version="1", seed=k, steps=steps, termination=termination,
+                                outcome=outcome, cost=Cost(steps=len(steps), tool_calls=len(steps), wall_time_s=0.1)))
+    return tasks, rollouts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--batch-steps", type=int, default=100_000)
+    ap.add_argument("--families", type=int, default=4)
+    ap.add_argument("--no-gates", action="store_true", help="land without the quality gates")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--data-dir", help="keep the warehouse here (default: a temp dir, removed)")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    command = " ".join(shlex.quote(a) for a in [sys.executable.replace(os.getcwd() + "/", ""), *sys.argv])
+    from warehouse import Warehouse, quality
+
+    t0 = time.perf_counter()
+    if not args.no_gates:
+        quality._batch_definition()  # importing great-expectations: once per process, not per batch
+    warmup_s = time.perf_counter() - t0
+    families = FAMILY_NAMES[: args.families]
+    per_batch = max(1, args.batch_steps // STEPS_PER_ROLLOUT)
+    n_rollouts = args.steps // STEPS_PER_ROLLOUT
+    with tempfile.TemporaryDirectory(prefix="bench-wh-") as tmp:
+        data_dir = Path(args.data_dir or tmp)
+        build_s, land_s, batch_rates = 0.0, 0.0, []
+        with Warehouse(data_dir) as wh:
+            for first in range(0, n_rollouts, per_batch):
+                t0 = time.perf_counter()
+                tasks, rollouts = make_batch(first, min(per_batch, n_rollouts - first), families)
+                t1 = time.perf_counter()
+                landing = wh.land(tasks=tasks, rollouts=rollouts, gate=not args.no_gates)
+                t2 = time.perf_counter()
+                assert landing.ok, landing.report.summary()
+                build_s, land_s = build_s + t1 - t0, land_s + t2 - t1
+                batch_rates.append(landing.counts["steps"] / (t2 - t1))
+                print(f"batch {len(batch_rates)}: {landing.counts['steps']} steps landed in {t2 - t1:.2f}s "
+                      f"({batch_rates[-1]:,.0f} steps/s); records built in {t1 - t0:.2f}s", flush=True)
+            total_steps = wh.count("steps")
+        lake_mb = sum(p.stat().st_size for p in (data_dir / "lake").rglob("*.parquet")) / 1e6
+
+        family = families[1 % len(families)]
+        filtered = ("SELECT tool_name, count(*) AS steps, avg(reward) AS mean_reward, avg(latency_s) AS latency, "
+                    "count(*) FILTER (WHERE error = 'env_fault') AS faults FROM steps WHERE task_family = ? "
+                    "GROUP BY 1 ORDER BY 1")
+        everything = filtered.replace("WHERE task_family = ? ", "")
+        joined = ("SELECT t.difficulty_level, count(*) AS steps, avg(s.reward) AS mean_reward FROM steps s "
+                  "JOIN rollouts r USING (rollout_id) JOIN tasks t USING (task_id) "
+                  "WHERE s.task_family = ? AND r.success GROUP BY 1 ORDER BY 1")
+        timings = {}
+        with Warehouse(data_dir, read_only=True) as wh:
+            for name, sql, params in (("family_filtered", filtered, [family]), ("all_families", everything, None),
+                                      ("family_filtered_join", joined, [family])):
+                runs = []
+                for _ in range(args.repeats + 1):
+                    t0 = time.perf_counter()
+                    out = wh.sql(sql, params)
+                    runs.append(time.perf_counter() - t0)
+                timings[name] = {"cold_s": runs[0], "warm_median_s": statistics.median(runs[1:]),
+                                 "warm_min_s": min(runs[1:]), "rows": out.num_rows}
+
+    fig = {"command": command, "cpus": os.cpu_count(), "gates": not args.no_gates, "gates_warmup_s": warmup_s,
+           "steps": total_steps,
+           "families": len(families), "batch_steps": per_batch * STEPS_PER_ROLLOUT, "batches": len(batch_rates),
+           "land_s": land_s, "build_records_s": build_s, "ingest_steps_per_s": total_steps / land_s,
+           "ingest_steps_per_s_median_batch": statistics.median(batch_rates), "lake_mb": lake_mb,
+           "queries": timings}
+    print(f"\ncommand: {command}")
+    print(f"{total_steps:,} steps in {len(batch_rates)} batches over {len(families)} families, "
+          f"{os.cpu_count()} CPUs, gates {'on' if fig['gates'] else 'off'} (loading them: {warmup_s:.1f}s, "
+          f"excluded); lake {lake_mb:.0f} MB")
+    print(f"ingest: {fig['ingest_steps_per_s']:,.0f} steps/s overall (landing {land_s:.1f}s; "
+          f"median batch {fig['ingest_steps_per_s_median_batch']:,.0f} steps/s); "
+          f"building the records took {build_s:.1f}s more")
+    for name, t in timings.items():
+        print(f"{name:<22} cold {t['cold_s'] * 1000:8.1f} ms   warm median {t['warm_median_s'] * 1000:8.1f} ms"
+              f"   (min {t['warm_min_s'] * 1000:.1f} ms, {t['rows']} rows)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(fig, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

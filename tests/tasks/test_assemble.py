@@ -1,0 +1,221 @@
+"""Curriculum-weighted assembly: SFT / DPO / GRPO rows from the warehouse, weights reduced per
+rollout, the mixture and lineage stored in `datasets` / `dataset_rows`, and the files loading
+into TRL's trainers as written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import envs
+from envs.records import Split, Termination
+from tasks import curriculum
+from tasks.assemble import assemble_datasets, load_dataset, trajectory_value
+from tasks.generate import generate_tasks
+from tasks.isolate import isolate_tasks
+from tasks.land import land_batch
+from tasks.policies import make_policy
+from tasks.rollout import collect_rollouts
+from tasks.score import latest_step_rewards, score_rollouts
+from warehouse import Warehouse
+
+MISTAKES = 0.35
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("assemble")
+    tasks, _ = isolate_tasks(generate_tasks("inventory", 24, seed=5), holdout_fraction=0.1)
+    policy = make_policy("scripted", "inventory", mistake_rate=MISTAKES)
+    rollouts = collect_rollouts(tasks, policy, 4, seed=5)
+    land_batch(str(data_dir), tasks, [], rollouts, score_rollouts(rollouts, tasks))
+    result = assemble_datasets(data_dir, ["inventory"], policy_version=policy.version)
+    return data_dir, result, policy.version
+
+
+def test_success_rates_are_per_rollout_over_model_outcomes():
+    rows = ([{"task_family": "a", "difficulty": 1, "termination": "success"}] * 3
+            + [{"task_family": "a", "difficulty": 1, "termination": "failure"}]
+            + [{"task_family": "a", "difficulty": 1, "termination": "env_fault"}] * 10
+            + [{"task_family": "a", "difficulty": 2, "termination": "timeout"}])
+    assert curriculum.success_rates(rows, prior=0) == {"a/1": 0.75}
+    assert curriculum.success_rates(rows, prior=1) == {"a/1": 4 / 6}
+
+
+def test_learnability_is_configurable():
+    rates = {"a/1": 0.9, "a/2": 0.5, "a/3": 0.1}
+    _, fn = curriculum.learnability_fn("p(1-p)")
+    shares = curriculum.mixture(rates, rates, fn)
+    assert shares["a/2"] > shares["a/1"] == pytest.approx(shares["a/3"]) and sum(shares.values()) == pytest.approx(1)
+    _, hard = curriculum.learnability_fn("1-p")
+    assert curriculum.mixture(rates, rates, hard)["a/3"] == pytest.approx(0.9 / 1.5)
+    name, custom = curriculum.learnability_fn(lambda p: p ** 2)
+    assert curriculum.mixture(rates, rates, custom)["a/1"] == pytest.approx(0.81 / 1.07)
+    assert curriculum.mixture({}, ["x/1", "y/2"], fn) == {"x/1": 0.5, "y/2": 0.5}  # unmeasured: the prior
+    with pytest.raises(ValueError, match="unknown learnability"):
+        curriculum.learnability_fn("p^2")
+
+
+def test_row_weights_reduce_per_rollout_never_per_row():
+    rows = [{"task_family": "a", "difficulty": 1, "owner": "r1"}] * 3 + \
+           [{"task_family": "a", "difficulty": 1, "owner": "r2"}] + \
+           [{"task_family": "a", "difficulty": 2, "owner": "r3"}]
+    weights = curriculum.row_weights(rows, {"a/1": 0.5, "a/2": 0.5}, lambda r: r["owner"])
+    assert sum(weights) == pytest.approx(len(rows))
+    per_owner = {}
+    for row, w in zip(rows, weights):
+        per_owner[row["owner"]] = per_owner.get(row["owner"], 0) + w
+    assert per_owner["r1"] == pytest.approx(per_owner["r2"])          # 3 rows count as much as 1
+    assert per_owner["r3"] == pytest.approx(per_owner["r1"] + per_owner["r2"])  # cells get their share
+
+
+def test_datasets_store_mixture_and_lineage(built):
+    data_dir, result, version = built
+    with Warehouse(data_dir, read_only=True) as wh:
+        manifests = {m.kind: m for m in wh.load("datasets")}
+        cells = wh.sql("""select task_family, difficulty_level, successes, model_outcomes from success_by_cell
+                          where policy_version = ?""", [version]).to_pylist()
+        lineage = wh.sql("select dataset_id, count(*) as n, sum(weight) as w from dataset_rows group by 1").to_pylist()
+        orphans = wh.sql("""select count(*) as n from (select unnest(rollout_ids) as rollout_id from dataset_rows)
+                            anti join rollouts using (rollout_id)""").to_pylist()[0]["n"]
+        composition = wh.sql("select dataset_id, task_family, difficulty, weight_share from dataset_composition"
+                             ).to_pylist()
+        train = {t.task_id for t in wh.load_tasks("split = 'train'")}
+    assert set(manifests) == {"sft", "dpo", "grpo"}
+    assert {m.dataset_id for m in manifests.values()} == {d["dataset_id"] for d in result.values()}
+    # Success rates are measured per rollout in the warehouse, for the policy version, train split.
+    sft = manifests["sft"]
+    assert sft.policy_version == version and sft.learnability == "p(1-p)"
+    assert set(sft.success_rates) <= {f"inventory/{c['difficulty_level']}" for c in cells}
+    expected = curriculum.mixture(sft.success_rates, sft.mixture, curriculum.LEARNABILITY["p(1-p)"])
+    assert sft.mixture == pytest.approx(expected, abs=1e-6)
+    # Lineage: one dataset_rows row per row, naming rollouts that landed; weights average 1.
+    assert {r["dataset_id"]: r["n"] for r in lineage} == {m.dataset_id: m.rows for m in manifests.values() if m.rows}
+    assert all(r["w"] == pytest.approx(r["n"], rel=1e-6) for r in lineage)
+    assert orphans == 0
+    for row in composition:
+        manifest = next(m for m in manifests.values() if m.dataset_id == row["dataset_id"])
+        assert row["weight_share"] == pytest.approx(manifest.mixture[f"{row['task_family']}/{row['difficulty']}"],
+                                                    abs=1e-6)
+    for kind, info in result.items():
+        rows = load_dataset(info["path"])
+        assert len(rows) == info["rows"] > 0 and set(rows["task_id"]) <= train
+        assert (data_dir / manifests[kind].path).exists()
+
+
+def test_sft_rows_follow_the_records(built):
+    data_dir, result, _ = built
+    sft = load_dataset(result["sft"]["path"])
+    with Warehouse(data_dir, read_only=True) as wh:
+        rollouts = {r.rollout_id: r for r in wh.load_rollouts("rollout_id IN (SELECT unnest(?))",
+                                                                [list(sft["rollout_id"])])}
+        rewards = latest_step_rewards(wh)
+        tasks = {t.task_id: t for t in wh.load_tasks()}
+    for row in sft:
+        rollout = rollouts[row["rollout_id"]]
+        assert rollout.termination == Termination.success
+        assistant = [m for m in row["messages"] if m["role"] == "assistant"]
+        assert len(assistant) == len(rollout.steps) == len(row["step_rewards"])
+        assert row["step_rewards"] == pytest.approx(rewards[rollout.rollout_id])
+        for message, step in zip(assistant, rollout.steps):
+            call = message["tool_calls"][0]["function"]
+            assert call["name"] == step.tool_call.name and json.loads(call["arguments"]) == step.tool_call.arguments
+        assert {t["function"]["name"] for t in json.loads(row["tools"])} == set(tasks[row["task_id"]].allowed_tools)
+
+
+def acted(rollout):
+    return [(s.tool_call.model_dump(exclude={"id"}) if s.tool_call else s.action_text, s.result)
+            for s in rollout.steps]
+
+
+def test_dpo_pairs_have_a_margin_and_step_pairs_share_their_prefix(built):
+    data_dir, result, _ = built
+    dpo = load_dataset(result["dpo"]["path"]).to_list()
+    with Warehouse(data_dir, read_only=True) as wh:
+        rollouts = {r.rollout_id: r for r in wh.load_rollouts()}
+        rewards = latest_step_rewards(wh)
+    kinds = {row["pair_type"] for row in dpo}
+    assert kinds == {"trajectory", "step"}
+    for row in dpo:
+        chosen, rejected = rollouts[row["chosen_rollout_id"]], rollouts[row["rejected_rollout_id"]]
+        assert chosen.task_id == rejected.task_id == row["task_id"] and chosen.success
+        assert rejected.termination not in (Termination.env_fault, Termination.timeout, Termination.policy_error)
+        assert row["chosen"] != row["rejected"] and row["prompt"][1]["role"] == "user"
+        if row["pair_type"] == "trajectory":
+            margin = trajectory_value(chosen, rewards) - trajectory_value(rejected, rewards)
+            assert margin == pytest.approx(row["margin"], abs=1e-5) and margin >= 0.5
+        else:
+            k = row["step_index"]
+            assert acted(chosen)[:k] == acted(rejected)[:k] and acted(chosen)[k][0] != acted(rejected)[k][0]
+            assert len(row["prompt"]) == 2 + 2 * k
+            assert [m["role"] for m in row["chosen"]] == [m["role"] for m in row["rejected"]] == ["assistant"]
+            assert row["margin"] >= 0
+    # DPO weights are shared per rejected rollout.
+    per_rollout = {}
+    for row in dpo:
+        per_rollout.setdefault(row["rejected_rollout_id"], []).append(row["weight"])
+    assert any(len(ws) > 1 for ws in per_rollout.values())
+    for ws in per_rollout.values():
+        assert max(ws) == pytest.approx(min(ws))
+
+
+def test_a_higher_margin_keeps_fewer_trajectory_pairs(built, tmp_path):
+    import shutil
+
+    data_dir, result, version = built
+    copy = tmp_path / "copy"
+    shutil.copytree(data_dir, copy)
+    strict = assemble_datasets(copy, ["inventory"], policy_version=version, min_margin=1.2, kinds=("dpo",))
+    pairs = load_dataset(strict["dpo"]["path"]).to_list()
+    assert all(r["margin"] >= 1.2 for r in pairs if r["pair_type"] == "trajectory")
+    assert strict["dpo"]["rows"] < result["dpo"]["rows"]
+
+
+def test_grpo_rows_recreate_their_env(built):
+    data_dir, result, _ = built
+    rows = load_dataset(result["grpo"]["path"]).to_list()
+    with Warehouse(data_dir, read_only=True) as wh:
+        tasks = {t.task_id: t for t in wh.load_tasks()}
+    assert len(rows) == sum(t.split == Split.train for t in tasks.values())
+    for row in rows[:5]:
+        env = envs.make(row["env_id"])
+        task = env.generate_task(row["seed"], row["level"])
+        assert task.task_id == row["task_id"]
+        assert env.reset(task=task).observation == row["prompt"][1]["content"]
+
+
+def test_assembling_again_adds_nothing(built):
+    data_dir, result, version = built
+    with Warehouse(data_dir, read_only=True) as wh:
+        before = wh.count("dataset_rows"), wh.count("datasets")
+    again = assemble_datasets(data_dir, ["inventory"], policy_version=version)
+    assert {k: d["dataset_id"] for k, d in again.items()} == {k: d["dataset_id"] for k, d in result.items()}
+    with Warehouse(data_dir, read_only=True) as wh:
+        assert (wh.count("dataset_rows"), wh.count("datasets")) == before
+
+
+def test_trl_trainers_accept_the_datasets_unchanged(built, tmp_path):
+    import torch
+    from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+    from tests.tasks.tiny_lm import tiny_model, tiny_tokenizer
+
+    _, result, _ = built
+    torch.set_num_threads(1)
+    sft = load_dataset(result["sft"]["path"])
+    dpo = load_dataset(result["dpo"]["path"])
+    tokenizer = tiny_tokenizer(json.dumps(m) for m in sft["messages"][:8])
+    common = dict(max_steps=1, per_device_train_batch_size=2, use_cpu=True, bf16=False, report_to=[],
+                  save_strategy="no", logging_steps=1, dataset_num_proc=None, max_length=384, disable_tqdm=True)
+    trainer = SFTTrainer(model=tiny_model(len(tokenizer)), train_dataset=sft, processing_class=tokenizer,
+                         args=SFTConfig(output_dir=str(tmp_path / "sft"), assistant_only_loss=True, **common))
+    labels = trainer.train_dataset[0]["labels"]
+    assert -100 in labels and any(x != -100 for x in labels)  # assistant-only loss: observations masked
+    assert trainer.train().global_step == 1
+    # No length limit here: with one, TRL drops the pairs whose prompt alone fills it.
+    trainer = DPOTrainer(model=tiny_model(len(tokenizer)), ref_model=tiny_model(len(tokenizer)), train_dataset=dpo,
+                         processing_class=tokenizer,
+                         args=DPOConfig(output_dir=str(tmp_path / "dpo"), **{**common, "max_length": None}))
+    assert len(trainer.train_dataset) == len(dpo)
+    assert trainer.train().global_step == 1

@@ -1,0 +1,268 @@
+"""Quality gates: great-expectations suites derived from the records and the table
+declarations, run over every batch before it lands (`Warehouse.land`) and over everything
+landed (`Warehouse.check`).
+
+Per table, from the record: not-null for every non-optional field, JSON-parseable for the
+nested fields, value sets for Enum and Literal fields, bounds from `Field(ge=..., le=...)`;
+from the table: unique keys, declared value bounds (rewards in [-1, 1]) and references
+(every step has its rollout, every rollout its task, every score its step). A reference is
+checked as a value set on the helper column `ref:<table>`: "found" where the referenced row
+exists, in the batch itself or among the landed rows, else the dangling key itself.
+
+GX validates pandas frames; its context is ephemeral (in memory) with analytics off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cache
+from typing import Any, Literal, Union, get_args, get_origin
+
+import pandas as pd
+
+from warehouse.lake import FAMILY_NAME
+from warehouse.tables import PARTITION, TABLES, Reference, Table
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+# Looks up which of `keys` (tuples of the reference's columns) exist in the landed parent table.
+LandedKeys = Callable[[Reference, list[tuple]], set[tuple]]
+FOUND = "found"
+
+
+@dataclass
+class TableResult:
+    table: str
+    rows: int
+    success: bool
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)  # GX's validation result, as JSON
+
+
+@dataclass
+class QualityReport:
+    tables: dict[str, TableResult]
+
+    @property
+    def success(self) -> bool:
+        return all(t.success for t in self.tables.values())
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [f for t in self.tables.values() for f in t.failures]
+
+    def summary(self) -> str:
+        return "; ".join(f"{f['table']}.{f['column']}: {f['expectation']} ({f['unexpected_count']} rows)"
+                         for f in self.failures) or "all expectations met"
+
+    def to_json(self) -> dict[str, Any]:
+        return _clean({"success": self.success, "failures": self.failures,
+                       "tables": {name: {"rows": t.rows, "success": t.success, "result": t.result}
+                                  for name, t in self.tables.items()}})
+
+
+def reference_key(values: Iterable[Any]) -> str | None:
+    values = list(values)
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return None  # a missing reference is the not-null check's to report
+    # pandas turns an int column with a null into floats: 3.0 must still name step 3.
+    return json.dumps([int(v) if isinstance(v, float) and v.is_integer() else v for v in values])
+
+
+def validate_batch(rows: dict[str, list[dict[str, Any]]], landed_keys: LandedKeys) -> QualityReport:
+    """Validate the rows of one batch, per table; references may point into the batch itself."""
+    results = {}
+    for name, table_rows in rows.items():
+        if not table_rows:
+            continue
+        table = TABLES[name]
+        found = {}
+        for ref in table.references:
+            keys = {tuple(row.get(c) for c in ref.columns) for row in table_rows}
+            keys = {k for k in keys if reference_key(k) is not None}
+            parent = TABLES[ref.table]
+            in_batch = {tuple(row.get(c) for c in parent.key) for row in rows.get(ref.table, [])}
+            missing = sorted(keys - in_batch, key=str)
+            found[ref] = (keys & in_batch) | (landed_keys(ref, missing) if missing else set())
+        frame = pd.DataFrame(table_rows, columns=[c.name for c in table.columns])
+        results[name] = validate_table(table, frame, found)
+    return QualityReport(results)
+
+
+def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set[tuple]]) -> TableResult:
+    """Validate one table's rows; `found` holds, per reference, the referenced keys that exist."""
+    frame = frame.copy()
+    expectations = table_expectations(table.name)
+    for ref in table.references:
+        column = f"ref:{ref.table}"
+        exists = {reference_key(k) for k in found.get(ref, set())}
+        keys = (reference_key(k) for k in zip(*(frame[c].tolist() for c in ref.columns)))
+        # The key where it names nothing (so the report shows it), else FOUND: a tiny value set.
+        frame[column] = [k if k is None or k not in exists else FOUND for k in keys]
+        expectations.append(_gx().expectations.ExpectColumnValuesToBeInSet(
+            column=column, value_set=[FOUND], meta={"reference": f"{','.join(ref.columns)} -> {ref.table}"}))
+    suite = _gx().ExpectationSuite(name=f"gymfoundry.{table.name}", expectations=expectations)
+    with _LOCK:
+        batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
+        result = batch.validate(suite, result_format="BOOLEAN_ONLY")  # the common case, and cheaper
+        if not result.success:  # again, with the offending values for the report
+            result = batch.validate(suite, result_format="SUMMARY")
+    failures = [_failure(table.name, r) for r in result.results if not r.success]
+    return TableResult(table.name, len(frame), result.success, failures, _clean(result.to_json_dict()))
+
+
+def table_expectations(name: str) -> list:
+    """The expectations of a table that do not depend on the batch (new objects each call:
+    a suite takes ownership of its expectations)."""
+    gx = _gx()
+    table = TABLES[name]
+    fields = table.model.model_fields
+    out = []
+    for column in table.columns:
+        c = column.name
+        if not column.nullable:
+            out.append(gx.expectations.ExpectColumnValuesToNotBeNull(column=c))
+        if column.is_json:
+            out.append(gx.expectations.ExpectColumnValuesToBeJsonParseable(column=c))
+        if c == PARTITION:
+            out.append(gx.expectations.ExpectColumnValuesToMatchRegex(column=c, regex=FAMILY_NAME.pattern))
+        info = fields.get(c)
+        if info is None or column.is_json:
+            continue
+        values = _value_set(info.annotation)
+        if values is not None:
+            out.append(gx.expectations.ExpectColumnValuesToBeInSet(column=c, value_set=values))
+        low, high, strict_low, strict_high = _bounds(info.metadata)
+        if low is not None or high is not None:
+            out.append(gx.expectations.ExpectColumnValuesToBeBetween(
+                column=c, min_value=low, max_value=high, strict_min=strict_low, strict_max=strict_high))
+    for c, low, high in table.bounds:
+        out.append(gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=low, max_value=high))
+    if len(table.key) == 1:
+        out.append(gx.expectations.ExpectColumnValuesToBeUnique(column=table.key[0]))
+    else:
+        out.append(gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=list(table.key)))
+    return out
+
+
+def _value_set(annotation: Any) -> list[str] | None:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        annotation = args[0]
+    if get_origin(annotation) is Literal:
+        return sorted(str(v) for v in get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return sorted(str(m.value) for m in annotation)
+    return None
+
+
+def _bounds(metadata: list[Any]) -> tuple[float | None, float | None, bool, bool]:
+    low = high = None
+    strict_low = strict_high = False
+    for m in metadata:
+        if getattr(m, "ge", None) is not None:
+            low = m.ge
+        if getattr(m, "gt", None) is not None:
+            low, strict_low = m.gt, True
+        if getattr(m, "le", None) is not None:
+            high = m.le
+        if getattr(m, "lt", None) is not None:
+            high, strict_high = m.lt, True
+    return low, high, strict_low, strict_high
+
+
+def _failure(table: str, result) -> dict[str, Any]:
+    config = result.expectation_config
+    kwargs = {k: v for k, v in config.kwargs.items() if k not in ("batch_id", "value_set")}
+    if "value_set" in config.kwargs and len(config.kwargs["value_set"]) <= 20:
+        kwargs["value_set"] = config.kwargs["value_set"]
+    column = kwargs.get("column") or ",".join(kwargs.get("column_list", []))
+    info = result.result or {}
+    return _clean({"table": table, "column": column, "expectation": config.type, "kwargs": kwargs,
+                   "meta": dict(config.meta or {}), "unexpected_count": info.get("unexpected_count"),
+                   "examples": (info.get("partial_unexpected_list") or [])[:10],
+                   "error": (result.exception_info or {}).get("exception_message")})
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN becomes null; a long value set in a report becomes its size."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: (f"<{len(v)} values>" if k == "value_set" and isinstance(v, list) and len(v) > 20
+                    else _clean(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value
+    return str(value)
+
+
+_LOCK = threading.Lock()
+
+
+@cache
+def _gx():
+    import great_expectations
+
+    return great_expectations
+
+
+@cache
+def _batch_definition():
+    gx = _gx()
+    from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
+                                                            ProgressBarsConfig)
+
+    config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(), analytics_enabled=False,
+                               progress_bars=ProgressBarsConfig(globally=False))
+    context = gx.get_context(mode="ephemeral", project_config=config)
+    asset = context.data_sources.add_pandas("gymfoundry").add_dataframe_asset("batch")
+    return asset.add_batch_definition_whole_dataframe("whole")
+
+
+# Checks across tables that `Warehouse.check` runs in SQL; each query counts offending rows.
+INTEGRITY_CHECKS = {
+    "no_holdout_task_in_a_dataset": """
+        SELECT count(*) AS n FROM dataset_rows r JOIN tasks t USING (task_id)
+        WHERE t.split = 'holdout' OR t.template_id IN (SELECT template_id FROM tasks WHERE split = 'holdout')""",
+    "no_template_group_in_two_splits": """
+        SELECT count(*) AS n FROM (SELECT template_id FROM tasks GROUP BY 1 HAVING count(DISTINCT split) > 1)""",
+    "dataset_rows_name_landed_rollouts": """
+        SELECT count(*) AS n FROM (SELECT DISTINCT unnest(rollout_ids) AS rollout_id FROM dataset_rows)
+        ANTI JOIN rollouts USING (rollout_id)""",
+    "every_rollout_has_its_steps": """
+        SELECT count(*) AS n FROM rollouts r
+        LEFT JOIN (SELECT rollout_id, count(*) AS k FROM steps GROUP BY 1) s USING (rollout_id)
+        WHERE coalesce(s.k, 0) <> CAST(json_extract(r.cost, '$.steps') AS BIGINT)""",
+}
+
+
+def integrity(count: Callable[[str], int]) -> TableResult:
+    failures = []
+    for name, sql in INTEGRITY_CHECKS.items():
+        try:
+            n = count(sql)
+        except Exception as exc:  # a broken view is a failure too, not a crash of the check
+            failures.append({**error_failure("integrity", exc), "expectation": name})
+            continue
+        if n:
+            failures.append({"table": "integrity", "column": "", "expectation": name, "kwargs": {},
+                             "meta": {}, "unexpected_count": n, "examples": [], "error": None})
+    return TableResult("integrity", len(INTEGRITY_CHECKS), not failures, failures)
+
+
+def error_failure(table: str, exc: Exception) -> dict[str, Any]:
+    return {"table": table, "column": "", "expectation": "readable", "kwargs": {}, "meta": {},
+            "unexpected_count": None, "examples": [], "error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,72 @@
+"""Analysis views over the table views, for SQL users (each is documented in the README).
+
+Rates are reduced per rollout, never per step or dataset row; success rates count model
+outcomes only (environment faults, timeouts, policy and verifier errors say nothing about
+the model).
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from envs.records import MODEL_OUTCOMES
+
+_MODEL = ", ".join(f"'{t.value}'" for t in sorted(MODEL_OUTCOMES, key=lambda t: t.value))
+
+ANALYSIS_VIEWS: dict[str, str] = {
+    # Success by family x difficulty x policy version.
+    "success_by_cell": f"""
+        SELECT r.task_family, t.difficulty_level, r.policy_id, r.policy_version,
+               count(*) AS rollouts,
+               count(*) FILTER (WHERE r.termination IN ({_MODEL})) AS model_outcomes,
+               count(*) FILTER (WHERE r.success) AS successes,
+               count(*) FILTER (WHERE r.success)
+                   / nullif(count(*) FILTER (WHERE r.termination IN ({_MODEL})), 0) AS success_rate,
+               count(*) FILTER (WHERE r.termination = 'env_fault') AS env_faults,
+               count(DISTINCT r.task_id) AS tasks
+        FROM rollouts r JOIN tasks t USING (task_id)
+        GROUP BY 1, 2, 3, 4""",
+    # How rollouts end, per family and policy version.
+    "failure_classes": """
+        SELECT task_family, policy_id, policy_version, termination, count(*) AS rollouts,
+               count(*) / sum(count(*)) OVER (PARTITION BY task_family, policy_id, policy_version) AS share
+        FROM rollouts
+        GROUP BY 1, 2, 3, 4""",
+    # Step rewards per layer and scorer version; rollout_mean averages each rollout's mean step reward.
+    "reward_by_layer": """
+        SELECT * FROM (
+            SELECT task_family, layer, scorer_id, scorer_version, count(*) AS steps, count(score) AS scored,
+                   avg(score) AS mean, stddev_samp(score) AS stddev, min(score) AS min,
+                   quantile_cont(score, 0.1) AS p10, quantile_cont(score, 0.5) AS p50,
+                   quantile_cont(score, 0.9) AS p90, max(score) AS max
+            FROM step_scores GROUP BY 1, 2, 3, 4)
+        JOIN (
+            SELECT task_family, layer, scorer_id, scorer_version, count(*) AS rollouts,
+                   avg(rollout_mean) AS rollout_mean
+            FROM (SELECT task_family, layer, scorer_id, scorer_version, rollout_id, avg(score) AS rollout_mean
+                  FROM step_scores GROUP BY 1, 2, 3, 4, 5)
+            GROUP BY 1, 2, 3, 4)
+        USING (task_family, layer, scorer_id, scorer_version)""",
+    # Rejected tasks by stage and reason; reason_kind drops the numbers and details.
+    "rejections_by_reason": """
+        SELECT task_family, stage,
+               regexp_replace(split_part(reason, ':', 1), '[0-9]+', 'N', 'g') AS reason_kind,
+               count(*) AS tasks, min(reason) AS example
+        FROM task_rejections
+        GROUP BY 1, 2, 3""",
+    # What each dataset is made of, per family and difficulty, with its share of the sampling weight.
+    "dataset_composition": """
+        SELECT d.dataset_id, d.kind, r.task_family, r.difficulty, count(*) AS rows,
+               count(DISTINCT r.task_id) AS tasks,
+               len(list_distinct(flatten(list(r.rollout_ids)))) AS rollouts,
+               sum(r.weight) AS weight,
+               sum(r.weight) / sum(sum(r.weight)) OVER (PARTITION BY d.dataset_id) AS weight_share
+        FROM dataset_rows r JOIN datasets d USING (dataset_id)
+        GROUP BY 1, 2, 3, 4""",
+}
+
+
+def create_analysis_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
+    kind = "TEMP VIEW" if temporary else "VIEW"
+    for name, sql in ANALYSIS_VIEWS.items():
+        con.execute(f"CREATE OR REPLACE {kind} {name} AS {sql}")
