@@ -10,7 +10,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench loop clean
 
 install: $(STAMP)
 
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_factory.py
+
+# The closed loop (about 20 minutes on 2 CPU cores; not part of `make test`).
+loop: $(STAMP)
+	$(BIN)/gymfoundry loop --data-dir .gymfoundry-loop
 
 clean:
 	rm -rf $(VENV) $(DATA_DIR)

@@ -19,11 +19,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     _prefect_defaults()
     from flows.factory import factory
 
+    from envs.records import FaultConfig, RetryPolicy
+
+    retry = RetryPolicy(max_retries=args.max_retries, backoff_s=args.retry_backoff, on_exhausted=args.on_exhausted)
+    faults = FaultConfig(rate=args.fault_rate, seed=args.seed) if args.fault_rate else None
     report = factory(families=args.families, tasks_per_family=args.tasks, seed=args.seed, policy=args.policy,
                      mistake_rate=args.mistake_rate, samples_per_task=args.samples, batch_size=args.batch_size,
-                     data_dir=args.data_dir, task_runner=args.task_runner)
+                     data_dir=args.data_dir, task_runner=args.task_runner, retry=retry, faults=faults,
+                     holdout_fraction=args.holdout_fraction, learnability=args.learnability,
+                     min_margin=args.min_margin)
     print_report(report)
-    return 0
+    return 2 if report["quarantined"] else 0
 
 
 def print_report(report: dict) -> None:
@@ -35,6 +41,11 @@ def print_report(report: dict) -> None:
     width = max([len(r["termination"]) for r in report["summary"]] + [11])
     for r in report["summary"]:
         print(f"  {r['task_family']:<12} {r['termination']:<{width}} {r['rollouts']:>6}")
+    run = report["run"]
+    print(f"\nrun {run['run_id']}: {run['attempted']} rollouts attempted, {run['retries']} retries, "
+          f"{run['skips']} skipped; " + ", ".join(f"{k}={v}" for k, v in run["by_class"].items()))
+    for path in report["quarantined"]:
+        print(f"QUARANTINED: a batch failed the quality gates; rows and report in {path}", file=sys.stderr)
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -59,6 +70,123 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_warehouse_check(args: argparse.Namespace) -> int:
+    import json
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from warehouse import Warehouse
+
+    with Warehouse(args.data_dir, read_only=True) as wh:
+        report = wh.check()
+    for name, table in report.tables.items():
+        unit = "checks" if name == "integrity" else "rows"
+        print(f"{'ok  ' if table.success else 'FAIL'} {name:<16} {table.rows:>9} {unit}")
+    for failure in report.failures:
+        print(f"  {failure['table']}.{failure['column']}: {failure['expectation']} "
+              f"({failure['unexpected_count']} rows) {failure.get('examples') or failure.get('error') or ''}")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.report or Path(args.data_dir) / "reports" / f"check-{stamp}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    print(f"{'all checks passed' if report.success else 'CHECK FAILED'}; report: {out}")
+    return 0 if report.success else 1
+
+
+def cmd_labels_export(args: argparse.Namespace) -> int:
+    from tasks.calibrate import export_label_sample
+
+    out = export_label_sample(args.data_dir, args.out, n=args.n, seed=args.seed, families=args.families)
+    print(f"{out['rows']} steps from {out['strata']} strata (family x score bucket x termination)")
+    print(f"label them -1 / 0 / +1 in the `label` column, with your `labeller_id`:\n  {out['csv']}\n  {out['parquet']}")
+    return 0
+
+
+def cmd_labels_import(args: argparse.Namespace) -> int:
+    from tasks.calibrate import import_labels
+
+    for path in args.files:
+        out = import_labels(args.data_dir, path, labeller_id=args.labeller)
+        print(f"{path}: {out['imported']} labels imported, {out['skipped_unlabelled']} unlabelled rows skipped"
+              + (f"; by label {out['by_label']}, labellers {out['labellers']}" if out["imported"] else ""))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    _prefect_defaults()
+    from flows.scoring import calibrate
+    from tasks.calibrate import render_agreement
+
+    reports = calibrate(data_dir=args.data_dir, families=args.families, kind=args.kind, holdout=args.holdout,
+                        seed=args.seed, min_labels=args.min_labels, judge_base_url=args.judge_base_url,
+                        judge_model=args.judge_model)
+    if not reports:
+        print("no labels imported yet: gymfoundry labels export / import first", file=sys.stderr)
+        return 1
+    print(render_agreement(reports))
+    print("\nagreement on held-out labels; later scoring runs (run, rescore) apply the new calibrators")
+    return 0
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    _prefect_defaults()
+    from flows.scoring import rescore
+
+    report = rescore(data_dir=args.data_dir, families=args.families, where=args.where, profile_paths=args.profile,
+                     judge_base_url=args.judge_base_url, judge_model=args.judge_model,
+                     use_calibrators=not args.no_calibrator, batch_size=args.batch_size)
+    print(f"re-scored {report['rollouts']} rollouts ({report['steps']} steps): "
+          f"{report['landed'].get('step_scores', 0)} new score rows")
+    for v in report["versions"]:
+        print(f"  {v['layer']:<10} {v['scorer_id']:<24} {v['scorer_version']}  ({v['rows']} rows)")
+    judge = report["judge"]
+    print(f"judge: {judge['requests']} requests, {judge['cache_hits']} cached, {judge['errors']} failed")
+    return 0
+
+
+def add_prm_commands(sub) -> None:
+    """labels export|import, calibrate, rescore: the PRM's human calibration and re-scoring."""
+    def judge_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--judge-base-url", help="OpenAI-compatible API root (default: GYMFOUNDRY_JUDGE_BASE_URL); "
+                                                "the key comes only from GYMFOUNDRY_JUDGE_API_KEY")
+        p.add_argument("--judge-model", help="default: GYMFOUNDRY_JUDGE_MODEL")
+
+    labels = sub.add_parser("labels", help="human labels for PRM calibration")
+    labels_sub = labels.add_subparsers(dest="action", required=True)
+    export = labels_sub.add_parser("export", help="write a stratified sample of steps to label (CSV + Parquet)")
+    export.add_argument("--out", required=True, help="path without suffix; writes <out>.csv and <out>.parquet")
+    export.add_argument("--n", type=int, default=200, help="steps in the sample")
+    export.add_argument("--seed", type=int, default=0)
+    export.add_argument("--families", nargs="+")
+    export.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    export.set_defaults(func=cmd_labels_export)
+    imp = labels_sub.add_parser("import", help="import labelled CSV / Parquet files (-1 / 0 / +1)")
+    imp.add_argument("files", nargs="+")
+    imp.add_argument("--labeller", help="labeller id for rows without one")
+    imp.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    imp.set_defaults(func=cmd_labels_import)
+
+    cal = sub.add_parser("calibrate", help="fit PRM calibrators on the imported labels (the calibrate flow)")
+    cal.add_argument("--families", nargs="+")
+    cal.add_argument("--kind", default="isotonic", choices=["isotonic", "logistic"])
+    cal.add_argument("--holdout", type=float, default=0.3, help="share of labelled rollouts held out")
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--min-labels", type=int, default=20)
+    cal.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    judge_options(cal)
+    cal.set_defaults(func=cmd_calibrate)
+
+    re = sub.add_parser("rescore", help="re-score stored rollouts under the current PRM versions (the rescore flow)")
+    re.add_argument("--families", nargs="+")
+    re.add_argument("--where", help="SQL filter on the rollouts view")
+    re.add_argument("--profile", nargs="+", help="DomainProfile YAML files replacing their family's profile")
+    re.add_argument("--no-calibrator", action="store_true", help="do not apply the current calibrators")
+    re.add_argument("--batch-size", type=int, default=200, help="rollouts per scoring task")
+    re.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    judge_options(re)
+    re.set_defaults(func=cmd_rescore)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gymfoundry", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,12 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=25, help="tasks per rollout batch")
     run.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     run.add_argument("--task-runner", default="threads", choices=["threads", "dask", "ray"])
+    run.add_argument("--max-retries", type=int, default=2, help="retries of an env-faulted episode")
+    run.add_argument("--retry-backoff", type=float, default=0.5, help="seconds before the first retry (doubles)")
+    run.add_argument("--on-exhausted", default="skip", choices=["skip", "fail"])
+    run.add_argument("--fault-rate", type=float, default=0.0, help="inject env faults into this share of tool calls")
+    run.add_argument("--holdout-fraction", type=float, default=0.1, help="template groups locked in the holdout")
+    run.add_argument("--learnability", default="p(1-p)", choices=["p(1-p)", "1-p", "uniform"])
+    run.add_argument("--min-margin", type=float, default=0.5, help="DPO trajectory pairs: minimum value margin")
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="run the factory on the embedded default")
     demo.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     demo.set_defaults(func=cmd_run, families=["inventory"], tasks=50, seed=0, policy="scripted",
-                      mistake_rate=0.25, samples=2, batch_size=25, task_runner="threads")
+                      mistake_rate=0.25, samples=2, batch_size=25, task_runner="threads", max_retries=2,
+                      retry_backoff=0.5, on_exhausted="skip", fault_rate=0.0, holdout_fraction=0.1,
+                      learnability="p(1-p)", min_margin=0.5)
 
     envs_cmd = sub.add_parser("envs", help="list registered environments")
     envs_cmd.set_defaults(func=cmd_envs)
@@ -88,6 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     sql.add_argument("--max-rows", type=int, default=50)
     sql.set_defaults(func=cmd_sql)
+
+    warehouse_cmd = sub.add_parser("warehouse", help="warehouse maintenance")
+    warehouse_sub = warehouse_cmd.add_subparsers(dest="action", required=True)
+    check = warehouse_sub.add_parser("check", help="re-validate everything landed with the quality gates")
+    check.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    check.add_argument("--report", help="where to write the JSON report (default <data-dir>/reports/)")
+    check.set_defaults(func=cmd_warehouse_check)
+    add_prm_commands(sub)
+    from flows.training_cli import add_training_commands
+
+    add_training_commands(sub)
     return parser
 
 

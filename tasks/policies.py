@@ -35,4 +35,10 @@ def make_policy(name: str, family: str, **kwargs) -> Policy:
         if target is None:
             raise ValueError(f"family {family!r} has no scripted policy")
         return load(target)(**kwargs)
-    raise ValueError(f"unknown policy {name!r}; available: scripted")
+    if name in ("hf", "openai"):  # kwargs: model (a checkpoint dir / an endpoint's model name), ...
+        from tasks.hf_policy import HFPolicy, family_tools
+        from tasks.openai_policy import OpenAIPolicy
+
+        model = kwargs.pop("model")
+        return (HFPolicy if name == "hf" else OpenAIPolicy)(model, family_tools(family), **kwargs)
+    raise ValueError(f"unknown policy {name!r}; available: scripted, hf, openai")

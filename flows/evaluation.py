@@ -1,0 +1,89 @@
+"""The evaluation flow: run a model as a policy on held-out tasks of a family, land its
+rollouts (with rule-layer step scores) and report its success rate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+import envs  # noqa: F401  registers the built-in environments
+from envs.records import Rollout, TaskSpec
+from tasks.evaluate import HELDOUT_SPLITS, evaluate_policy, expected_rollout_id, heldout_tasks, summarize
+from tasks.policies import make_policy
+
+
+@task(name="evaluate-rollouts", cache_policy=NO_CACHE)
+def run_heldout(tasks: list[TaskSpec], family: str, policy: str, policy_kwargs: dict[str, Any], seed: int,
+                samples_per_task: int, data_dir: str | None = None) -> list[Rollout]:
+    """Episodes of every task; with `data_dir`, those already landed for this very policy
+    version and seed (same rollout ids) are read back instead of played again."""
+    agent = make_policy(policy, family, **policy_kwargs)
+    landed = landed_rollouts(data_dir, tasks, agent, seed, samples_per_task) if data_dir else {}
+    todo = [t for t in tasks if any(expected_rollout_id(t, agent, seed, k) not in landed
+                                    for k in range(samples_per_task))]
+    played = {r.rollout_id: r for r in evaluate_policy(todo, agent, seed, samples_per_task)}
+    both = {**landed, **played}
+    return [both[expected_rollout_id(t, agent, seed, k)] for t in tasks for k in range(samples_per_task)]
+
+
+def landed_rollouts(data_dir: str, tasks: list[TaskSpec], agent, seed: int, samples_per_task: int) -> dict[str, Rollout]:
+    from warehouse import Warehouse
+
+    ids = [expected_rollout_id(t, agent, seed, k) for t in tasks for k in range(samples_per_task)]
+    try:
+        with Warehouse(data_dir, read_only=True) as wh:
+            return {r.rollout_id: r for r in wh.load_rollouts("rollout_id in (select unnest(?))", [ids])}
+    except FileNotFoundError:
+        return {}
+
+
+@task(name="land-evaluation", cache_policy=NO_CACHE)
+def land_evaluation(data_dir: str, rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, int]:
+    from tasks.score import score_rollouts
+    from warehouse import Warehouse
+
+    scores = score_rollouts(rollouts, tasks)
+    with Warehouse(data_dir) as wh:
+        wh.land_tasks(tasks)  # already there for held-out tasks; GRPO's training tasks may be new
+        landed = dict(wh.land_rollouts(rollouts))
+        landed.update(wh.land_scores(scores, {r.rollout_id: r.family for r in rollouts}))
+    return landed
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate(model: str | None = None, family: str = "inventory", data_dir: str = ".gymfoundry",
+             policy: str = "hf", splits: list[str] = list(HELDOUT_SPLITS), limit: int | None = 40,  # noqa: B006
+             levels: list[int] | None = None, seed: int = 0, samples_per_task: int = 1, max_new_tokens: int = 96,
+             temperature: float = 0.0, land: bool = True, policy_kwargs: dict[str, Any] | None = None,
+             reuse: bool = True) -> dict[str, Any]:
+    """Success rate of `model` (a local checkpoint directory for `policy="hf"`; a model name
+    on an OpenAI-compatible endpoint for `policy="openai"`) on the family's held-out tasks."""
+    logger = get_run_logger()
+    tasks = heldout_tasks(data_dir, family, tuple(splits), limit, tuple(levels) if levels else None)
+    if not tasks:
+        raise ValueError(f"no held-out tasks of {family!r} in {data_dir}; run the factory first")
+    kwargs = dict(policy_kwargs or {})
+    if policy in ("hf", "openai"):
+        kwargs.update(model=model, max_new_tokens=max_new_tokens, temperature=temperature)
+    rollouts = run_heldout(tasks, family, policy, kwargs, seed, samples_per_task, data_dir if reuse else None)
+    report = summarize(rollouts, tasks)
+    report.update(model=model, family=family, policy_id=rollouts[0].policy_id,
+                  policy_version=rollouts[0].policy_version)
+    if land:
+        report["landed"] = land_evaluation(data_dir, rollouts, tasks)
+    logger.info("%s on %d held-out %s tasks: success %.1f%%", model, len(tasks), family, 100 * report["success_rate"])
+    create_markdown_artifact(key="evaluation-report", markdown=render_report(report),
+                             description="Held-out evaluation of a model")
+    return report
+
+
+def render_report(report: dict[str, Any]) -> str:
+    lines = [f"# Evaluation of `{report['model']}` on {report['family']}", "",
+             f"Success rate: **{100 * report['success_rate']:.1f}%** over {report['episodes']} episodes", "",
+             "| level | success |", "|---|---|"]
+    lines += [f"| {level} | {100 * rate:.1f}% |" for level, rate in report["by_level"].items()]
+    lines += ["", "Terminations: " + ", ".join(f"{k}={v}" for k, v in report["terminations"].items())]
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""Training as a downstream flow, and the closed loop.
+
+`train` reads a factory dataset (by id or path), trains the base model (the embedded default
+when none is given, or any local Hugging Face checkpoint) with TRL, writes the checkpoint and
+lands a `training_runs` row with the dataset lineage and metrics. `closed_loop` runs
+factory → base model → held-out evaluation → SFT → held-out evaluation and reports the figures."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+import envs  # noqa: F401  registers the built-in environments
+from envs.records import TrainingRun, content_hash
+
+DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
+
+
+def resolve_dataset(dataset: str, data_dir: str) -> tuple[str | None, Path]:
+    """(dataset id, file) for a dataset id under `<data_dir>/datasets/` or a Parquet path."""
+    path = Path(dataset)
+    if path.suffix == ".parquet" and path.exists():
+        return path.stem, path
+    candidate = Path(data_dir) / "datasets" / f"{dataset}.parquet"
+    if candidate.exists():
+        return dataset, candidate
+    raise FileNotFoundError(f"no dataset {dataset!r}: neither a Parquet file nor {candidate}")
+
+
+def default_base_model(data_dir: str, family: str = "inventory", **overrides: Any) -> str:
+    """The embedded default under `<data_dir>/models/`, built once per configuration."""
+    from tasks.train import checkpoint_exists
+    from tasks.training.base_model import build_base_model
+
+    config = {**DEFAULT_BASE, **overrides}
+    out = Path(data_dir) / "models" / f"base-{family}-{content_hash(config, 8)}"
+    if not checkpoint_exists(out):
+        build_base_model(out, family=family, **config)
+    return str(out)
+
+
+@task(name="train-model", cache_policy=NO_CACHE)
+def train_model(dataset_path: str | None, method: str, base_model: str, output_dir: str,
+                hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    from tasks.train import train as run
+
+    return run(dataset_path, method, base_model, output_dir, hyperparameters)
+
+
+@task(name="land-training-run", cache_policy=NO_CACHE)
+def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
+    from warehouse import TABLES, Warehouse
+    from warehouse.schema import to_row
+
+    with Warehouse(data_dir) as wh:
+        landing = wh.land_rows({"training_runs": [to_row(run, TABLES["training_runs"].exclude)]})
+    return landing.checked() if hasattr(landing, "checked") else dict(landing)
+
+
+@flow(name="train", log_prints=True)
+def train(dataset: str | None = None, method: str = "sft", base_model: str | None = None,
+          data_dir: str = ".gymfoundry", output_dir: str | None = None,
+          hyperparameters: dict[str, Any] | None = None, evaluate_family: str | None = None,
+          eval_limit: int | None = 40) -> dict[str, Any]:
+    """Train and land a `training_runs` row. With `evaluate_family`, the checkpoint is also
+    evaluated on that family's held-out tasks and the success rate joins the run's metrics."""
+    from tasks.hf_policy import checkpoint_version
+
+    logger = get_run_logger()
+    hyperparameters = dict(hyperparameters or {})
+    dataset_id, dataset_path = resolve_dataset(dataset, data_dir) if dataset else (None, None)
+    families = _families(dataset_path) if dataset_path else [hyperparameters.get("family", "inventory")]
+    base = base_model or default_base_model(data_dir, families[0])
+    run = TrainingRun(method=method, base_model=base, base_model_version=checkpoint_version(base),
+                      dataset_id=dataset_id, dataset_path=str(dataset_path) if dataset_path else None,
+                      families=families, hyperparameters=hyperparameters, started_at=_now())
+    out = output_dir or str(Path(data_dir) / "checkpoints" / run.run_id)
+    metrics = train_model(str(dataset_path) if dataset_path else None, method, base, out, hyperparameters)
+    played, played_tasks = metrics.pop("rollouts", None), metrics.pop("tasks", None)
+    if played:  # GRPO's episodes, with their token ids, logprobs and policy versions
+        from flows.evaluation import land_evaluation
+
+        metrics["landed_rollouts"] = land_evaluation(data_dir, played, played_tasks)
+    if evaluate_family:
+        from flows.evaluation import evaluate
+
+        report = evaluate(model=out, family=evaluate_family, data_dir=data_dir, limit=eval_limit)
+        metrics["heldout"] = {k: report[k] for k in ("success_rate", "by_level", "episodes", "terminations")}
+    run = run.model_copy(update={"checkpoint": out, "checkpoint_version": checkpoint_version(out),
+                                 "metrics": _jsonable(metrics), "finished_at": _now()})
+    landed = land_run(data_dir, run)
+    logger.info("%s run %s: %s steps, final loss %s, checkpoint %s", method, run.run_id, metrics.get("steps"),
+                metrics.get("final_loss"), out)
+    return {**run.model_dump(mode="json"), "landed": landed}
+
+
+def _families(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    if "task_family" not in schema.names:
+        return []
+    return sorted(set(pq.read_table(path, columns=["task_family"]).column("task_family").to_pylist()))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+@flow(name="closed-loop", log_prints=True)
+def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", tasks: int = 300, seed: int = 1,
+                mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 30,
+                train_seconds: float = 900, hyperparameters: dict[str, Any] | None = None,
+                base: dict[str, Any] | None = None, compare_unweighted: bool = False,
+                grpo_seconds: float = 0, pretrain_seconds: float = 0) -> dict[str, Any]:
+    """Factory → tiny base model → held-out success before → SFT (at most `train_seconds`)
+    → held-out success after; optionally the same SFT without step weights, and step-level GRPO
+    after SFT for `grpo_seconds`. Returns the figures (also a markdown artifact)."""
+    from flows.evaluation import evaluate
+    from flows.factory import factory
+
+    started = time.perf_counter()
+    report = factory(families=[family], tasks_per_family=tasks, seed=seed, mistake_rate=mistake_rate,
+                     samples_per_task=samples_per_task, data_dir=data_dir)
+    sft = report["datasets"]["sft"]
+    base_model = default_base_model(data_dir, family, **(base or {}))
+    before = evaluate(model=base_model, family=family, data_dir=data_dir, limit=eval_limit)
+    hp = {"max_steps": 100000, "batch_size": 4, "learning_rate": 3e-3, "time_limit_s": train_seconds,
+          "logging_steps": 25, **(hyperparameters or {})}
+    start_from = base_model
+    runs = {}
+    if pretrain_seconds:  # language-model pretraining of the base on the same factory text, no masking
+        runs["pretrain_lm"] = train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
+                                    hyperparameters={**hp, "loss_on": "all", "weighted": False,
+                                                     "time_limit_s": pretrain_seconds})
+        start_from = runs["pretrain_lm"]["checkpoint"]
+    runs["sft_weighted"] = train(dataset=sft["path"], method="sft", base_model=start_from, data_dir=data_dir,
+                                 hyperparameters=hp, evaluate_family=family, eval_limit=eval_limit)
+    if compare_unweighted:
+        runs["sft_unweighted"] = train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
+                                       hyperparameters={**hp, "weighted": False}, evaluate_family=family,
+                                       eval_limit=eval_limit)
+    if grpo_seconds:  # step-level GRPO in the live envs, starting from the weighted SFT checkpoint
+        runs["sft_then_grpo"] = train(method="grpo", base_model=runs["sft_weighted"]["checkpoint"], data_dir=data_dir,
+                                      hyperparameters={"max_steps": 100000, "time_limit_s": grpo_seconds,
+                                                       "family": family, "learning_rate": 1e-4, "tasks": 64,
+                                                       "num_generations": 4, "max_completion_length": 96},
+                                      evaluate_family=family, eval_limit=eval_limit)
+    figures = {"family": family, "data_dir": str(Path(data_dir).resolve()), "sft_rows": sft["rows"],
+               "base_model": base_model, "heldout_before": before["success_rate"],
+               "heldout_episodes": before["episodes"],
+               "runs": {name: {"success_rate": r["metrics"].get("heldout", {}).get("success_rate"),
+                               "by_level": r["metrics"].get("heldout", {}).get("by_level"),
+                               "steps": r["metrics"]["steps"],
+                               "train_seconds": r["metrics"]["train_seconds"],
+                               "seconds_per_step": r["metrics"].get("seconds_per_step"),
+                               "final_loss": r["metrics"]["final_loss"], "checkpoint": r["checkpoint"],
+                               "run_id": r["run_id"]} for name, r in runs.items()},
+               "wall_seconds": round(time.perf_counter() - started, 1)}
+    create_markdown_artifact(key="closed-loop", markdown=_render_loop(figures),
+                             description="Closed loop: held-out success before and after training")
+    return figures
+
+
+def _render_loop(f: dict[str, Any]) -> str:
+    lines = [f"# Closed loop on {f['family']}", "", f"SFT rows: {f['sft_rows']}, held-out episodes: "
+             f"{f['heldout_episodes']}", "", "| model | held-out success | steps | train s |", "|---|---|---|---|",
+             f"| base (untrained) | {100 * f['heldout_before']:.1f}% | 0 | 0 |"]
+    lines += [f"| {name} | " + (f"{100 * r['success_rate']:.1f}%" if r["success_rate"] is not None else "-")
+              + f" | {r['steps']} | {r['train_seconds']} |" for name, r in f["runs"].items()]
+    return "\n".join(lines)

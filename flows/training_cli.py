@@ -1,0 +1,95 @@
+"""`gymfoundry train`, `gymfoundry evaluate` and `gymfoundry loop` (hooked into flows.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def _prefect_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    _prefect_defaults()
+    from flows.training import train
+
+    hp = json.loads(args.hyperparameters) if args.hyperparameters else {}
+    for key in ("max_steps", "learning_rate", "batch_size", "time_limit_s"):
+        if getattr(args, key) is not None:
+            hp[key] = getattr(args, key)
+    run = train(dataset=args.dataset, method=args.method, base_model=args.base_model, data_dir=args.data_dir,
+                output_dir=args.output_dir, hyperparameters=hp, evaluate_family=args.evaluate)
+    metrics = run["metrics"]
+    print(f"training run {run['run_id']}: {metrics.get('steps')} steps, final loss {metrics.get('final_loss')}, "
+          f"{metrics.get('seconds_per_step')} s/step, peak RSS {metrics.get('peak_rss_mb')} MB")
+    print(f"checkpoint: {run['checkpoint']}")
+    if "heldout" in metrics:
+        print(f"held-out success: {100 * metrics['heldout']['success_rate']:.1f}%")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    _prefect_defaults()
+    from flows.evaluation import evaluate
+
+    kwargs = {"base_url": args.base_url} if args.base_url else {}
+    report = evaluate(model=args.model, family=args.family, data_dir=args.data_dir, policy=args.policy,
+                      limit=args.limit, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      policy_kwargs=kwargs)
+    print(f"{report['model']} on {report['episodes']} held-out {report['family']} episodes: "
+          f"success {100 * report['success_rate']:.1f}%  by level {report['by_level']}  {report['terminations']}")
+    return 0
+
+
+def cmd_loop(args: argparse.Namespace) -> int:
+    _prefect_defaults()
+    from flows.training import closed_loop
+
+    figures = closed_loop(family=args.family, data_dir=args.data_dir, tasks=args.tasks, eval_limit=args.eval_limit,
+                          train_seconds=args.train_seconds, compare_unweighted=args.compare_unweighted,
+                          grpo_seconds=args.grpo_seconds, pretrain_seconds=args.pretrain_seconds)
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+def add_training_commands(sub) -> None:
+    train = sub.add_parser("train", help="train a model on a factory dataset (SFT / DPO / GRPO)")
+    train.add_argument("--dataset", help="dataset id under <data-dir>/datasets/ or a Parquet path (not for grpo)")
+    train.add_argument("--method", default="sft", choices=["sft", "dpo", "grpo"])
+    train.add_argument("--base-model", help="a local checkpoint dir; default: build the embedded tiny model")
+    train.add_argument("--data-dir", default=".gymfoundry")
+    train.add_argument("--output-dir")
+    train.add_argument("--max-steps", type=int)
+    train.add_argument("--learning-rate", type=float)
+    train.add_argument("--batch-size", type=int)
+    train.add_argument("--time-limit-s", type=float)
+    train.add_argument("--hyperparameters", help="JSON object of further hyperparameters (see tasks.train)")
+    train.add_argument("--evaluate", metavar="FAMILY", help="evaluate the checkpoint on held-out tasks of FAMILY")
+    train.set_defaults(func=cmd_train)
+
+    evaluate = sub.add_parser("evaluate", help="success rate of a model on held-out tasks")
+    evaluate.add_argument("--model", required=True, help="checkpoint dir (hf) or the endpoint's model name (openai)")
+    evaluate.add_argument("--policy", default="hf", choices=["hf", "openai"])
+    evaluate.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    evaluate.add_argument("--family", default="inventory")
+    evaluate.add_argument("--data-dir", default=".gymfoundry")
+    evaluate.add_argument("--limit", type=int, default=40)
+    evaluate.add_argument("--max-new-tokens", type=int, default=96)
+    evaluate.add_argument("--temperature", type=float, default=0.0)
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    loop = sub.add_parser("loop", help="closed loop: factory, tiny model, held-out success before/after SFT")
+    loop.add_argument("--family", default="inventory")
+    loop.add_argument("--data-dir", default=".gymfoundry-loop")
+    loop.add_argument("--tasks", type=int, default=300)
+    loop.add_argument("--eval-limit", type=int, default=30)
+    loop.add_argument("--train-seconds", type=float, default=900)
+    loop.add_argument("--compare-unweighted", action="store_true", help="also train without step weights")
+    loop.add_argument("--grpo-seconds", type=float, default=0, help="then GRPO from the SFT checkpoint")
+    loop.add_argument("--pretrain-seconds", type=float, default=0,
+                      help="first pretrain the base as a plain LM on the same factory text (counted in the budget)")
+    loop.set_defaults(func=cmd_loop)

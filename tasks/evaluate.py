@@ -1,0 +1,74 @@
+"""Stage: evaluate a policy on held-out tasks of a family (never the train split).
+
+The rollouts are ordinary rollouts (same runtime, verifier and failure classes as the
+factory); the success rate counts verified successes over every episode run."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+from envs.records import Rollout, TaskSpec
+from tasks.policies import Policy
+from tasks.rollout import rollout_seed, run_episode
+
+HELDOUT_SPLITS = ("test", "val")
+
+
+def heldout_tasks(data_dir: str, family: str, splits: tuple[str, ...] = HELDOUT_SPLITS, limit: int | None = None,
+                  levels: tuple[int, ...] | None = None) -> list[TaskSpec]:
+    """Held-out tasks of `family` from the warehouse, in a stable order (by task id)."""
+    from warehouse import Warehouse
+
+    split_list = ", ".join(f"'{s}'" for s in splits)
+    where = f"task_family = ? and split in ({split_list})"
+    with Warehouse(data_dir, read_only=True) as wh:
+        tasks = wh.load_tasks(where, [family])
+    if levels:
+        tasks = [t for t in tasks if t.difficulty.level in levels]
+    return tasks[:limit] if limit else tasks
+
+
+def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> TaskSpec:
+    """The task with at most `len(reference) + slack_steps` turns (never more than its own
+    budget): a stuck model cannot spend the whole budget, which on a CPU takes minutes. The
+    task id and everything the agent sees stay the same; only the runtime's limit changes."""
+    if slack_steps is None:
+        return task
+    cap = min(task.budget.max_steps, len(task.hidden.reference) + slack_steps)
+    budget = task.budget.model_copy(update={"max_steps": cap, "max_tool_calls": min(task.budget.max_tool_calls, cap)})
+    return task.model_copy(update={"budget": budget})
+
+
+def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0) -> str:
+    """The id `run_episode` gives this episode (identity: task, env, policy version, seed)."""
+    from envs.records import content_hash
+    from envs.registry import spec
+
+    key = [task.task_id, task.env_id, spec(task.env_id).version, policy.policy_id, policy.version,
+           rollout_seed(seed, task, sample), 0]
+    return "r-" + content_hash(key)
+
+
+def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
+                    slack_steps: int | None = 4) -> list[Rollout]:
+    return [run_episode(evaluation_budget(task, slack_steps), policy, rollout_seed(seed, task, k))
+            for task in tasks for k in range(samples_per_task)]
+
+
+def summarize(rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, Any]:
+    """Success rate overall and by difficulty level, and the count of each termination."""
+    level = {t.task_id: t.difficulty.level for t in tasks}
+    by_level: dict[int, list[bool]] = defaultdict(list)
+    for r in rollouts:
+        by_level[level[r.task_id]].append(r.success)
+    n = len(rollouts)
+    return {
+        "episodes": n,
+        "success_rate": round(sum(r.success for r in rollouts) / n, 4) if n else 0.0,
+        "by_level": {lvl: round(sum(v) / len(v), 4) for lvl, v in sorted(by_level.items())},
+        "terminations": dict(Counter(r.termination.value for r in rollouts)),
+        "mean_steps": round(sum(len(r.steps) for r in rollouts) / n, 2) if n else 0.0,
+        "well_formed_calls": round(sum(s.tool_call is not None for r in rollouts for s in r.steps)
+                                   / max(1, sum(len(r.steps) for r in rollouts)), 4),
+    }

@@ -1,0 +1,143 @@
+"""The embedded default base model, built offline: a byte-level BPE tokenizer trained on
+factory text, a chat template with `{% generation %}` markers, and a tiny causal LM from a
+Qwen3 config. Any local model directory (or hub id, where downloads are allowed) loads the
+same way through `load_model`."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from pathlib import Path
+
+PAD, TURN_START, TURN_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+TOOL_TAGS = ["<tool_call>", "</tool_call>"]
+
+# Renders system/user/assistant/tool turns. Tools are listed compactly (name and argument
+# names) because the goal already explains them and a tiny model pays for every token.
+# Assistant turns, their end-of-turn token included, sit inside {% generation %} so that
+# `return_assistant_tokens_mask` marks exactly the tokens the model must learn to emit.
+CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='') -%}"
+    "{%- if messages and messages[0].role == 'system' -%}{%- set ns.system = messages[0].content -%}"
+    "{%- set rest = messages[1:] -%}{%- else -%}{%- set rest = messages -%}{%- endif -%}"
+    "<|im_start|>system\n{{ ns.system }}"
+    "{%- if tools %}{{ '\\nTools:' }}{% for t in tools %}{% set f = t.function if t.function is defined else t %}"
+    "{{ '\\n- ' }}{{ f.name }}({{ (f.parameters.properties if f.parameters is defined else {}).keys() | join(', ') }})"
+    "{%- endfor %}{%- endif %}<|im_end|>"
+    "{%- for m in rest -%}"
+    "{%- if m.role == 'assistant' -%}<|im_start|>assistant\n{% generation %}"
+    "{{- m.content if m.content else '' -}}"
+    "{%- if m.tool_calls -%}{%- for tc in m.tool_calls -%}"
+    "{%- set f = tc.function if tc.function is defined else tc -%}"
+    "{%- if m.content or not loop.first %}{{ '\\n' }}{% endif -%}"
+    "<tool_call>{\"name\": \"{{ f.name }}\", \"arguments\": "
+    "{{- ' ' ~ (f.arguments if f.arguments is string else f.arguments | tojson) -}}}</tool_call>"
+    "{%- endfor -%}{%- endif -%}<|im_end|>{% endgeneration %}"
+    "{%- else -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+
+
+def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0) -> list[str]:
+    """Text the factory produces for `family`: goals, reference tool calls and the observations
+    they return, by replaying each task's reference trajectory in the real env."""
+    import envs
+    from tasks.generate import generate_tasks
+
+    texts = []
+    for task in generate_tasks(family, n_tasks, seed):
+        env = envs.make(task.env_id, verified=False)
+        ts = env.reset(task=task)
+        texts.append(ts.observation)
+        texts.append(json.dumps(env.available_tools))
+        for call in task.hidden.reference:
+            texts.append(json.dumps({"name": call.name, "arguments": call.arguments}))
+            ts = env.step(call)
+            texts.append(ts.observation)
+            if ts.done:
+                break
+        env.close()
+    return texts
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
+    """A byte-level BPE tokenizer (GPT-2 style bytes, so any text round-trips) wrapped as a
+    transformers fast tokenizer with the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, TURN_START, TURN_END, *TOOL_TAGS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    roles = [f"{role}\n" for role in ("system", "user", "assistant", "tool")] * 100
+    tokenizer.train_from_iterator(list(texts) + roles, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=TURN_END,
+                                      bos_token=None, unk_token=None, additional_special_tokens=[TURN_START])
+    wrapped.chat_template = CHAT_TEMPLATE
+    wrapped.padding_side = "left"  # generation pads on the left; the trainers pad themselves
+    return wrapped
+
+
+def build_base_model(out_dir: str | Path, texts: Iterable[str] | None = None, *, family: str = "inventory",
+                     vocab_size: int = 2048, hidden_size: int = 128, layers: int = 4, heads: int = 4,
+                     intermediate_size: int | None = None, max_positions: int = 4096, seed: int = 0) -> Path:
+    """Train the tokenizer, create a randomly initialised Qwen3 causal LM and save both with
+    `save_pretrained` under `out_dir`. Returns the directory."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    tokenizer = train_tokenizer(texts if texts is not None else factory_texts(family), vocab_size)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size or 3 * hidden_size,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        head_dim=hidden_size // heads, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        use_cache=True)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    ensure_generation_template(tokenizer)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str | Path, dtype=None):
+    """Model and tokenizer from a local directory (the embedded default or any HF checkpoint)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+    return model, tokenizer
+
+
+def ensure_generation_template(tokenizer) -> None:
+    """Assistant-only loss needs `{% generation %}` markers. Most hub templates lack them; a
+    ChatML tokenizer (Qwen and many others) gets this project's template, others must bring one."""
+    template = tokenizer.chat_template or ""
+    if "{% generation %}" in template or "{%- generation %}" in template:
+        return
+    vocab = tokenizer.get_vocab()
+    if TURN_START in vocab and TURN_END in vocab:
+        tokenizer.chat_template = CHAT_TEMPLATE
+        return
+    raise ValueError("the tokenizer's chat template has no {% generation %} markers and is not ChatML; "
+                     "set tokenizer.chat_template to one that marks assistant turns")

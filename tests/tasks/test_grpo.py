@@ -1,0 +1,62 @@
+import pytest
+
+from tasks.train import train
+from tasks.training.grpo import group_step_advantages, reward_to_go, token_advantages
+
+
+def test_step_advantages_vary_within_a_completion_and_survive_equal_outcomes():
+    # Both rollouts succeed: the sequence-level GRPO advantage is 0 for both (a no-op).
+    group = [([0.5, -0.5, 1.0], 1.0), ([0.1, 0.1], 1.0)]
+    advantages = group_step_advantages(group)
+    assert reward_to_go([0.5, -0.5, 1.0], 1.0) == [2.0, 1.5, 2.0]
+    assert len(set(advantages[0])) > 1                 # differs between steps of one completion
+    assert any(abs(a) > 0.1 for adv in advantages for a in adv)
+    # Group statistics count each rollout once: the per-rollout mean advantages cancel.
+    per_rollout_means = [sum(a) / len(a) for a in advantages]
+    assert sum(per_rollout_means) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_longer_rollout_does_not_outweigh_a_shorter_one():
+    long = ([0.0] * 9, 0.0)
+    short = ([0.0], 1.0)
+    adv_long, adv_short = group_step_advantages([long, short])
+    assert adv_short[0] == pytest.approx(-adv_long[0])  # symmetric, as with one record per rollout
+
+
+def test_token_advantages_broadcast_to_sampled_tokens_only():
+    values, mask = token_advantages(10, [(2, 4), (6, 9)], [0.5, -1.0])
+    assert values == [0, 0, 0.5, 0.5, 0, 0, -1.0, -1.0, -1.0, 0]
+    assert mask == [0, 0, 1, 1, 0, 0, 1, 1, 1, 0]
+
+
+def test_grpo_run_updates_the_model_from_live_episodes(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "grpo"
+    metrics = train(None, "grpo", str(tiny_model_dir), str(out),
+                    {"max_steps": 1, "num_generations": 2, "max_completion_length": 6, "tasks": 1, "slack_steps": 0,
+                     "learning_rate": 1e-2, "temperature": 1.0})
+    assert metrics["steps"] == 1 and len(metrics["rollouts"]) == 2
+    assert all(s.token_ids and s.logprobs for r in metrics["rollouts"] for s in r.steps)
+    before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    assert any(not (before[k] == after[k]).all() for k in before)
+
+
+def test_grpo_dataset_tasks_regenerate_in_curriculum_order(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.generate import family_env_class
+    from tasks.training.grpo import dataset_tasks
+
+    env_class = family_env_class("inventory")
+    rows = []
+    for seed, level, weight in [(11, 1, 1.0), (12, 5, 3.0)]:
+        task = env_class.generate_task(seed, level)
+        rows.append({"task_id": task.task_id, "task_family": "inventory", "seed": seed, "level": level,
+                     "difficulty": level, "weight": weight})
+    path = tmp_path / "grpo.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    tasks = dataset_tasks(str(path), 40, seed=0)
+    assert tasks[0].task_id == rows[0]["task_id"]                     # easy first
+    assert {t.task_id for t in tasks[20:]} == {r["task_id"] for r in rows}
