@@ -14,9 +14,10 @@ it never checked, not reverting a failed attempt, or submitting before every rep
 from __future__ import annotations
 
 import json
-import random
 import re
 from collections.abc import Generator
+
+from envs.scripted import ScriptedPolicy, tool_result as _result
 
 REPORT = re.compile(r"^\d+\. (?:after `(?P<setup>[^`]*)`, )?`(?P<call>[^`]+)` from `(?P<module>[\w.]+)`"
                     r"(?: \(in (?P<file>[\w/.]+)\))? (?:should return `(?P<expected>.+)`|should raise (?P<exc>\w+))\.$",
@@ -50,41 +51,14 @@ print(json.dumps(verdicts))
 '''
 
 
-class ScriptedCodingPolicy:
+class ScriptedCodingPolicy(ScriptedPolicy):
     policy_id = "scripted-coding"
+    max_turns = MAX_TURNS
 
-    def __init__(self, mistake_rate: float = 0.2, seed: int = 0):
-        self.mistake_rate = mistake_rate
-        self.version = f"1+mistakes{mistake_rate:g}"
-        self.seed = seed
-        self.reset(seed)
-
-    def reset(self, seed: int | None = None) -> None:
-        if seed is not None:
-            self.rng = random.Random(seed)
-        self._script: Generator[str, str, None] | None = None
-        self._turns = 0
-
-    def act(self, observation: str) -> str:
-        self._turns += 1
-        if self._turns > MAX_TURNS:
+    def _final_call(self, reason: str) -> str:
+        if reason == "out of turns":
             return self._say("Out of turns; submitting.", "submit", {"summary": "out of turns"})
-        try:
-            if self._script is None:
-                self._script = self._run(observation)
-                return next(self._script)
-            return self._script.send(observation)
-        except StopIteration:
-            return self._say("Done.", "submit", {"summary": "done"})
-
-    def _mistake(self) -> bool:
-        return self.rng.random() < self.mistake_rate
-
-    def _say(self, thought: str, name: str, arguments: dict) -> str:
-        call = json.dumps({"name": name, "arguments": arguments})
-        if self.rng.random() < 0.5:
-            return f"{thought}\n<tool_call>{call}</tool_call>"
-        return f"Thought: {thought}\n{call}"
+        return self._say("Done.", "submit", {"summary": "done"})
 
     # -- the script -------------------------------------------------------------------
     def _run(self, goal: str) -> Generator[str, str, None]:
@@ -165,15 +139,6 @@ class ScriptedCodingPolicy:
             failing = _failures(_result(obs))[0]
         return failing
 
-
-def _result(observation: str) -> dict | None:
-    try:
-        obs = json.loads(observation)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    if isinstance(obs, dict) and obs.get("ok") is True and isinstance(obs.get("result"), dict):
-        return obs["result"]
-    return None
 
 
 def _failures(result: dict | None) -> tuple[int, list, list, list]:

@@ -7,54 +7,26 @@ notices and recovers."""
 
 from __future__ import annotations
 
-import json
-import random
 import re
 from collections.abc import Generator
+
+from envs.scripted import ScriptedPolicy, tool_result as _result
 
 GOAL_ORDER = re.compile(r"Order (ORD-\d+)")
 GOAL_ITEM = re.compile(r'^- (\d+) x "([a-z ]+)"$', re.MULTILINE)
 MAX_TURNS = 40
 
 
-class ScriptedInventoryPolicy:
+class ScriptedInventoryPolicy(ScriptedPolicy):
     policy_id = "scripted-inventory"
+    max_turns = MAX_TURNS
 
-    def __init__(self, mistake_rate: float = 0.2, seed: int = 0):
-        self.mistake_rate = mistake_rate
-        # The mistake rate is part of what the policy is: rollouts at other rates are other rollouts.
-        self.version = f"1+mistakes{mistake_rate:g}"
-        self.seed = seed
-        self.reset(seed)
-
-    def reset(self, seed: int | None = None) -> None:
-        if seed is not None:
-            self.rng = random.Random(seed)
-        self._script: Generator[str, str, None] | None = None
-        self._turns = 0
-
-    def act(self, observation: str) -> str:
-        self._turns += 1
-        if self._turns > MAX_TURNS:
+    def _final_call(self, reason: str) -> str:
+        if reason == "out of turns":
             return self._say("I am out of turns.", "submit", {"status": "reserved", "note": "out of turns"})
-        try:
-            if self._script is None:
-                self._script = self._run(observation)
-                return next(self._script)
-            return self._script.send(observation)
-        except StopIteration:
-            return self._say("Done.", "submit", {"status": "reserved"})
+        return self._say("Done.", "submit", {"status": "reserved"})
 
     # -- the script -------------------------------------------------------------------
-    def _mistake(self) -> bool:
-        return self.rng.random() < self.mistake_rate
-
-    def _say(self, thought: str, name: str, arguments: dict) -> str:
-        call = json.dumps({"name": name, "arguments": arguments})
-        if self.rng.random() < 0.5:
-            return f"{thought}\n<tool_call>{call}</tool_call>"
-        return f"Thought: {thought}\n{call}"
-
     def _run(self, goal: str) -> Generator[str, str, None]:
         order = GOAL_ORDER.search(goal)
         items = [(int(q), name) for q, name in GOAL_ITEM.findall(goal)]
@@ -107,13 +79,3 @@ class ScriptedInventoryPolicy:
                 yield self._say(f"Reserve {quantity} of {sku}.", "reserve",
                                 {"sku": sku, "quantity": quantity, "auth_token": token})
         yield self._say("All items are reserved.", "submit", {"status": "reserved"})
-
-
-def _result(observation: str) -> dict | None:
-    try:
-        obs = json.loads(observation)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    if isinstance(obs, dict) and obs.get("ok") is True and isinstance(obs.get("result"), dict):
-        return obs["result"]
-    return None
