@@ -27,8 +27,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                      mistake_rate=args.mistake_rate, samples_per_task=args.samples, batch_size=args.batch_size,
                      data_dir=args.data_dir, task_runner=args.task_runner, retry=retry, faults=faults,
                      holdout_fraction=args.holdout_fraction, learnability=args.learnability,
-                     min_margin=args.min_margin)
+                     min_margin=args.min_margin, train_after=args.train_after,
+                     train_hyperparameters={"time_limit_s": args.train_seconds} if args.train_after else None)
     print_report(report)
+    if "training" in report:
+        training = report["training"]
+        print(f"\ntrained {training['method']} run {training['run_id']}: checkpoint {training['checkpoint']}")
     return 2 if report["quarantined"] else 0
 
 
@@ -208,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--holdout-fraction", type=float, default=0.1, help="template groups locked in the holdout")
     run.add_argument("--learnability", default="p(1-p)", choices=["p(1-p)", "1-p", "uniform"])
     run.add_argument("--min-margin", type=float, default=0.5, help="DPO trajectory pairs: minimum value margin")
+    run.add_argument("--train-after", choices=["sft", "dpo", "grpo"],
+                     help="then train on this run's dataset of that kind (a direct subflow call)")
+    run.add_argument("--train-seconds", type=float, default=900, help="time budget of --train-after")
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="run the factory on the embedded default")
@@ -215,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_run, families=["inventory"], tasks=50, seed=0, policy="scripted",
                       mistake_rate=0.25, samples=2, batch_size=25, task_runner="threads", max_retries=2,
                       retry_backoff=0.5, on_exhausted="skip", fault_rate=0.0, holdout_fraction=0.1,
-                      learnability="p(1-p)", min_margin=0.5)
+                      learnability="p(1-p)", min_margin=0.5, train_after=None, train_seconds=900)
 
     envs_cmd = sub.add_parser("envs", help="list registered environments")
     envs_cmd.set_defaults(func=cmd_envs)

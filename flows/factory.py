@@ -12,6 +12,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import envs  # noqa: F401  registers the built-in environments
@@ -138,13 +139,18 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
             batch_size: int = 25, data_dir: str = ".gymfoundry", task_runner: str = "threads",
             retry: RetryPolicy | None = None, faults: FaultConfig | None = None,
             holdout_fraction: float = HOLDOUT_FRACTION, learnability: str = "p(1-p)",
-            min_margin: float = 0.5) -> dict[str, Any]:
+            min_margin: float = 0.5, train_after: str | None = None,
+            train_hyperparameters: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the whole factory and land everything in the warehouse under `data_dir`.
 
     Re-running with the same parameters lands nothing new (ids are content hashes).
     `task_runner` spreads the rollout batches: threads, dask or ray. `retry` (default
     `RetryPolicy()`: env faults retried twice with backoff, then skipped) is fixed for the run and
-    stored with it in `runs`; `faults` injects environment faults (envs/faults.py)."""
+    stored with it in `runs`; `faults` injects environment faults (envs/faults.py).
+
+    Every dataset with rows emits a `gymfoundry.dataset.ready` event, which the
+    `train-on-new-dataset` deployment is triggered by under a Prefect server. In ad-hoc mode,
+    `train_after="sft"` (or dpo / grpo) calls the training flow directly as a subflow."""
     logger = get_run_logger()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     retry = retry or RetryPolicy()
@@ -176,12 +182,34 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     record_run(data_dir, run)
     if quarantined:
         logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
+    for kind, dataset in datasets.items():
+        if dataset["rows"]:
+            announce_dataset(kind, dataset, data_dir, run.run_id)
     report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets,
               "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
               "quarantined": quarantined}
+    if train_after:
+        from flows.training import train
+
+        dataset_id = datasets[train_after]["dataset_id"] if train_after in datasets else None
+        report["training"] = train(dataset=dataset_id, method=train_after, data_dir=data_dir,
+                                   hyperparameters=train_hyperparameters)
     create_markdown_artifact(key="factory-report", markdown=render_report(report),
                              description="Factory run: landed rows, datasets and outcomes")
     return report
+
+
+DATASET_READY = "gymfoundry.dataset.ready"
+
+
+def announce_dataset(kind: str, dataset: dict[str, Any], data_dir: str, run_id: str):
+    """The event a downstream training deployment is triggered by (deployments/prefect.yaml)."""
+    return emit_event(
+        event=DATASET_READY,
+        resource={"prefect.resource.id": f"gymfoundry.dataset.{dataset['dataset_id']}",
+                  "gymfoundry.dataset.kind": kind},
+        payload={"dataset_id": dataset["dataset_id"], "kind": kind, "rows": dataset["rows"],
+                 "path": dataset["path"], "data_dir": str(Path(data_dir).resolve()), "run_id": run_id})
 
 
 def render_report(report: dict[str, Any]) -> str:
