@@ -87,7 +87,7 @@ class ToolEnv(AgentEnv):
         self._steps: list[Step] = []
         self._observation = ""
         self._done = False
-        self._validators = {t.name: jsonschema.Draft202012Validator(t.parameters) for t in self.profile.tools}
+        self._validators = _validators(type(self), self.profile)
 
     # -- what a family provides -------------------------------------------------------
     @classmethod
@@ -132,7 +132,7 @@ class ToolEnv(AgentEnv):
             parsed = parse_action(action, self.task.budget.max_action_chars)
             call, info["thought"] = parsed.call, parsed.thought
             info["tool_call"] = call
-            info["category"] = self._check_call(call)
+            self._check_call(call)
             before = copy.deepcopy(self._state)
             result = getattr(self, f"tool_{call.name}")(self._state, **call.arguments)
             observation = render_result(call.name, result)
@@ -166,7 +166,7 @@ class ToolEnv(AgentEnv):
                     info["verifier_error"] = f"{type(exc).__name__}: {exc}"
         return TimeStep(observation, reward, terminated, False, info)
 
-    def _check_call(self, call: ToolCall) -> str:
+    def _check_call(self, call: ToolCall) -> None:
         spec = self.profile.tool(call.name)
         if spec is None or not hasattr(self, f"tool_{call.name}"):
             raise ActionError("unknown_tool", f"unknown tool {call.name!r}; available: "
@@ -177,7 +177,6 @@ class ToolEnv(AgentEnv):
         if errors:
             where = "/".join(str(p) for p in errors[0].absolute_path) or "arguments"
             raise ActionError("invalid_arguments", f"{call.name}: {where}: {errors[0].message}")
-        return spec.category.value
 
     @property
     def available_tools(self) -> list[dict[str, Any]]:
@@ -190,6 +189,18 @@ class ToolEnv(AgentEnv):
     @property
     def steps(self) -> list[Step]:
         return list(self._steps)
+
+
+_VALIDATORS: dict[type, tuple[DomainProfile, dict[str, jsonschema.Draft202012Validator]]] = {}
+
+
+def _validators(env_class: type, profile: DomainProfile) -> dict[str, jsonschema.Draft202012Validator]:
+    """Argument validators, compiled once per env class (envs are made per episode and per replay)."""
+    cached = _VALIDATORS.get(env_class)
+    if cached is None or cached[0] is not profile:
+        cached = _VALIDATORS[env_class] = (profile, {t.name: jsonschema.Draft202012Validator(t.parameters)
+                                                     for t in profile.tools})
+    return cached[1]
 
 
 def render_result(tool: str, result: Any) -> str:

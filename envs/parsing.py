@@ -30,16 +30,15 @@ class ActionError(Exception):
 class ParsedAction:
     call: ToolCall
     thought: str | None
-    text: str | None
 
 
 def parse_action(action: Any, max_chars: int = 8192) -> ParsedAction:
     if isinstance(action, ToolCall):
         _check_size(json.dumps(action.arguments, default=str), max_chars)
-        return ParsedAction(action, None, None)
+        return ParsedAction(action, None)
     if isinstance(action, dict):
         _check_size(json.dumps(action, default=str), max_chars)
-        return ParsedAction(_call_from_dict(action), None, None)
+        return ParsedAction(_call_from_dict(action), None)
     if not isinstance(action, str):
         raise ActionError("invalid_action", f"an action must be a ToolCall, a dict or text, "
                                             f"not {type(action).__name__}")
@@ -61,7 +60,7 @@ def parse_action(action: Any, max_chars: int = 8192) -> ParsedAction:
         obj = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise ActionError("invalid_json", f"tool call is not valid JSON: {exc.msg} at char {exc.pos}") from None
-    return ParsedAction(_call_from_dict(obj), thought, action)
+    return ParsedAction(_call_from_dict(obj), thought)
 
 
 def _check_size(text: str, max_chars: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from functools import lru_cache
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,10 +66,17 @@ def make(id: str, *, verified: bool = True, **kwargs: Any) -> AgentEnv:
     the family's outcome verifier (1.0 on success, else 0.0)."""
     entry = spec(id)
     if verified and entry.verifier and "outcome_fn" not in kwargs:
-        kwargs["outcome_fn"] = load(entry.verifier)().terminal_reward
+        kwargs["outcome_fn"] = verifier_for(id).terminal_reward
     env = load(entry.entry_point)(**{**entry.kwargs, **kwargs})
     env.env_id, env.version = id, entry.version
     return env
+
+
+@lru_cache(maxsize=None)
+def verifier_for(id: str) -> Any:
+    """The env's outcome verifier, built once (verifiers are stateless), or None."""
+    target = spec(id).verifier
+    return load(target)() if target else None
 
 
 def list_envs() -> list[str]:

@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, Rollout, Split, Step, TaskSpec,
+from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, Rollout, Split, Step, TaskSpec, ToolCall,
                           Termination, content_hash)
 from envs.registry import make
 from tasks import curriculum
@@ -72,10 +72,15 @@ def step_messages(step: Step) -> list[dict[str, Any]]:
     if call is None:
         return [{"role": "assistant", "content": step.action_text or ""}, {"role": "user", "content": step.result}]
     call_id = call.id or f"call_{step.index}"
-    return [{"role": "assistant", "content": step.thought or "",
-             "tool_calls": [{"id": call_id, "type": "function",
-                             "function": {"name": call.name, "arguments": json.dumps(call.arguments, sort_keys=True)}}]},
+    return [assistant_call_message(call, step.thought, call_id),
             {"role": "tool", "name": call.name, "tool_call_id": call_id, "content": step.result}]
+
+
+def assistant_call_message(call: ToolCall, thought: str | None, call_id: str) -> dict[str, Any]:
+    """An assistant turn calling a tool, arguments as a JSON string (as chat templates and TRL expect)."""
+    return {"role": "assistant", "content": thought or "",
+            "tool_calls": [{"id": call_id, "type": "function",
+                            "function": {"name": call.name, "arguments": json.dumps(call.arguments, sort_keys=True)}}]}
 
 
 def turn_messages(rollout: Rollout) -> list[dict[str, Any]]:

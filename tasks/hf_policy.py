@@ -7,15 +7,12 @@ rendering of that one turn. Each action returns the sampled token ids and their 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from envs.parsing import ActionError, parse_action
+from tasks.assemble import SYSTEM_PROMPT, assistant_call_message
 from tasks.policies import PolicyOutput
-
-SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
-                 "turn; the tool's result comes back as the next message.")
 
 
 def checkpoint_version(path: str | Path) -> str:
@@ -111,10 +108,7 @@ class HFPolicy:
             self.last_parsed = False
             return {"role": "assistant", "content": text}
         self.last_parsed = True
-        call = parsed.call
-        return {"role": "assistant", "content": parsed.thought or "",
-                "tool_calls": [{"type": "function", "function": {"name": call.name,
-                                                                 "arguments": json.dumps(call.arguments)}}]}
+        return assistant_call_message(parsed.call, parsed.thought, parsed.call.id or f"call_{len(self.messages)}")
 
     # -- generation ----------------------------------------------------------------------------
     def _generate(self) -> tuple[list[int], list[float]]:

@@ -9,7 +9,7 @@ import traceback
 
 from envs.faults import FaultInjection
 from envs.records import Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec
-from envs.registry import load, make, spec
+from envs.registry import make, spec, verifier_for
 from envs.wrappers import standard_stack
 from tasks.classify import classify
 from tasks.policies import Policy, PolicyOutput
@@ -26,7 +26,7 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     if faults is not None and faults.rate > 0:
         base = FaultInjection(base, faults, seed=seed * 1009 + attempt)
     env = standard_stack(base)
-    verifier = _verifier(task.env_id)
+    verifier = verifier_for(task.env_id)
     started = time.perf_counter()
     policy_error = env_error = verifier_error = None
     outcome: OutcomeReport | None = None
@@ -75,18 +75,6 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
 
 def collect_rollouts(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int) -> list[Rollout]:
     return [run_episode(task, policy, rollout_seed(seed, task, k)) for task in tasks for k in range(samples_per_task)]
-
-
-_VERIFIERS: dict[str, object] = {}
-
-
-def _verifier(env_id: str):
-    target = spec(env_id).verifier
-    if target is None:
-        return None
-    if target not in _VERIFIERS:
-        _VERIFIERS[target] = load(target)()
-    return _VERIFIERS[target]
 
 
 def _where(exc: Exception) -> str:

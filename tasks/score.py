@@ -18,7 +18,7 @@ import polars as pl
 
 from envs.profile import DomainProfile
 from envs.records import Rollout, StepScore, TaskSpec
-from envs.registry import family_env_id, load, spec
+from envs.registry import family_env_id, verifier_for
 from tasks.generate import family_env_class
 from verifiers.calibration import Calibrator, current_calibrators
 from verifiers.judge import Judge, JudgeCache, JudgeSettings, JudgeStats
@@ -29,8 +29,7 @@ JUDGE_CACHE_FILE = "judge_cache.sqlite"
 
 
 def family_verifier(family: str):
-    target = spec(family_env_id(family)).verifier
-    return load(target)() if target else None
+    return verifier_for(family_env_id(family))
 
 
 def family_profiles(families: list[str], overrides: dict[str, DomainProfile] | None = None) -> dict[str, DomainProfile]:

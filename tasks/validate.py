@@ -6,7 +6,7 @@ fails either is rejected with the reason."""
 from __future__ import annotations
 
 from envs.records import TaskRejection, TaskSpec
-from envs.registry import load, make, spec
+from envs.registry import make, verifier_for
 
 
 def check_reference(task: TaskSpec) -> str | None:
@@ -17,8 +17,7 @@ def check_reference(task: TaskSpec) -> str | None:
     outside = sorted({c.name for c in reference} - set(task.allowed_tools))
     if outside:
         return f"reference uses tools the task does not allow: {outside}"
-    verifier = spec(task.env_id).verifier
-    precondition = getattr(load(verifier)(), "precondition", None) if verifier else None
+    precondition = getattr(verifier_for(task.env_id), "precondition", None)
     reason = precondition(task) if precondition else None
     if reason:
         return reason

@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from envs.records import OutcomeReport, Step, TaskSpec
+from envs.records import OutcomeReport, Step, TaskSpec, ToolCall
 
 
 class OutcomeVerifier(ABC):
@@ -26,3 +26,9 @@ class OutcomeVerifier(ABC):
     def terminal_reward(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any]) -> tuple[float, dict]:
         report = self.verify(task, steps, final_state)
         return (1.0 if report.success else 0.0), report.model_dump(mode="json")
+
+
+def calls_of(steps: list[Step]) -> list[ToolCall | None]:
+    """The calls to replay, aligned with the steps: None where nothing reached a tool or the
+    environment faulted (a crashed call leaves the state as it was, so the replay skips it)."""
+    return [None if s.error == "env_fault" else s.tool_call for s in steps]

@@ -23,7 +23,7 @@ from envs.coding.generator import apply_edits
 from envs.coding.world import RUNNER_SOURCE, CodingEnv, sandbox_limits
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from envs.sandbox import SandboxError, create_sandbox
-from verifiers.base import OutcomeVerifier
+from verifiers.base import OutcomeVerifier, calls_of
 
 
 @dataclass
@@ -108,7 +108,7 @@ class CodingVerifier(OutcomeVerifier):
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
         if final_state is None:
-            final_state = replay(task, [s.tool_call for s in steps if s.error != "env_fault"])
+            final_state = replay(task, calls_of(steps))
         checks: dict[str, CheckResult] = {}
         reasons: list[str] = []
         violations = constraint_violations(task, final_state)

@@ -14,29 +14,31 @@ from typing import Any
 
 from envs.inventory.world import InventoryEnv
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from verifiers.base import OutcomeVerifier
+from verifiers.base import OutcomeVerifier, calls_of
 
 
-def calls_of(steps: list[Step]) -> list[ToolCall | None]:
-    """The calls to replay, aligned with the steps: None where nothing reached a tool or the
-    environment faulted (its effect is unknown; the replay leaves the state unchanged)."""
-    return [None if s.error == "env_fault" else s.tool_call for s in steps]
+def replay(task: TaskSpec, calls: list[ToolCall | None]) -> list[dict[str, Any]]:
+    """States after each call, replayed on a fresh env. None entries, and calls after the
+    episode ended, leave the state unchanged."""
+    states: list[dict[str, Any]] = []
+    _replay(task, calls, lambda env: states.append(env.state()))
+    return states
 
 
-def replay(task: TaskSpec, calls: list[ToolCall | None],
-           initial_state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """States after each call, replayed on a fresh env (optionally from another snapshot).
-    None entries, and calls after the episode ended, leave the state unchanged."""
-    if initial_state is not None:
-        task = task.model_copy(update={"initial_state": initial_state})
+def final_state_of(task: TaskSpec, calls: list[ToolCall | None]) -> dict[str, Any]:
+    """The state after all the calls (one copy, not one per step)."""
+    return _replay(task, calls, lambda env: None).state()
+
+
+def _replay(task: TaskSpec, calls: list[ToolCall | None], after_each) -> InventoryEnv:
     env = InventoryEnv(outcome_fn=None)
     env.reset(task)
-    states, done = [], False
+    done = False
     for call in calls:
         if call is not None and not done:
             done = env.step(call).terminated
-        states.append(env.state())
-    return states
+        after_each(env)
+    return env
 
 
 def initial_runtime_state(task: TaskSpec) -> dict[str, Any]:
@@ -60,7 +62,7 @@ class InventoryVerifier(OutcomeVerifier):
         calls = calls_of(steps)
         initial = initial_runtime_state(task)
         if final_state is None:
-            final_state = replay(task, calls)[-1] if calls else initial
+            final_state = final_state_of(task, calls)
         checks = task.hidden.checks
         expected: dict[str, int] = checks["expected_reservations"]
         have = held(final_state)
@@ -104,8 +106,8 @@ class InventoryVerifier(OutcomeVerifier):
             for sku, stock in variant["stock"].items():
                 snapshot["catalog"][sku]["stock"] = stock
             variant_task = task.model_copy(update={"initial_state": snapshot})
-            final = replay(variant_task, calls)[-1] if calls else initial_runtime_state(variant_task)
-            result = invariant_check(task.hidden.checks, initial_runtime_state(variant_task), final)
+            result = invariant_check(task.hidden.checks, initial_runtime_state(variant_task),
+                                     final_state_of(variant_task, calls))
             reasons += [f"{variant['name']}: {r}" for r in result.reasons]
         return CheckResult(passed=not reasons, reasons=reasons)
 

@@ -16,7 +16,6 @@ read from settings or the environment and never stored."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -218,8 +217,7 @@ class JudgeCache:
 
 
 def cache_key(model: str, version: str, messages: list[dict[str, str]]) -> str:
-    payload = json.dumps([model, version, messages], sort_keys=True, ensure_ascii=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    return content_hash([model, version, messages], length=64)
 
 
 # -- the judge ----------------------------------------------------------------------------

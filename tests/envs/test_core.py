@@ -7,7 +7,7 @@ from envs.parsing import ActionError, parse_action
 from envs.profile import DomainProfile
 from envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
 from envs.registry import list_envs, make, register
-from envs.wrappers import (ObservationTruncation, PermissionGuard, Recorder, TimeLimit, ToolBudget,
+from envs.wrappers import (ObservationTruncation, PermissionGuard, TimeLimit, ToolBudget,
                            standard_stack)
 from tests.envs.counter_env import CounterEnv, reward_at_target
 

@@ -12,24 +12,11 @@ from envs.sandbox import (Limits, PathError, SandboxError, SandboxUnavailable, b
                           select_backend)
 from envs.sandbox import bubblewrap, docker_backend
 from envs.sandbox.base import normalize_path
+from tests.envs.coding_helpers import alive_with
 
 ISOLATED, WHY = bubblewrap.probe()
 needs_bwrap = pytest.mark.skipif(not ISOLATED, reason=f"bubblewrap cannot run here: {WHY}")
 FAST = Limits(wall_s=3, cpu_s=5)
-
-
-def alive_with(marker: str) -> list[int]:
-    """Pids of processes whose command line contains marker."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        pids.append(int(pid))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.fixture

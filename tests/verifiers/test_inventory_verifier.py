@@ -6,7 +6,8 @@ from envs.base import EnvFault
 from envs.inventory import InventoryEnv, generate_task
 from envs.inventory.policy import ScriptedInventoryPolicy
 from envs.records import Step, TaskSpec
-from verifiers.inventory import InventoryVerifier, calls_of, replay
+from verifiers.base import calls_of
+from verifiers.inventory import InventoryVerifier, replay
 
 verifier = InventoryVerifier()
 
