@@ -23,6 +23,7 @@ from envs.records import content_hash
 from tasks.score import newest_scores, score_steps
 from verifiers.calibration import agreement, fit_calibrator, save_calibrator
 from verifiers.judge import JudgeSettings
+from warehouse.catalog import quote_literal
 
 LABEL_DIR = "labels"
 BUCKETS = ([-0.5, -0.05, 0.05, 0.5], ["<=-0.5", "(-0.5,-0.05]", "(-0.05,0.05]", "(0.05,0.5]", ">0.5"])
@@ -38,7 +39,7 @@ def label_candidates(data_dir: str | os.PathLike, families: list[str] | None = N
     """Every landed step with the context a person needs to label it and its newest scores."""
     from warehouse import Warehouse
 
-    where = f"r.task_family in ({', '.join(_quote(f) for f in families)})" if families else "true"
+    where = f"r.task_family in ({', '.join(quote_literal(f) for f in families)})" if families else "true"
     with Warehouse(data_dir, read_only=True) as wh:
         steps = wh.sql_df(f"""
             select s.rollout_id, s."index" as step_index, r.task_family, r.termination, r.policy_id,
@@ -270,10 +271,6 @@ def fit_calibrators(data_dir: str | os.PathLike, families: list[str] | None = No
                            "n_holdout": test.height, "before": before, "after": after, "path": str(path),
                            "fitted_on": fitted_on}
     return reports
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def render_agreement(reports: dict[str, dict[str, Any]]) -> str:
