@@ -39,6 +39,7 @@ class Hyperparameters:
     tasks: int = 16                  # GRPO: training tasks per run
     family: str = "inventory"        # GRPO: the env family to act in
     slack_steps: int | None = 4      # GRPO: turns allowed beyond the reference length (as in evaluation)
+    loss_type: str = "grpo"          # GRPO: TRL's loss_type ("grpo": mean per episode, then over episodes; "dapo", ...)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> Hyperparameters:

@@ -1,25 +1,30 @@
-"""Step-level GRPO against the live environments.
+"""Step-level GRPO against the live environments, on TRL's `GRPOTrainer`.
 
-Each update samples a group of episodes of one task with the current model (the local HF
-policy, which keeps the sampled token ids and logprobs), scores every step with the PRM, and
-turns step rewards into per-step advantages normalised within the group:
+TRL's `rollout_func` hook plays each group of `num_generations` episodes of one task in the
+live env with the model being trained (the local HF policy, which keeps the sampled token ids
+and logprobs). A completion is the whole multi-turn continuation after the first observation;
+its `env_mask` marks the tokens the model sampled (1) apart from the tool results the env
+appended (0), so observation tokens carry no loss. The PRM scores every step, and each step
+gets its own advantage, normalised within the group:
 
     g[i][t] = outcome_i + sum_{k >= t} r[i][k]          (reward to go, step t of rollout i)
     A[i][t] = (g[i][t] - mean) / (std + eps)
 
 where mean and std are group statistics in which every rollout counts once, whatever its
 number of steps (per rollout, not per record). A[i][t] is broadcast to the tokens the model
-sampled at step t; observation tokens get none (the env mask). So the advantage varies within
-one completion, and a group whose outcomes are all equal still learns from its steps — the
-sequence-level advantage would be zero there. The loss is GRPO's clipped surrogate."""
+sampled at step t. So the advantage varies within one completion, and a group whose outcomes
+are all equal still learns from its steps — the sequence-level advantage would be zero there.
+The loss is TRL's (clipped surrogate, its `loss_type`, beta/KL against the starting model)."""
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import torch
+from trl import GRPOTrainer
 
 EPS = 1e-4
 
@@ -51,23 +56,6 @@ def token_advantages(length: int, spans: list[tuple[int, int]], advantages: list
         for i in range(a, min(b, length)):
             values[i], mask[i] = adv, 1
     return values, mask
-
-
-def grpo_loss(model, sequences: list[dict[str, Any]], temperature: float, clip: float = 0.2) -> torch.Tensor:
-    """Clipped surrogate over the sampled tokens of each episode (`input_ids`, `advantages`,
-    `mask`, `old_logprobs` per token), averaged per episode then over episodes."""
-    losses = []
-    for seq in sequences:
-        ids = torch.tensor([seq["input_ids"]])
-        logits = model(input_ids=ids).logits[0, :-1].float() / temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-        mask = torch.tensor(seq["mask"][1:], dtype=torch.float32)
-        adv = torch.tensor(seq["advantages"][1:])
-        old = torch.tensor(seq["old_logprobs"][1:])
-        ratio = torch.exp(logprobs - old)
-        surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
-        losses.append(-(surrogate * mask).sum() / mask.sum().clamp(min=1))
-    return torch.stack(losses).mean()
 
 
 def train_tasks(family: str, n: int, seed: int):
@@ -111,57 +99,135 @@ def step_rewards_of(rollouts, tasks) -> dict[str, list[float]]:
     return {r.rollout_id: [layer.get(r.rollout_id, {}).get(i, 0.0) for i in range(len(r.steps))] for r in rollouts}
 
 
+def completion_advantages(rows: list[dict[str, Any]], num_generations: int, shape: tuple[int, int]) -> torch.Tensor:
+    """(B, T) advantages for a batch of completions, `num_generations` consecutive rows per task
+    (as TRL's sampler lays them out): each step's group-normalised reward to go on the tokens
+    sampled at that step, 0 on env tokens and padding. Each row carries `step_rewards`,
+    `outcome` and `step_spans` (where each step's sampled tokens sit in the completion)."""
+    out = torch.zeros(shape)
+    for first in range(0, len(rows), num_generations):
+        group = rows[first:first + num_generations]
+        advantages = group_step_advantages([(row["step_rewards"], row["outcome"]) for row in group])
+        for i, (row, adv) in enumerate(zip(group, advantages)):
+            values, _ = token_advantages(shape[1], row["step_spans"], adv)
+            out[first + i] = torch.tensor(values)
+    return out
+
+
+class StepGRPOTrainer(GRPOTrainer):
+    """TRL's GRPO with step-level advantages.
+
+    TRL gives every token of a completion its sequence's advantage; a multi-turn episode needs
+    one per step. TRL's `_compute_loss` already accepts (B, T) advantages, so only the end of
+    `_generate_and_score_completions` changes: after TRL has played the episodes (through the
+    `rollout_func`), scored them and taken reference logprobs, its (B,) advantages are replaced
+    by `completion_advantages`. The loss (clipped surrogate, `loss_type`, beta/KL) and the env
+    mask over observation tokens stay TRL's."""
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        # TRL has merged the rollout_func's extra fields into `inputs` (for the reward functions).
+        advantages = completion_advantages(inputs, self.num_generations, tuple(output["completion_ids"].shape))
+        output["advantages"] = advantages.to(output["completion_ids"].device)
+        return output
+
+
+def verified_outcome(completions, outcome, **_) -> list[float]:
+    """The reward TRL logs: the verifier's outcome of each episode."""
+    return list(outcome)
+
+
+class LiveEpisodes:
+    """TRL's `rollout_func`: one episode in the live env per prompt (a task id; TRL's sampler
+    repeats each `num_generations` times), played by `HFPolicy` on the model being trained.
+    Prompt ids are the rendered first observation; the completion is everything after it:
+    the sampled actions (env mask 1, with their sampled logprobs) and the tool results and
+    errors the env appended (env mask 0). Keeps every episode played, for landing."""
+
+    def __init__(self, tasks, base_model: str, hp, policy_id: str):
+        from tasks.hf_policy import family_tools
+
+        self.tasks = {t.task_id: t for t in tasks}
+        self.base_model, self.hp, self.policy_id = base_model, hp, policy_id
+        self.tools = family_tools(hp.family)
+        self.rollouts, self.group_success = [], []
+
+    def __call__(self, prompts: list[str], trainer) -> dict[str, list]:
+        from tasks.evaluate import evaluation_budget
+        from tasks.hf_policy import HFPolicy
+        from tasks.rollout import rollout_seed, run_episode
+
+        hp, step, n = self.hp, trainer.state.global_step, trainer.num_generations
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        policy = HFPolicy(self.base_model, self.tools, model=model, tokenizer=trainer.processing_class,
+                          temperature=hp.temperature, max_new_tokens=hp.max_completion_length,
+                          version=f"grpo-step{step}", policy_id=self.policy_id)
+        played, contexts = [], []
+        for i, task_id in enumerate(prompts):
+            task = self.tasks[task_id]
+            played.append(run_episode(evaluation_budget(task, hp.slack_steps), policy,
+                                      rollout_seed(hp.seed + step, task, i % n)))
+            contexts.append((list(policy.context), list(policy.sampled_spans)))
+        model.train(was_training)
+        rewards = step_rewards_of(played, [self.tasks[task_id] for task_id in set(prompts)])
+        self.rollouts += played
+        self.group_success.append(sum(r.success for r in played) / len(played))
+        out = {key: [] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "step_spans",
+                                   "step_rewards", "outcome")}
+        eos = trainer.processing_class.eos_token_id
+        for rollout, (context, spans) in zip(played, contexts):
+            start = spans[0][0] if spans else len(context)
+            completion = context[start:] or [eos]  # an episode that never acted still needs a token
+            spans = [(a - start, b - start) for a, b in spans]
+            logprobs, env_mask = [0.0] * len(completion), [0] * len(completion)
+            for (a, _), st in zip(spans, rollout.steps):
+                for j, lp in enumerate(st.logprobs or []):
+                    logprobs[a + j], env_mask[a + j] = lp, 1
+            out["prompt_ids"].append(context[:start] or [eos])
+            out["completion_ids"].append(completion)
+            out["logprobs"].append(logprobs)
+            out["env_mask"].append(env_mask)
+            out["step_spans"].append(spans)
+            out["step_rewards"].append(rewards[rollout.rollout_id])
+            out["outcome"].append(float(rollout.success))
+        return out
+
+
 def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp) -> dict[str, Any]:
-    """On-policy step-level GRPO: `max_steps` updates, each on `num_generations` episodes of
-    one training task (tasks cycled in order). Returns metrics and, under `rollouts`, every
+    """On-policy step-level GRPO with TRL: `max_steps` updates, each on `num_generations`
+    episodes of one training task (tasks in order). Returns metrics and, under `rollouts`, every
     episode played (with token ids, logprobs and policy version) for landing."""
-    from tasks.evaluate import evaluation_budget
-    from tasks.hf_policy import HFPolicy, family_tools
-    from tasks.rollout import rollout_seed, run_episode
+    from datasets import Dataset
+    from trl import GRPOConfig
+
     from tasks.training.base_model import load_model
+    from tasks.training.runners import TimeLimit
 
     model, tokenizer = load_model(base_model)
     tasks = dataset_tasks(dataset, hp.max_steps if hp.max_steps < 10_000 else 1000, hp.seed) if dataset \
         else train_tasks(hp.family, hp.tasks, hp.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=hp.learning_rate)
-    tools = family_tools(hp.family)
+    episodes = LiveEpisodes(tasks, base_model, hp, policy_id=f"grpo:{output_dir.rstrip('/').rsplit('/', 1)[-1]}")
+    args = GRPOConfig(output_dir=output_dir, max_steps=hp.max_steps, learning_rate=hp.learning_rate,
+                      lr_scheduler_type="constant", per_device_train_batch_size=hp.num_generations,
+                      gradient_accumulation_steps=1, num_generations=hp.num_generations,
+                      max_completion_length=hp.max_completion_length, temperature=max(hp.temperature, 1e-3),
+                      beta=hp.beta, loss_type=hp.loss_type, shuffle_dataset=False, seed=hp.seed,
+                      use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[], logging_steps=1,
+                      save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are using 'rollout_func'")  # TRL marks it experimental
+        trainer = StepGRPOTrainer(model=model, reward_funcs=verified_outcome, args=args,
+                                  train_dataset=Dataset.from_list([{"prompt": t.task_id} for t in tasks]),
+                                  processing_class=tokenizer, rollout_func=episodes,
+                                  callbacks=[TimeLimit(hp.time_limit_s)])
     started = time.perf_counter()
-    history, rollouts, step = [], [], 0
-    for step in range(hp.max_steps):
-        if hp.time_limit_s and time.perf_counter() - started > hp.time_limit_s:
-            break
-        task = tasks[step % len(tasks)]
-        policy = HFPolicy(base_model, tools, model=model, tokenizer=tokenizer, temperature=hp.temperature,
-                          max_new_tokens=hp.max_completion_length, version=f"grpo-step{step}",
-                          policy_id=f"grpo:{output_dir.rstrip('/').rsplit('/', 1)[-1]}")
-        group, contexts = [], []
-        for k in range(hp.num_generations):
-            model.eval()
-            rollout = run_episode(evaluation_budget(task, hp.slack_steps), policy,
-                                  rollout_seed(hp.seed + step, task, k))
-            group.append(rollout)
-            contexts.append((list(policy.context), list(policy.sampled_spans)))
-        rewards = step_rewards_of(group, [task])
-        advantages = group_step_advantages([(rewards[r.rollout_id], float(r.success)) for r in group])
-        sequences = []
-        for rollout, (context, spans), adv in zip(group, contexts, advantages):
-            values, mask = token_advantages(len(context), spans, adv)
-            old = [0.0] * len(context)
-            for (a, _), st in zip(spans, rollout.steps):
-                for j, lp in enumerate(st.logprobs or []):
-                    old[a + j] = lp
-            sequences.append({"input_ids": context, "advantages": values, "mask": mask, "old_logprobs": old})
-        model.train()
-        loss = grpo_loss(model, sequences, max(hp.temperature, 1e-3))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        rollouts += group
-        history.append((step + 1, round(loss.item(), 4), sum(r.success for r in group) / len(group)))
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
+    trainer.train()
     train_seconds = time.perf_counter() - started
-    return {"steps": len(history), "examples": len(rollouts), "train_seconds": round(train_seconds, 2),
-            "final_loss": history[-1][1] if history else None, "loss_history": [h[:2] for h in history],
-            "group_success": [h[2] for h in history], "rollouts": rollouts,
+    trainer.save_model(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    history = [(h["step"], round(h["loss"], 4)) for h in trainer.state.log_history if "loss" in h]
+    return {"steps": trainer.state.global_step, "examples": len(episodes.rollouts),
+            "train_seconds": round(train_seconds, 2), "final_loss": history[-1][1] if history else None,
+            "loss_history": history, "group_success": episodes.group_success, "rollouts": episodes.rollouts,
             "tasks": list({t.task_id: t for t in tasks}.values())}
