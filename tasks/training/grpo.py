@@ -194,10 +194,12 @@ class LiveEpisodes:
         return out
 
 
-def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp) -> dict[str, Any]:
+def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
+             trainer_class: type[GRPOTrainer] = StepGRPOTrainer) -> dict[str, Any]:
     """On-policy step-level GRPO with TRL: `max_steps` updates, each on `num_generations`
     episodes of one training task (tasks in order). Returns metrics and, under `rollouts`, every
-    episode played (with token ids, logprobs and policy version) for landing."""
+    episode played (with token ids, logprobs and policy version) for landing. `trainer_class=GRPOTrainer`
+    gives plain TRL GRPO (sequence-level advantages) on the same episodes, for comparison."""
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -217,10 +219,10 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp) -> dict[
                       save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")  # TRL marks it experimental
-        trainer = StepGRPOTrainer(model=model, reward_funcs=verified_outcome, args=args,
-                                  train_dataset=Dataset.from_list([{"prompt": t.task_id} for t in tasks]),
-                                  processing_class=tokenizer, rollout_func=episodes,
-                                  callbacks=[TimeLimit(hp.time_limit_s)])
+        trainer = trainer_class(model=model, reward_funcs=verified_outcome, args=args,
+                                train_dataset=Dataset.from_list([{"prompt": t.task_id} for t in tasks]),
+                                processing_class=tokenizer, rollout_func=episodes,
+                                callbacks=[TimeLimit(hp.time_limit_s)])
     started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - started
