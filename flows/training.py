@@ -3,7 +3,8 @@
 `train` reads a factory dataset (by id or path), trains the base model (the embedded default
 when none is given, or any local Hugging Face checkpoint) with TRL, writes the checkpoint and
 lands a `training_runs` row with the dataset lineage and metrics. `closed_loop` runs
-factory → base model → held-out evaluation → SFT → held-out evaluation and reports the figures."""
+factory → base model → held-out evaluation → SFT / step-weighted SFT / SFT then GRPO at equal
+training time → held-out evaluation of each, and reports the figures."""
 
 from __future__ import annotations
 
@@ -123,18 +124,29 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+ARMS = ("sft", "sft_weighted", "sft_then_grpo")
+
+
 @flow(name="closed-loop", log_prints=True)
 def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", tasks: int = 300, seed: int = 1,
                 mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 30,
-                train_seconds: float = 900, hyperparameters: dict[str, Any] | None = None,
-                base: dict[str, Any] | None = None, compare_unweighted: bool = False,
-                grpo_seconds: float = 0, pretrain_seconds: float = 0) -> dict[str, Any]:
-    """Factory → tiny base model → held-out success before → SFT (at most `train_seconds`)
-    → held-out success after; optionally the same SFT without step weights, and step-level GRPO
-    after SFT for `grpo_seconds`. Returns the figures (also a markdown artifact)."""
+                train_seconds: float = 900, arms: list[str] | None = None, grpo_seconds: float = 180,
+                hyperparameters: dict[str, Any] | None = None, grpo_hyperparameters: dict[str, Any] | None = None,
+                base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Factory → tiny base model → held-out success before → each arm trained from the same base
+    for the same `train_seconds` of wall time → held-out success after. Arms: `sft` (no step
+    weights), `sft_weighted` (PRM step weights), `sft_then_grpo` (weighted SFT for
+    `train_seconds - grpo_seconds`, then step-level GRPO in the live envs for `grpo_seconds`).
+    Returns the figures (also a markdown artifact)."""
     from flows.evaluation import evaluate
     from flows.factory import factory
 
+    arms = list(arms or ARMS)
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}; choose from {ARMS}")
+    if "sft_then_grpo" in arms and not 0 < grpo_seconds < train_seconds:
+        raise ValueError("sft_then_grpo needs 0 < grpo_seconds < train_seconds")
     started = time.perf_counter()
     report = factory(families=[family], tasks_per_family=tasks, seed=seed, mistake_rate=mistake_rate,
                      samples_per_task=samples_per_task, data_dir=data_dir)
@@ -143,39 +155,44 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
     before = evaluate(model=base_model, family=family, data_dir=data_dir, limit=eval_limit)
     hp = {"max_steps": 100000, "batch_size": 4, "learning_rate": 3e-3, "time_limit_s": train_seconds,
           "logging_steps": 25, **(hyperparameters or {})}
-    start_from = base_model
-    runs = {}
-    if pretrain_seconds:  # language-model pretraining of the base on the same factory text, no masking
-        runs["pretrain_lm"] = train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
-                                    hyperparameters={**hp, "loss_on": "all", "weighted": False,
-                                                     "time_limit_s": pretrain_seconds})
-        start_from = runs["pretrain_lm"]["checkpoint"]
-    runs["sft_weighted"] = train(dataset=sft["path"], method="sft", base_model=start_from, data_dir=data_dir,
-                                 hyperparameters=hp, evaluate_family=family, eval_limit=eval_limit)
-    if compare_unweighted:
-        runs["sft_unweighted"] = train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
-                                       hyperparameters={**hp, "weighted": False}, evaluate_family=family,
-                                       eval_limit=eval_limit)
-    if grpo_seconds:  # step-level GRPO in the live envs, starting from the weighted SFT checkpoint
-        runs["sft_then_grpo"] = train(method="grpo", base_model=runs["sft_weighted"]["checkpoint"], data_dir=data_dir,
-                                      hyperparameters={"max_steps": 100000, "time_limit_s": grpo_seconds,
-                                                       "family": family, "learning_rate": 1e-4, "tasks": 64,
-                                                       "num_generations": 4, "max_completion_length": 96},
+
+    def sft_run(weighted: bool, seconds: float, evaluate_after: bool = True) -> dict[str, Any]:
+        return train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
+                     hyperparameters={**hp, "weighted": weighted, "time_limit_s": seconds},
+                     evaluate_family=family if evaluate_after else None, eval_limit=eval_limit)
+
+    runs, stages = {}, {}
+    if "sft" in arms:
+        runs["sft"] = sft_run(False, train_seconds)
+    if "sft_weighted" in arms:
+        runs["sft_weighted"] = sft_run(True, train_seconds)
+    if "sft_then_grpo" in arms:
+        first = sft_run(True, train_seconds - grpo_seconds, evaluate_after=False)
+        runs["sft_then_grpo"] = train(method="grpo", base_model=first["checkpoint"], data_dir=data_dir,
+                                      hyperparameters={"max_steps": 100000, "family": family, "learning_rate": 1e-4,
+                                                       "tasks": 64, "num_generations": 4, "max_completion_length": 96,
+                                                       **(grpo_hyperparameters or {}), "time_limit_s": grpo_seconds},
                                       evaluate_family=family, eval_limit=eval_limit)
+        stages["sft_then_grpo"] = first
     figures = {"family": family, "data_dir": str(Path(data_dir).resolve()), "sft_rows": sft["rows"],
                "base_model": base_model, "heldout_before": before["success_rate"],
-               "heldout_episodes": before["episodes"],
-               "runs": {name: {"success_rate": r["metrics"].get("heldout", {}).get("success_rate"),
-                               "by_level": r["metrics"].get("heldout", {}).get("by_level"),
-                               "steps": r["metrics"]["steps"],
-                               "train_seconds": r["metrics"]["train_seconds"],
-                               "seconds_per_step": r["metrics"].get("seconds_per_step"),
-                               "final_loss": r["metrics"]["final_loss"], "checkpoint": r["checkpoint"],
-                               "run_id": r["run_id"]} for name, r in runs.items()},
+               "heldout_episodes": before["episodes"], "train_seconds": train_seconds,
+               "runs": {name: _arm_figures(r, stages.get(name)) for name, r in runs.items()},
                "wall_seconds": round(time.perf_counter() - started, 1)}
     create_markdown_artifact(key="closed-loop", markdown=_render_loop(figures),
                              description="Closed loop: held-out success before and after training")
     return figures
+
+
+def _arm_figures(run: dict[str, Any], first_stage: dict[str, Any] | None) -> dict[str, Any]:
+    """One arm's figures; an arm of two stages adds up its steps and training seconds."""
+    stages = [s for s in (first_stage, run) if s]
+    heldout = run["metrics"].get("heldout", {})
+    return {"success_rate": heldout.get("success_rate"), "by_level": heldout.get("by_level"),
+            "steps": [s["metrics"]["steps"] for s in stages],
+            "train_seconds": round(sum(s["metrics"]["train_seconds"] for s in stages), 1),
+            "final_loss": run["metrics"]["final_loss"], "checkpoint": run["checkpoint"],
+            "run_ids": [s["run_id"] for s in stages]}
 
 
 def _render_loop(f: dict[str, Any]) -> str:
@@ -183,5 +200,5 @@ def _render_loop(f: dict[str, Any]) -> str:
              f"{f['heldout_episodes']}", "", "| model | held-out success | steps | train s |", "|---|---|---|---|",
              f"| base (untrained) | {100 * f['heldout_before']:.1f}% | 0 | 0 |"]
     lines += [f"| {name} | " + (f"{100 * r['success_rate']:.1f}%" if r["success_rate"] is not None else "-")
-              + f" | {r['steps']} | {r['train_seconds']} |" for name, r in f["runs"].items()]
+              + f" | {' + '.join(map(str, r['steps']))} | {r['train_seconds']} |" for name, r in f["runs"].items()]
     return "\n".join(lines)

@@ -50,8 +50,7 @@ def cmd_loop(args: argparse.Namespace) -> int:
     from flows.training import closed_loop
 
     figures = closed_loop(family=args.family, data_dir=args.data_dir, tasks=args.tasks, eval_limit=args.eval_limit,
-                          train_seconds=args.train_seconds, compare_unweighted=args.compare_unweighted,
-                          grpo_seconds=args.grpo_seconds, pretrain_seconds=args.pretrain_seconds)
+                          train_seconds=args.train_seconds, arms=args.arms.split(","), grpo_seconds=args.grpo_seconds)
     print(json.dumps(figures, indent=2))
     return 0
 
@@ -82,14 +81,14 @@ def add_training_commands(sub) -> None:
     evaluate.add_argument("--temperature", type=float, default=0.0)
     evaluate.set_defaults(func=cmd_evaluate)
 
-    loop = sub.add_parser("loop", help="closed loop: factory, tiny model, held-out success before/after SFT")
+    loop = sub.add_parser("loop", help="closed loop: factory, tiny model, held-out success before and after each training arm")
     loop.add_argument("--family", default="inventory")
     loop.add_argument("--data-dir", default=".gymfoundry-loop")
     loop.add_argument("--tasks", type=int, default=300)
     loop.add_argument("--eval-limit", type=int, default=30)
     loop.add_argument("--train-seconds", type=float, default=900)
-    loop.add_argument("--compare-unweighted", action="store_true", help="also train without step weights")
-    loop.add_argument("--grpo-seconds", type=float, default=0, help="then GRPO from the SFT checkpoint")
-    loop.add_argument("--pretrain-seconds", type=float, default=0,
-                      help="first pretrain the base as a plain LM on the same factory text (counted in the budget)")
+    loop.add_argument("--arms", default="sft,sft_weighted,sft_then_grpo",
+                      help="comma-separated: sft (no step weights), sft_weighted, sft_then_grpo; each gets --train-seconds")
+    loop.add_argument("--grpo-seconds", type=float, default=180,
+                      help="sft_then_grpo: the last N of its --train-seconds are step-level GRPO")
     loop.set_defaults(func=cmd_loop)

@@ -41,24 +41,23 @@ CHAT_TEMPLATE = (
 
 
 def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0) -> list[str]:
-    """Text the factory produces for `family`: goals, reference tool calls and the observations
-    they return, by replaying each task's reference trajectory in the real env."""
-    import envs
+    """Text the factory produces for `family`: goals, tool schemas, and what the family's
+    scripted policy writes (thoughts and calls) with the observations it gets back."""
     from tasks.generate import generate_tasks
+    from tasks.policies import make_policy
+    from tasks.rollout import run_episode
 
+    policy = make_policy("scripted", family, mistake_rate=0.1)
     texts = []
-    for task in generate_tasks(family, n_tasks, seed):
-        env = envs.make(task.env_id, verified=False)
-        ts = env.reset(task=task)
-        texts.append(ts.observation)
-        texts.append(json.dumps(env.available_tools))
-        for call in task.hidden.reference:
-            texts.append(json.dumps({"name": call.name, "arguments": call.arguments}))
-            ts = env.step(call)
-            texts.append(ts.observation)
-            if ts.done:
-                break
-        env.close()
+    for i, task in enumerate(generate_tasks(family, n_tasks, seed)):
+        texts.append(task.goal)
+        texts.append(json.dumps(task.allowed_tools))
+        for step in run_episode(task, policy, seed=seed + i).steps:
+            texts += [step.observation, step.thought or ""]
+            if step.tool_call is not None:
+                texts.append(json.dumps({"name": step.tool_call.name, "arguments": step.tool_call.arguments},
+                                        sort_keys=True))
+            texts.append(step.result)
     return texts
 
 
@@ -69,7 +68,11 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one: ids, SKUs and quantities then tokenise the same wherever they appear,
+    # so copying them from an observation is copying tokens (a tiny model cannot learn to copy
+    # merged digit chunks it saw a handful of times).
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                       pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, TURN_START, TURN_END, *TOOL_TAGS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

@@ -58,3 +58,22 @@ def test_grpo_flow_lands_its_episodes_and_run(factory_run):
     with Warehouse(data_dir, read_only=True) as wh:
         rollouts = wh.load_rollouts("policy_id like 'grpo:%'")
     assert len(rollouts) == 2 and all(s.token_ids for r in rollouts for s in r.steps)
+
+
+def test_closed_loop_trains_every_arm_for_the_same_time(tmp_path):
+    from flows.training import closed_loop
+
+    figures = closed_loop(data_dir=str(tmp_path), tasks=10, eval_limit=1, train_seconds=60, grpo_seconds=20,
+                          hyperparameters={"max_steps": 1, "batch_size": 1, "max_length": 512},
+                          grpo_hyperparameters={"max_steps": 1, "num_generations": 2, "max_completion_length": 4,
+                                                "tasks": 1, "slack_steps": 0},
+                          base={"vocab_size": 400, "hidden_size": 32, "layers": 1, "heads": 2})
+    runs = figures["runs"]
+    assert list(runs) == ["sft", "sft_weighted", "sft_then_grpo"] and figures["heldout_episodes"] == 1
+    assert [r["steps"] for r in runs.values()] == [[1], [1], [1, 1]]
+    assert all(r["success_rate"] is not None for r in runs.values())
+    with Warehouse(tmp_path, read_only=True) as wh:
+        methods = sorted(r["method"] for r in wh.sql("select method from training_runs").to_pylist())
+    assert methods == ["grpo", "sft", "sft", "sft"]
+    with pytest.raises(ValueError, match="unknown arms"):
+        closed_loop(data_dir=str(tmp_path), arms=["rlhf"])
