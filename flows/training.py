@@ -20,7 +20,8 @@ from prefect.cache_policies import NO_CACHE
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import TrainingRun, content_hash
 
-DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4)
+# copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
+DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4, copy_steps=1200)
 
 
 def _now() -> str:
@@ -128,7 +129,7 @@ ARMS = ("sft", "sft_weighted", "sft_then_grpo")
 
 
 @flow(name="closed-loop", log_prints=True)
-def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", tasks: int = 300, seed: int = 1,
+def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", tasks: int = 2000, seed: int = 1,
                 mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 30,
                 train_seconds: float = 900, arms: list[str] | None = None, grpo_seconds: float = 180,
                 hyperparameters: dict[str, Any] | None = None, grpo_hyperparameters: dict[str, Any] | None = None,
@@ -151,10 +152,13 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
     report = factory(families=[family], tasks_per_family=tasks, seed=seed, mistake_rate=mistake_rate,
                      samples_per_task=samples_per_task, data_dir=data_dir)
     sft = report["datasets"]["sft"]
+    base_started = time.perf_counter()
     base_model = default_base_model(data_dir, family, **(base or {}))
+    base_seconds = round(time.perf_counter() - base_started, 1)
     before = evaluate(model=base_model, family=family, data_dir=data_dir, limit=eval_limit)
-    hp = {"max_steps": 100000, "batch_size": 4, "learning_rate": 3e-3, "time_limit_s": train_seconds,
-          "logging_steps": 25, **(hyperparameters or {})}
+    # A gentle learning rate keeps the base's copying circuits (3e-3 wipes them in 100 steps).
+    hp = {"max_steps": 100000, "batch_size": 4, "learning_rate": 1e-3, "warmup_steps": 50,
+          "time_limit_s": train_seconds, "logging_steps": 25, **(hyperparameters or {})}
 
     def sft_run(weighted: bool, seconds: float, evaluate_after: bool = True) -> dict[str, Any]:
         return train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
@@ -175,13 +179,24 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
                                       evaluate_family=family, eval_limit=eval_limit)
         stages["sft_then_grpo"] = first
     figures = {"family": family, "data_dir": str(Path(data_dir).resolve()), "sft_rows": sft["rows"],
-               "base_model": base_model, "heldout_before": before["success_rate"],
+               "base_model": base_model, "base_build_seconds": base_seconds,
+               "copy_pretraining": _copy_pretraining(base_model), "heldout_before": before["success_rate"],
                "heldout_episodes": before["episodes"], "train_seconds": train_seconds,
                "runs": {name: _arm_figures(r, stages.get(name)) for name, r in runs.items()},
                "wall_seconds": round(time.perf_counter() - started, 1)}
     create_markdown_artifact(key="closed-loop", markdown=_render_loop(figures),
                              description="Closed loop: held-out success before and after training")
     return figures
+
+
+def _copy_pretraining(base_model: str) -> dict[str, Any] | None:
+    import json
+
+    path = Path(base_model) / "copy_pretraining.json"
+    if not path.exists():
+        return None
+    metrics = json.loads(path.read_text())
+    return {k: metrics[k] for k in ("steps", "train_seconds", "final_loss")}
 
 
 def _arm_figures(run: dict[str, Any], first_stage: dict[str, Any] | None) -> dict[str, Any]:

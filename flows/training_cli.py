@@ -84,7 +84,7 @@ def add_training_commands(sub) -> None:
     loop = sub.add_parser("loop", help="closed loop: factory, tiny model, held-out success before and after each training arm")
     loop.add_argument("--family", default="inventory")
     loop.add_argument("--data-dir", default=".gymfoundry-loop")
-    loop.add_argument("--tasks", type=int, default=300)
+    loop.add_argument("--tasks", type=int, default=2000)
     loop.add_argument("--eval-limit", type=int, default=30)
     loop.add_argument("--train-seconds", type=float, default=900)
     loop.add_argument("--arms", default="sft,sft_weighted,sft_then_grpo",

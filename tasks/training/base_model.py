@@ -68,11 +68,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    # Digits one by one: ids, SKUs and quantities then tokenise the same wherever they appear,
-    # so copying them from an observation is copying tokens (a tiny model cannot learn to copy
-    # merged digit chunks it saw a handful of times).
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                       pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    # Spaces as tokens of their own and digits one by one: a name, SKU or id then tokenises the
+    # same wherever it appears (after a space, a quote or a dash), so taking it from the goal or
+    # an observation into a call is copying tokens, which a tiny model learns early.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(" ", behavior="isolated"), pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, TURN_START, TURN_END, *TOOL_TAGS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -87,9 +88,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
 
 def build_base_model(out_dir: str | Path, texts: Iterable[str] | None = None, *, family: str = "inventory",
                      vocab_size: int = 2048, hidden_size: int = 128, layers: int = 4, heads: int = 4,
-                     intermediate_size: int | None = None, max_positions: int = 4096, seed: int = 0) -> Path:
-    """Train the tokenizer, create a randomly initialised Qwen3 causal LM and save both with
-    `save_pretrained` under `out_dir`. Returns the directory."""
+                     intermediate_size: int | None = None, max_positions: int = 4096, copy_steps: int = 0,
+                     seed: int = 0) -> Path:
+    """Train the tokenizer, create a randomly initialised Qwen3 causal LM, give it `copy_steps`
+    of copy pretraining (`tasks/training/copy_pretraining.py`) and save both with
+    `save_pretrained` under `out_dir` (the pretraining metrics in `copy_pretraining.json`).
+    Returns the directory."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -107,6 +111,11 @@ def build_base_model(out_dir: str | Path, texts: Iterable[str] | None = None, *,
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id, do_sample=False)
     out.mkdir(parents=True, exist_ok=True)
+    if copy_steps:
+        from tasks.training.copy_pretraining import pretrain_copying
+
+        metrics = pretrain_copying(model, tokenizer, str(out / "copy-pretraining"), copy_steps, seed=seed)
+        (out / "copy_pretraining.json").write_text(json.dumps(metrics))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -20,6 +20,7 @@ def test_factory_announces_each_dataset_and_can_train_after(tmp_path, monkeypatc
     announced = []
     monkeypatch.setattr(factory_module, "announce_dataset", lambda kind, d, data_dir, run_id: announced.append(
         (kind, d["dataset_id"], data_dir)))
+    monkeypatch.setattr("flows.training.DEFAULT_BASE", {"vocab_size": 400, "hidden_size": 32, "layers": 1, "heads": 2})
     report = factory(families=["inventory"], tasks_per_family=8, seed=4, data_dir=str(tmp_path),
                      train_after="sft", train_hyperparameters={"max_steps": 1, "batch_size": 1, "max_length": 512})
     expected = [(kind, d["dataset_id"], str(tmp_path)) for kind, d in report["datasets"].items() if d["rows"]]

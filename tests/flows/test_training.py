@@ -67,8 +67,9 @@ def test_closed_loop_trains_every_arm_for_the_same_time(tmp_path):
                           hyperparameters={"max_steps": 1, "batch_size": 1, "max_length": 512},
                           grpo_hyperparameters={"max_steps": 1, "num_generations": 2, "max_completion_length": 4,
                                                 "tasks": 1, "slack_steps": 0},
-                          base={"vocab_size": 400, "hidden_size": 32, "layers": 1, "heads": 2})
+                          base={"vocab_size": 400, "hidden_size": 32, "layers": 1, "heads": 2, "copy_steps": 2})
     runs = figures["runs"]
+    assert figures["copy_pretraining"]["steps"] == 2
     assert list(runs) == ["sft", "sft_weighted", "sft_then_grpo"] and figures["heldout_episodes"] == 1
     assert [r["steps"] for r in runs.values()] == [[1], [1], [1, 1]]
     assert all(r["success_rate"] is not None for r in runs.values())
