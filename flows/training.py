@@ -8,6 +8,7 @@ training time → held-out evaluation of each, and reports the figures."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -190,8 +191,6 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
 
 
 def _copy_pretraining(base_model: str) -> dict[str, Any] | None:
-    import json
-
     path = Path(base_model) / "copy_pretraining.json"
     if not path.exists():
         return None

@@ -42,14 +42,19 @@ CHAT_TEMPLATE = (
 
 def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0) -> list[str]:
     """Text the factory produces for `family`: goals, tool schemas, and what the family's
-    scripted policy writes (thoughts and calls) with the observations it gets back."""
+    scripted policy writes (thoughts and calls) with the observations it gets back. Tasks of
+    held-out template groups are skipped: the holdout never enters training, tokenizer included."""
+    from envs.records import Split
     from tasks.generate import generate_tasks
+    from tasks.isolate import split_for
     from tasks.policies import make_policy
     from tasks.rollout import run_episode
 
     policy = make_policy("scripted", family, mistake_rate=0.1)
     texts = []
     for i, task in enumerate(generate_tasks(family, n_tasks, seed)):
+        if split_for(task.template_id) != Split.train:
+            continue
         texts.append(task.goal)
         texts.append(json.dumps(task.allowed_tools))
         for step in run_episode(task, policy, seed=seed + i).steps:

@@ -25,15 +25,16 @@ its peak RSS (ru_maxrss) is its own; this parent imports no torch. Each repeat r
 ours for each trainer, side by side; figures are medians (the ratio is the median of the
 per-repeat ratios).
 
-Closed-loop figures (held-out success of the tiny model before and after training) come from
-`flows/training.py` `closed_loop`, not from here:
+Closed-loop figures (held-out success of the tiny model before and after each training arm)
+come from `flows/training.py` `closed_loop`; `--closed-loop DIR` runs it from here (about an
+hour on 2 cores) and prints its figures as JSON after the table, or run it directly:
 
-    gymfoundry loop --family inventory --data-dir .gymfoundry-loop --tasks 300 \\
-        --train-seconds 900 [--compare-unweighted] [--pretrain-seconds S] [--grpo-seconds S]
+    gymfoundry loop --family inventory --data-dir DIR [--tasks 2000] [--train-seconds 900] \\
+        [--arms sft,sft_weighted,sft_then_grpo] [--grpo-seconds 180]
 
-It runs the factory, builds the base, evaluates it on held-out tasks, trains SFT for at most
-`--train-seconds` (optionally also unweighted, or LM pretraining first, or GRPO after), evaluates
-each checkpoint, and reports success rates, steps and seconds per step (a Prefect artifact too).
+It runs the factory, builds the base (copy pretraining included), evaluates it on held-out
+tasks, trains each arm from that base for the same wall time, evaluates each checkpoint, and
+reports success rates, steps and training seconds (a Prefect artifact too).
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                     help="torch threads in each measurement")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--closed-loop", metavar="DIR", help="then run the closed loop in DIR and print its figures")
     args = ap.parse_args(argv)
     command = " ".join(shlex.quote(a) for a in [sys.executable.replace(os.getcwd() + "/", ""), *sys.argv])
     datasets = {kind: newest(args.data_dir, kind) for kind in args.trainers}
@@ -247,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
                "timing": "trainer.train() wall time / steps (ours: metrics train_seconds / steps)", "trainers": figures}
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         print(f"figures written to {args.json}")
+    if args.closed_loop:
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        from flows.training import closed_loop
+
+        print(json.dumps(closed_loop(data_dir=args.closed_loop), indent=2))
     return 0
 
 
