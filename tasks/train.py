@@ -25,7 +25,6 @@ class Hyperparameters:
     max_length: int = 1024
     overlap_steps: int = 1          # SFT chunking: earlier steps repeated, masked, as context
     weighted: bool = True           # SFT: PRM step weights in the per-token loss
-    loss_on: str = "assistant"      # SFT: "all" = plain LM loss on every token (base-model pretraining)
     curriculum: bool = False        # sample rows by difficulty, easy first, then mixed
     warmup_steps: int = 10
     seed: int = 0

@@ -56,12 +56,9 @@ def assistant_spans(mask: list[int]) -> list[tuple[int, int]]:
 
 
 def sft_examples(row: dict[str, Any], tokenizer, max_length: int | None = None, overlap_steps: int = 1,
-                 weighted: bool = True, loss_on: str = "assistant") -> list[dict[str, list]]:
+                 weighted: bool = True) -> list[dict[str, list]]:
     """Trainer-ready examples (`input_ids`, `labels`, `token_weights`) of one SFT row, chunked
-    at step boundaries when the conversation exceeds `max_length`.
-
-    `loss_on="all"` turns masking off (every token of the chunk but the repeated context carries
-    loss, weight 1): language-model pretraining of a base model on factory text, not SFT."""
+    at step boundaries when the conversation exceeds `max_length`."""
     ids, mask = render_ids(tokenizer, row["messages"], row.get("tools"))
     spans = assistant_spans(mask)
     n_assistant = sum(m["role"] == "assistant" for m in row["messages"])
@@ -94,14 +91,10 @@ def sft_examples(row: dict[str, Any], tokenizer, max_length: int | None = None, 
         chunk = list(range(prefix_end)) + list(range(starts[context], spans[last - 1][1]))
         labels, token_weights = [], []
         trained = {i: k for k in range(first, last) for i in range(*spans[k])}
-        if loss_on == "all":  # the prompt, and each trained step with the observation before it
-            trained = {i: None for i in range(prefix_end)} if first == 0 else {}
-            trained.update({i: None for i in range(starts[first] if first else prefix_end, spans[last - 1][1])})
         for i in chunk:
             hit = i in trained
-            k = trained.get(i)
             labels.append(ids[i] if hit else -100)
-            token_weights.append((weights[k] if k is not None else 1.0) if hit else 0.0)
+            token_weights.append(weights[trained[i]] if hit else 0.0)
         examples.append({"input_ids": [ids[i] for i in chunk], "labels": labels, "token_weights": token_weights})
         first = last
     return examples

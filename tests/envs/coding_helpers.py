@@ -2,6 +2,8 @@
 
 import json
 import os
+import socket
+from contextlib import contextmanager
 
 from envs.coding import generate_task
 from envs.records import TaskSpec, ToolCall
@@ -71,3 +73,16 @@ def alive_with(marker: str) -> list[int]:
             except OSError:
                 pass
     return pids
+
+
+@contextmanager
+def local_listener(timeout_s: float):
+    """A TCP listener on 127.0.0.1 that nothing should reach: yields (listener, port)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(timeout_s)
+    try:
+        yield listener, listener.getsockname()[1]
+    finally:
+        listener.close()

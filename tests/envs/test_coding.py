@@ -22,7 +22,7 @@ from envs.sandbox import bubblewrap, create_sandbox
 from tasks.isolate import find_leaks
 from tasks.rollout import run_episode
 from tasks.validate import validate_tasks
-from tests.envs.coding_helpers import ScriptPolicy, alive_with, quick_task, run, sandbox_processes
+from tests.envs.coding_helpers import ScriptPolicy, alive_with, local_listener, quick_task, run, sandbox_processes
 
 ISOLATED, WHY = bubblewrap.probe()
 needs_sandbox = pytest.mark.skipif(not ISOLATED, reason=f"bubblewrap cannot run here: {WHY}")
@@ -275,17 +275,10 @@ def test_hostile_writes_outside_the_workspace_change_nothing(tmp_path):
 
 @needs_sandbox
 def test_hostile_socket_to_a_local_listener_is_refused_and_reported():
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    listener.settimeout(0.2)
-    port = listener.getsockname()[1]
-    try:
+    with local_listener(0.2) as (listener, port):
         task, rollout = hostile([run(["python", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}))"])])
         with pytest.raises(socket.timeout):
             listener.accept()
-    finally:
-        listener.close()
     result = results(rollout)[0]["result"]
     assert "ConnectionRefusedError" in result["stderr"] and result["network"].startswith("blocked")
     assert rollout.termination == Termination.constraint_violation and "network" in rollout.termination_reason

@@ -12,7 +12,7 @@ from envs.sandbox import (Limits, PathError, SandboxError, SandboxUnavailable, b
                           select_backend)
 from envs.sandbox import bubblewrap, docker_backend
 from envs.sandbox.base import normalize_path
-from tests.envs.coding_helpers import alive_with
+from tests.envs.coding_helpers import alive_with, local_listener
 
 ISOLATED, WHY = bubblewrap.probe()
 needs_bwrap = pytest.mark.skipif(not ISOLATED, reason=f"bubblewrap cannot run here: {WHY}")
@@ -97,19 +97,12 @@ def test_writes_outside_the_workspace_do_not_reach_the_host(box, tmp_path):
 
 
 def test_network_is_unreachable_and_attempts_are_counted(box):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    listener.settimeout(0.5)
-    port = listener.getsockname()[1]
-    try:
+    with local_listener(0.5) as (listener, port):
         result = box.run(["python", "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"])
         assert result.exit_code != 0 and "ConnectionRefusedError" in result.stderr
         assert result.network_attempts > 0
         with pytest.raises(socket.timeout):
             listener.accept()
-    finally:
-        listener.close()
     assert box.run(["true"]).network_attempts == 0
 
 

@@ -91,12 +91,3 @@ def test_curriculum_starts_easy_then_follows_the_weights():
     assert share_hard == pytest.approx(4 / 6, abs=0.05)
     first_half_mean = sum(levels[i] for i in order[:1000]) / 1000
     assert first_half_mean < sum(levels[i] for i in late) / len(late)
-
-
-def test_lm_pretraining_mode_puts_loss_on_observations_too(tiny_model_dir, conversation):
-    _, tokenizer = load_model(tiny_model_dir)
-    (masked,) = sft_examples(conversation, tokenizer)
-    (full,) = sft_examples(conversation, tokenizer, loss_on="all")
-    assert full["input_ids"] == masked["input_ids"]
-    assert all(label != -100 for label in full["labels"])
-    assert sum(label != -100 for label in masked["labels"]) < len(full["labels"])
