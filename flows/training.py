@@ -22,7 +22,7 @@ import envs  # noqa: F401  registers the built-in environments
 from envs.records import TrainingRun, content_hash
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
-DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4, copy_steps=1200)
+DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4, copy_steps=2400)
 
 
 def _now() -> str:
@@ -131,7 +131,7 @@ ARMS = ("sft", "sft_weighted", "sft_then_grpo")
 
 @flow(name="closed-loop", log_prints=True)
 def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", tasks: int = 2000, seed: int = 1,
-                mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 30,
+                mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 150,
                 train_seconds: float = 900, arms: list[str] | None = None, grpo_seconds: float = 180,
                 hyperparameters: dict[str, Any] | None = None, grpo_hyperparameters: dict[str, Any] | None = None,
                 base: dict[str, Any] | None = None) -> dict[str, Any]:

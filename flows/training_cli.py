@@ -85,7 +85,7 @@ def add_training_commands(sub) -> None:
     loop.add_argument("--family", default="inventory")
     loop.add_argument("--data-dir", default=".gymfoundry-loop")
     loop.add_argument("--tasks", type=int, default=2000)
-    loop.add_argument("--eval-limit", type=int, default=30)
+    loop.add_argument("--eval-limit", type=int, default=150)
     loop.add_argument("--train-seconds", type=float, default=900)
     loop.add_argument("--arms", default="sft,sft_weighted,sft_then_grpo",
                       help="comma-separated: sft (no step weights), sft_weighted, sft_then_grpo; each gets --train-seconds")

@@ -25,6 +25,7 @@ class Hyperparameters:
     max_length: int = 1024
     overlap_steps: int = 1          # SFT chunking: earlier steps repeated, masked, as context
     weighted: bool = True           # SFT: PRM step weights in the per-token loss
+    step_weight_temperature: float = 0.25  # SFT: a step's weight is exp(reward / this), mean-normalised
     curriculum: bool = False        # sample rows by difficulty, easy first, then mixed
     warmup_steps: int = 10
     seed: int = 0

@@ -3,7 +3,9 @@
 It reads the goal text and the tool results it is shown, nothing else. With probability
 `mistake_rate` per opportunity it makes a realistic mistake (a distractor sku, a reserve
 before authorising, one unit too many, giving up early, a repeated read) and sometimes
-notices and recovers."""
+notices and recovers. Its thoughts keep count ("Item 2 of 3: ..."): what to do next after a
+lookup or a reservation depends on how many goal items are done, and a model trained on these
+thoughts can read that count from its own last turn instead of recounting the conversation."""
 
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
         order_id = order.group(1)
 
         chosen: list[tuple[int, dict, str | None]] = []  # (quantity, picked item, sku of the exact name)
-        for quantity, name in items:
-            obs = yield self._say(f"Find the item named {name}.", "find_items", {"query": name})
+        for k, (quantity, name) in enumerate(items, 1):
+            obs = yield self._say(f"Item {k} of {len(items)}: find the item named {name}.", "find_items",
+                                  {"query": name})
             if self._mistake():  # repeated read
                 obs = yield self._say(f"Search again for {name}.", "find_items", {"query": name})
             candidates = (_result(obs) or {}).get("items", [])
@@ -68,7 +71,8 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
             if i > 0 and self._mistake():  # gives up early
                 break
             over = int(self._mistake())
-            obs = yield self._say(f"Reserve {quantity + over} of {pick['sku']}.", "reserve",
+            obs = yield self._say(f"Item {i + 1} of {len(chosen)}: reserve {quantity + over} of {pick['sku']}.",
+                                  "reserve",
                                   {"sku": pick["sku"], "quantity": quantity + over, "auth_token": token})
             made = _result(obs)
             wrong_item = exact_sku is not None and pick["sku"] != exact_sku
@@ -76,6 +80,6 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
                 yield self._say(f"{made['reservation_id']} is wrong; release it.", "release",
                                 {"reservation_id": made["reservation_id"]})
                 sku = exact_sku if wrong_item else pick["sku"]
-                yield self._say(f"Reserve {quantity} of {sku}.", "reserve",
+                yield self._say(f"Item {i + 1} of {len(chosen)}: reserve {quantity} of {sku}.", "reserve",
                                 {"sku": sku, "quantity": quantity, "auth_token": token})
-        yield self._say("All items are reserved.", "submit", {"status": "reserved"})
+        yield self._say(f"All {len(chosen)} items are reserved.", "submit", {"status": "reserved"})

@@ -3,9 +3,9 @@
 - Observation masking: the loss covers exactly the tokens inside the chat template's
   `{% generation %}` markers (assistant turns with their end-of-turn token); system, user and
   tool turns carry none. The mask comes from the template, never from re-tokenised prefixes.
-- Step-weighted loss: each assistant turn's tokens carry the weight of that step, from the
-  PRM step rewards, mean-normalised per rollout (so a rollout's weights average 1 and the loss
-  is never identically zero, even when every reward is 0).
+- Step-weighted loss: each assistant turn's tokens carry the weight of that step,
+  exp(reward / temperature) of its PRM step reward, mean-normalised per rollout (so a rollout's
+  weights average 1 and the loss is never identically zero, even when every reward is 0).
 - Trajectory chunking: a conversation longer than `max_length` is cut at step boundaries into
   chunks that each repeat the prompt (system + goal); a chunk may start with `overlap_steps`
   earlier steps as context, masked so that no step is trained twice.
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,17 +23,21 @@ import torch.nn.functional as F
 from trl import SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-MIN_STEP_WEIGHT = 0.05
+STEP_WEIGHT_TEMPERATURE = 0.25
 
 
-def step_weights(rewards: list[float], floor: float = MIN_STEP_WEIGHT) -> list[float]:
-    """Per-step loss weights of one rollout: rewards clipped below at `floor`, divided by
-    their mean. All-equal rewards give all ones."""
+def step_weights(rewards: list[float], temperature: float = STEP_WEIGHT_TEMPERATURE) -> list[float]:
+    """Per-step loss weights of one rollout: exp(reward / temperature) divided by their mean,
+    as advantage-weighted regression weighs actions. A neutral step (reward 0: a lookup that
+    moves no potential) keeps about the weight of an average step, progress weighs more, a
+    harmful step less; the order of the rewards is kept. All-equal rewards give all ones."""
     if not rewards:
         return []
-    clipped = [max(float(r), floor) for r in rewards]
-    mean = sum(clipped) / len(clipped)
-    return [c / mean for c in clipped]
+    if temperature <= 0:
+        raise ValueError(f"step weight temperature must be positive, not {temperature}")
+    exps = [math.exp(max(-30.0, min(30.0, float(r) / temperature))) for r in rewards]
+    mean = sum(exps) / len(exps)
+    return [e / mean for e in exps]
 
 
 def render_ids(tokenizer, messages: list[dict], tools: list[dict] | str | None) -> tuple[list[int], list[int]]:
@@ -56,7 +61,7 @@ def assistant_spans(mask: list[int]) -> list[tuple[int, int]]:
 
 
 def sft_examples(row: dict[str, Any], tokenizer, max_length: int | None = None, overlap_steps: int = 1,
-                 weighted: bool = True) -> list[dict[str, list]]:
+                 weighted: bool = True, temperature: float = STEP_WEIGHT_TEMPERATURE) -> list[dict[str, list]]:
     """Trainer-ready examples (`input_ids`, `labels`, `token_weights`) of one SFT row, chunked
     at step boundaries when the conversation exceeds `max_length`."""
     ids, mask = render_ids(tokenizer, row["messages"], row.get("tools"))
@@ -66,7 +71,7 @@ def sft_examples(row: dict[str, Any], tokenizer, max_length: int | None = None, 
         raise ValueError(f"template marked {len(spans)} assistant spans for {n_assistant} assistant turns")
     rewards = list(row.get("step_rewards") or [])
     if weighted and len(rewards) == len(spans):
-        weights = step_weights(rewards)
+        weights = step_weights(rewards, temperature)
     else:
         weights = [1.0] * len(spans)
     prefix_end = spans[0][0] if spans else len(ids)

@@ -1,7 +1,7 @@
 import torch
 
 from tasks.training.base_model import build_base_model, factory_texts, load_model
-from tasks.training.copy_pretraining import copy_sequences, recall_sequence, token_pools
+from tasks.training.copy_pretraining import copy_sequences, random_value, recall_sequence, token_pools
 
 
 def test_recall_labels_are_exactly_the_recalled_values(tiny_model_dir):
@@ -9,12 +9,18 @@ def test_recall_labels_are_exactly_the_recalled_values(tiny_model_dir):
 
     _, tokenizer = load_model(tiny_model_dir)
     pools = token_pools(tokenizer)
-    ids, labels = recall_sequence(pools, 96, random.Random(3))
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    ids, labels = recall_sequence(pools, 96, random.Random(3), encode)
     assert len(ids) == len(labels) == 96
     half = next(i for i, label in enumerate(labels) if label != -100)
     assert half >= 48  # nothing is predictable before the records are recalled
     labelled = [i for i, label in enumerate(labels) if label != -100]
-    assert all(labels[i] == ids[i] and ids[i] in pools["digits"] + pools["hex"] for i in labelled)
+    assert all(labels[i] == ids[i] for i in labelled)
+    # values are digit / hex strings as the tokenizer splits them, merges included
+    assert all(set(tokenizer.decode([ids[i]])) <= set("0123456789abcdef") for i in labelled)
     # every labelled value was shown earlier after the same key and dash
     text = ids[:half]
     for i in labelled:
@@ -48,3 +54,15 @@ def test_copy_pretraining_teaches_the_model_to_copy(tmp_path):
     metrics = pretrain_copying(model, tokenizer, str(tmp_path / "run"), steps=150, length=64, recall_share=0.0)
     assert metrics["steps"] == 150 and before > 5.0
     assert loss() < 4.0
+
+
+def test_recalled_values_use_the_tokenizers_merges(tiny_model_dir):
+    import random
+
+    _, tokenizer = load_model(tiny_model_dir)
+    rng = random.Random(0)
+    assert all(v.isdigit() or set(v) <= set("0123456789abcdef") for v in (random_value(rng) for _ in range(200)))
+    examples = copy_sequences(tokenizer, 40, length=96, seed=1, recall_share=1.0)
+    recalled = [tokenizer.decode([t]) for e in examples for t in e["labels"] if t != -100]
+    # hex strings become multi-letter merges (as ids and tokens do in agent data), not only single letters
+    assert any(len(t) > 1 for t in recalled) and all(set(t) <= set("0123456789abcdef") for t in recalled)

@@ -1,4 +1,5 @@
 import copy
+import math
 
 import pytest
 import torch
@@ -14,6 +15,16 @@ def test_step_weights_are_mean_normalised_and_never_all_zero():
     weights = step_weights([0.5, -1.0, 1.0])
     assert sum(weights) / 3 == pytest.approx(1.0) and min(weights) > 0
     assert weights[2] > weights[0] > weights[1]
+    # exp(r / 0.25), mean-normalised: exactly 2 / (1 + e) and 2e / (1 + e)
+    assert step_weights([0.0, 0.25]) == pytest.approx([2 / (1 + math.e), 2 * math.e / (1 + math.e)])
+    assert step_weights([0.0, 0.25], temperature=0.5) == pytest.approx(
+        [2 / (1 + math.e ** 0.5), 2 * math.e ** 0.5 / (1 + math.e ** 0.5)])
+
+
+def test_a_neutral_lookup_outweighs_a_harmful_step():
+    # A lookup moves no potential (reward 0); a wrong reservation undone later costs reward.
+    lookup, harmful, progress = step_weights([0.0, -0.36, 0.2])
+    assert progress > lookup > 2 * harmful and lookup > 0.5
 
 
 def test_labels_are_exactly_the_assistant_tokens_weighted_per_step(tiny_model_dir, conversation):
