@@ -89,7 +89,7 @@ def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any
     examples = []
     for row in load_rows(dataset):
         for ex in sft_examples(row, tokenizer, hp.max_length, hp.overlap_steps, hp.weighted,
-                                   hp.step_weight_temperature):
+                               hp.step_weight_temperature):
             examples.append({**ex, "difficulty": int(row.get("difficulty") or 1), "weight": row_weight(row)})
     if not examples:
         raise ValueError(f"no trainable SFT examples in {dataset}")
