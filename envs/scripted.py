@@ -14,12 +14,13 @@ from collections.abc import Generator
 
 class ScriptedPolicy:
     policy_id: str
+    script_version: str = "1"  # bump when what the script says or does changes
     max_turns: int = 40
 
     def __init__(self, mistake_rate: float = 0.2, seed: int = 0):
         self.mistake_rate = mistake_rate
         # The mistake rate is part of what the policy is: rollouts at other rates are other rollouts.
-        self.version = f"1+mistakes{mistake_rate:g}"
+        self.version = f"{self.script_version}+mistakes{mistake_rate:g}"
         self.seed = seed
         self.reset(seed)
 

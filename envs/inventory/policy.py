@@ -21,6 +21,7 @@ MAX_TURNS = 40
 
 class ScriptedInventoryPolicy(ScriptedPolicy):
     policy_id = "scripted-inventory"
+    script_version = "2"  # 2: thoughts keep count ("Item k of n")
     max_turns = MAX_TURNS
 
     def _final_call(self, reason: str) -> str:

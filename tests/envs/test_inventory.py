@@ -281,7 +281,20 @@ def test_scripted_policy_is_deterministic_and_emits_text_actions():
     b = [s.action_text for s in run_policy(task, ScriptedInventoryPolicy(0.3), 8)[0].steps]
     assert a == b and all(isinstance(t, str) and t.strip() for t in a)
     assert ScriptedInventoryPolicy.policy_id == "scripted-inventory"
-    assert ScriptedInventoryPolicy(0.25).version == "1+mistakes0.25" != ScriptedInventoryPolicy(0.1).version
+    assert ScriptedInventoryPolicy(0.25).version == "2+mistakes0.25" != ScriptedInventoryPolicy(0.1).version
+
+
+def test_scripted_thoughts_keep_count_of_the_goal_items():
+    task = next(t for s in range(100) if (t := generate_task(s, 5)).hidden.checks["approved"])
+    env, ts = run_policy(task, ScriptedInventoryPolicy(mistake_rate=0.0), 0)
+    assert ts.reward == 1.0
+    thoughts = [s.action_text.removeprefix("Thought: ").split("\n")[0] for s in env.steps]
+    names = [t["name"] for t in task.hidden.checks["targets"]]
+    assert len(names) == 3
+    assert [t for t in thoughts if "find the item" in t] == [
+        f"Item {k} of 3: find the item named {name}." for k, name in enumerate(names, 1)]
+    assert [t.split(":")[0] for t in thoughts if ": reserve" in t] == ["Item 1 of 3", "Item 2 of 3", "Item 3 of 3"]
+    assert thoughts[-1] == "All 3 items are reserved."
 
 
 def test_scripted_policy_acts_on_observation_text_alone():
