@@ -41,6 +41,10 @@ class Hyperparameters:
     slack_steps: int | None = 4      # GRPO: turns allowed beyond the reference length (as in evaluation)
     loss_type: str = "grpo"          # GRPO: TRL's loss_type ("grpo": mean per episode, then over episodes; "dapo", ...)
 
+    def __post_init__(self):
+        if self.step_weight_temperature <= 0:
+            raise ValueError(f"step_weight_temperature must be positive, not {self.step_weight_temperature}")
+
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> Hyperparameters:
         known = {f.name for f in fields(cls)}

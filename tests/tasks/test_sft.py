@@ -102,3 +102,10 @@ def test_curriculum_starts_easy_then_follows_the_weights():
     assert share_hard == pytest.approx(4 / 6, abs=0.05)
     first_half_mean = sum(levels[i] for i in order[:1000]) / 1000
     assert first_half_mean < sum(levels[i] for i in late) / len(late)
+
+
+def test_a_non_positive_step_weight_temperature_is_refused_before_training():
+    from tasks.train import Hyperparameters
+
+    with pytest.raises(ValueError, match="step_weight_temperature must be positive"):
+        Hyperparameters.from_dict({"step_weight_temperature": 0})
