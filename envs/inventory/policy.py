@@ -1,11 +1,15 @@
 """Scripted, observation-only policy for the inventory family.
 
-It reads the goal text and the tool results it is shown, nothing else. With probability
-`mistake_rate` per opportunity it makes a realistic mistake (a distractor sku, a reserve
-before authorising, one unit too many, giving up early, a repeated read) and sometimes
-notices and recovers. Its thoughts keep count ("Item 2 of 3: ..."): what to do next after a
-lookup or a reservation depends on how many goal items are done, and a model trained on these
-thoughts can read that count from its own last turn instead of recounting the conversation."""
+It reads the goal text and the tool results it is shown, nothing else. It does what the goal
+says in the order the goal says: authorise first, then find and reserve one goal item at a
+time, then submit. With probability `mistake_rate` per opportunity it makes a realistic
+mistake (a distractor sku, a reserve before authorising, one unit too many, giving up early,
+a repeated read) and sometimes notices and recovers.
+
+Its thoughts carry the plan forward one item at a time: "Need 2 x "red valve"." quotes the goal
+line being worked on, and each reservation names the goal line that comes next ("Next: 1 x
+"blue hinge"." or "Next: nothing."). Whether to go on or submit, and what to look for next,
+can then be read from the model's own last turn instead of being recounted from the goal."""
 
 from __future__ import annotations
 
@@ -18,10 +22,12 @@ GOAL_ORDER = re.compile(r"Order (ORD-\d+)")
 GOAL_ITEM = re.compile(r'^- (\d+) x "([a-z ]+)"$', re.MULTILINE)
 MAX_TURNS = 40
 
+Pick = tuple[dict | None, str | None]  # (the picked catalog item, the sku of the exact name)
+
 
 class ScriptedInventoryPolicy(ScriptedPolicy):
     policy_id = "scripted-inventory"
-    script_version = "2"  # 2: thoughts keep count ("Item k of n")
+    script_version = "3"  # 3: authorise first, one item at a time, "Next:" in thoughts
     max_turns = MAX_TURNS
 
     def _final_call(self, reason: str) -> str:
@@ -38,29 +44,15 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
             return
         order_id = order.group(1)
 
-        chosen: list[tuple[int, dict, str | None]] = []  # (quantity, picked item, sku of the exact name)
-        for k, (quantity, name) in enumerate(items, 1):
-            obs = yield self._say(f"Item {k} of {len(items)}: find the item named {name}.", "find_items",
-                                  {"query": name})
-            if self._mistake():  # repeated read
-                obs = yield self._say(f"Search again for {name}.", "find_items", {"query": name})
-            candidates = (_result(obs) or {}).get("items", [])
-            exact = next((c for c in candidates if c["name"] == name), None)
-            others = [c for c in candidates if c["name"] != name]
-            pick = exact or (candidates[0] if candidates else None)
-            if others and self._mistake():  # a distractor
-                pick = self.rng.choice(others)
-            if pick is None:
-                continue
-            yield self._say(f"Check stock of {pick['sku']}.", "get_stock", {"sku": pick["sku"]})
-            chosen.append((quantity, pick, exact["sku"] if exact else None))
+        found_early: Pick | None = None
+        if self._mistake():  # finds the first item and reserves before authorising; the refusal makes it authorise
+            quantity, name = items[0]
+            found_early = yield from self._find(quantity, name)
+            if found_early[0] is not None:
+                yield self._say(f'Reserve {quantity} x "{name}" as {found_early[0]["sku"]} right away.', "reserve",
+                                {"sku": found_early[0]["sku"], "quantity": quantity, "auth_token": ""})
 
-        if chosen and self._mistake():  # reserve before authorising; the refusal makes it authorise
-            quantity, pick, _ = chosen[0]
-            yield self._say("Reserve right away.", "reserve",
-                            {"sku": pick["sku"], "quantity": quantity, "auth_token": ""})
-
-        obs = yield self._say(f"Authorise order {order_id}.", "request_authorization", {"order_id": order_id})
+        obs = yield self._say(f"Authorise order {order_id} first.", "request_authorization", {"order_id": order_id})
         auth = _result(obs) or {}
         if auth.get("status") != "approved":
             yield self._say("Authorisation was denied; reserve nothing.", "submit",
@@ -68,19 +60,38 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
             return
         token = auth.get("auth_token", "")
 
-        for i, (quantity, pick, exact_sku) in enumerate(chosen):
-            if i > 0 and self._mistake():  # gives up early
+        for k, (quantity, name) in enumerate(items):
+            if k > 0 and self._mistake():  # gives up early
                 break
-            over = int(self._mistake())
-            obs = yield self._say(f"Item {i + 1} of {len(chosen)}: reserve {quantity + over} of {pick['sku']}.",
-                                  "reserve",
-                                  {"sku": pick["sku"], "quantity": quantity + over, "auth_token": token})
-            made = _result(obs)
-            wrong_item = exact_sku is not None and pick["sku"] != exact_sku
-            if made and (over or wrong_item) and self.rng.random() < 0.5:  # notices and recovers
-                yield self._say(f"{made['reservation_id']} is wrong; release it.", "release",
-                                {"reservation_id": made["reservation_id"]})
-                sku = exact_sku if wrong_item else pick["sku"]
-                yield self._say(f"Item {i + 1} of {len(chosen)}: reserve {quantity} of {sku}.", "reserve",
-                                {"sku": sku, "quantity": quantity, "auth_token": token})
-        yield self._say(f"All {len(chosen)} items are reserved.", "submit", {"status": "reserved"})
+            pick, exact_sku = found_early if k == 0 and found_early else (yield from self._find(quantity, name))
+            if pick is None:
+                continue
+            upcoming = f'{items[k + 1][0]} x "{items[k + 1][1]}"' if k + 1 < len(items) else "nothing"
+            yield from self._reserve(quantity, name, pick, exact_sku, token, upcoming)
+        yield self._say("All items are reserved.", "submit", {"status": "reserved"})
+
+    def _find(self, quantity: int, name: str) -> Generator[str, str, Pick]:
+        obs = yield self._say(f'Need {quantity} x "{name}".', "find_items", {"query": name})
+        if self._mistake():  # repeated read
+            obs = yield self._say(f'Search again for "{name}".', "find_items", {"query": name})
+        candidates = (_result(obs) or {}).get("items", [])
+        exact = next((c for c in candidates if c["name"] == name), None)
+        others = [c for c in candidates if c["name"] != name]
+        pick = exact or (candidates[0] if candidates else None)
+        if others and self._mistake():  # a distractor
+            pick = self.rng.choice(others)
+        return pick, exact["sku"] if exact else None
+
+    def _reserve(self, quantity: int, name: str, pick: dict, exact_sku: str | None, token: str,
+                 upcoming: str) -> Generator[str, str, None]:
+        over = int(self._mistake())
+        obs = yield self._say(f'Reserve {quantity + over} x "{name}" as {pick["sku"]}. Next: {upcoming}.', "reserve",
+                              {"sku": pick["sku"], "quantity": quantity + over, "auth_token": token})
+        made = _result(obs)
+        wrong_item = exact_sku is not None and pick["sku"] != exact_sku
+        if made and (over or wrong_item) and self.rng.random() < 0.5:  # notices and recovers
+            yield self._say(f"{made['reservation_id']} is wrong; release it.", "release",
+                            {"reservation_id": made["reservation_id"]})
+            sku = exact_sku if wrong_item else pick["sku"]
+            yield self._say(f'Reserve {quantity} x "{name}" as {sku}. Next: {upcoming}.', "reserve",
+                            {"sku": sku, "quantity": quantity, "auth_token": token})

@@ -281,20 +281,23 @@ def test_scripted_policy_is_deterministic_and_emits_text_actions():
     b = [s.action_text for s in run_policy(task, ScriptedInventoryPolicy(0.3), 8)[0].steps]
     assert a == b and all(isinstance(t, str) and t.strip() for t in a)
     assert ScriptedInventoryPolicy.policy_id == "scripted-inventory"
-    assert ScriptedInventoryPolicy(0.25).version == "2+mistakes0.25" != ScriptedInventoryPolicy(0.1).version
+    assert ScriptedInventoryPolicy(0.25).version == "3+mistakes0.25" != ScriptedInventoryPolicy(0.1).version
 
 
-def test_scripted_thoughts_keep_count_of_the_goal_items():
+def test_scripted_thoughts_carry_the_next_goal_line():
     task = next(t for s in range(100) if (t := generate_task(s, 5)).hidden.checks["approved"])
     env, ts = run_policy(task, ScriptedInventoryPolicy(mistake_rate=0.0), 0)
     assert ts.reward == 1.0
     thoughts = [s.action_text.removeprefix("Thought: ").split("\n")[0] for s in env.steps]
-    names = [t["name"] for t in task.hidden.checks["targets"]]
-    assert len(names) == 3
-    assert [t for t in thoughts if "find the item" in t] == [
-        f"Item {k} of 3: find the item named {name}." for k, name in enumerate(names, 1)]
-    assert [t.split(":")[0] for t in thoughts if ": reserve" in t] == ["Item 1 of 3", "Item 2 of 3", "Item 3 of 3"]
-    assert thoughts[-1] == "All 3 items are reserved."
+    targets = task.hidden.checks["targets"]
+    lines = [f'{t["quantity"]} x "{t["name"]}"' for t in targets]
+    assert len(lines) == 3
+    calls = [s.tool_call.name for s in env.steps]
+    assert calls == ["request_authorization"] + ["find_items", "reserve"] * 3 + ["submit"]
+    assert thoughts[1::2][:3] == [f"Need {line}." for line in lines]
+    assert thoughts[2::2][:3] == [f"Reserve {line} as {t['sku']}. Next: {upcoming}."
+                                  for line, t, upcoming in zip(lines, targets, lines[1:] + ["nothing"])]
+    assert thoughts[-1] == "All items are reserved."
 
 
 def test_scripted_policy_acts_on_observation_text_alone():
@@ -306,15 +309,13 @@ def test_scripted_policy_acts_on_observation_text_alone():
     def call(text):
         return json.loads(re.search(r"\{.*\}", text, re.DOTALL).group(0))
 
-    assert call(policy.act(goal)) == {"name": "find_items", "arguments": {"query": "blue widget"}}
-    found = {"tool": "find_items", "ok": True, "result": {"query": "blue widget", "items": [
-        {"sku": "SKU-200", "name": "blue widget xl"}, {"sku": "SKU-201", "name": "blue widget"}]}}
-    assert call(policy.act(json.dumps(found))) == {"name": "get_stock", "arguments": {"sku": "SKU-201"}}
-    stock = {"tool": "get_stock", "ok": True, "result": {"sku": "SKU-201", "name": "blue widget", "available": 5}}
-    assert call(policy.act(json.dumps(stock)))["name"] == "request_authorization"
+    assert call(policy.act(goal)) == {"name": "request_authorization", "arguments": {"order_id": "ORD-12345"}}
     auth = {"tool": "request_authorization", "ok": True,
             "result": {"order_id": "ORD-12345", "status": "approved", "auth_token": "AUTH-abc"}}
-    assert call(policy.act(json.dumps(auth))) == {
+    assert call(policy.act(json.dumps(auth))) == {"name": "find_items", "arguments": {"query": "blue widget"}}
+    found = {"tool": "find_items", "ok": True, "result": {"query": "blue widget", "items": [
+        {"sku": "SKU-200", "name": "blue widget xl"}, {"sku": "SKU-201", "name": "blue widget"}]}}
+    assert call(policy.act(json.dumps(found))) == {
         "name": "reserve", "arguments": {"sku": "SKU-201", "quantity": 2, "auth_token": "AUTH-abc"}}
     reserved = {"tool": "reserve", "ok": True, "result": {"reservation_id": "R-1", "sku": "SKU-201", "quantity": 2}}
     assert call(policy.act(json.dumps(reserved))) == {"name": "submit", "arguments": {"status": "reserved"}}

@@ -128,8 +128,9 @@ def test_dataset_rows_are_deduplicated_by_content(built, tmp_path):
     sft = dataset_rows(result)["sft"]
     with Warehouse(copy) as wh:
         (original,) = wh.load_rollouts("rollout_id = ?", [sft[0]["rollout_id"]])
-        twin = type(original).model_validate({**original.model_dump(), "rollout_id": "", "seed": original.seed + 1})
-        wh.land(rollouts=[twin]).checked()  # same steps, another seed: the same SFT row
+        # Same steps under a seed no other rollout has (seed + 1 may be the task's second sample).
+        twin = type(original).model_validate({**original.model_dump(), "rollout_id": "", "seed": original.seed + 10**6})
+        wh.land(rollouts=[twin]).checked()
     again = assemble_datasets(copy, FAMILIES)
     assert again["sft"]["rows"] == result["sft"]["rows"] and again["sft"]["dropped"]["duplicate_rows"] == 1
     assert len({r["row_id"] for r in dataset_rows(again)["sft"]}) == again["sft"]["rows"]
