@@ -28,7 +28,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_factory.py
 
-# The closed loop (about 20 minutes on 2 CPU cores; not part of `make test`).
+# The closed loop (about 70 minutes on 2 CPU cores; not part of `make test`).
 loop: $(STAMP)
 	$(BIN)/gymfoundry loop --data-dir .gymfoundry-loop
 
