@@ -6,9 +6,9 @@ time, then submit. With probability `mistake_rate` per opportunity it makes a re
 mistake (a distractor sku, a reserve before authorising, one unit too many, giving up early,
 a repeated read) and sometimes notices and recovers.
 
-Its thoughts carry the plan forward one item at a time: "Need 2 x "red valve"." quotes the goal
-line being worked on, and each reservation names the goal line that comes next ("Next: 1 x
-"blue hinge"." or "Next: nothing."). Whether to go on or submit, and what to look for next,
+Its thoughts carry the plan forward one item at a time: `Need 2 x "red valve".` quotes the goal
+line being worked on, and each reservation names the goal line that comes next (`Next: 1 x
+"blue hinge".` or `Next: nothing.`). Whether to go on or submit, and what to look for next,
 can then be read from the model's own last turn instead of being recounted from the goal."""
 
 from __future__ import annotations
