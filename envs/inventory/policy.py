@@ -49,7 +49,7 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
             quantity, name = items[0]
             found_early = yield from self._find(quantity, name)
             if found_early[0] is not None:
-                yield self._say(f'Reserve {quantity} x "{name}" as {found_early[0]["sku"]} right away.', "reserve",
+                yield self._say(f"Reserve {_line(quantity, name)} as {found_early[0]['sku']} right away.", "reserve",
                                 {"sku": found_early[0]["sku"], "quantity": quantity, "auth_token": ""})
 
         obs = yield self._say(f"Authorise order {order_id} first.", "request_authorization", {"order_id": order_id})
@@ -66,12 +66,12 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
             pick, exact_sku = found_early if k == 0 and found_early else (yield from self._find(quantity, name))
             if pick is None:
                 continue
-            upcoming = f'{items[k + 1][0]} x "{items[k + 1][1]}"' if k + 1 < len(items) else "nothing"
+            upcoming = _line(*items[k + 1]) if k + 1 < len(items) else "nothing"
             yield from self._reserve(quantity, name, pick, exact_sku, token, upcoming)
         yield self._say("All items are reserved.", "submit", {"status": "reserved"})
 
     def _find(self, quantity: int, name: str) -> Generator[str, str, Pick]:
-        obs = yield self._say(f'Need {quantity} x "{name}".', "find_items", {"query": name})
+        obs = yield self._say(f"Need {_line(quantity, name)}.", "find_items", {"query": name})
         if self._mistake():  # repeated read
             obs = yield self._say(f'Search again for "{name}".', "find_items", {"query": name})
         candidates = (_result(obs) or {}).get("items", [])
@@ -85,7 +85,7 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
     def _reserve(self, quantity: int, name: str, pick: dict, exact_sku: str | None, token: str,
                  upcoming: str) -> Generator[str, str, None]:
         over = int(self._mistake())
-        obs = yield self._say(f'Reserve {quantity + over} x "{name}" as {pick["sku"]}. Next: {upcoming}.', "reserve",
+        obs = yield self._say(f"Reserve {_line(quantity + over, name)} as {pick['sku']}. Next: {upcoming}.", "reserve",
                               {"sku": pick["sku"], "quantity": quantity + over, "auth_token": token})
         made = _result(obs)
         wrong_item = exact_sku is not None and pick["sku"] != exact_sku
@@ -93,5 +93,10 @@ class ScriptedInventoryPolicy(ScriptedPolicy):
             yield self._say(f"{made['reservation_id']} is wrong; release it.", "release",
                             {"reservation_id": made["reservation_id"]})
             sku = exact_sku if wrong_item else pick["sku"]
-            yield self._say(f'Reserve {quantity} x "{name}" as {sku}. Next: {upcoming}.', "reserve",
+            yield self._say(f"Reserve {_line(quantity, name)} as {sku}. Next: {upcoming}.", "reserve",
                             {"sku": sku, "quantity": quantity, "auth_token": token})
+
+
+def _line(quantity: int, name: str) -> str:
+    """A goal item as the goal writes it (without the leading dash): `2 x "red valve"`."""
+    return f'{quantity} x "{name}"'

@@ -300,6 +300,16 @@ def test_scripted_thoughts_carry_the_next_goal_line():
     assert thoughts[-1] == "All items are reserved."
 
 
+def test_a_scripted_reserve_before_authorising_is_refused_then_redone_without_searching_again():
+    runs = [run_policy(generate_task(seed, 1), ScriptedInventoryPolicy(0.3, seed), seed) for seed in range(60)]
+    early = [env.steps for env, _ in runs if env.steps[1].tool_call.name == "reserve"]
+    assert early
+    for steps in early:
+        assert [s.tool_call.name for s in steps[:4]] == ["find_items", "reserve", "request_authorization", "reserve"]
+        assert steps[1].error == "not_authorized" and steps[3].error is None
+        assert steps[3].tool_call.arguments["sku"] == steps[1].tool_call.arguments["sku"]
+
+
 def test_scripted_policy_acts_on_observation_text_alone():
     goal = ('Order ORD-12345 (amount 700.01) needs these items reserved:\n- 2 x "blue widget"\n'
             'Get the order authorised first.')
