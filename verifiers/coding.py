@@ -1,29 +1,40 @@
 """Outcome verifier (the grader) and progress potential of the coding family.
 
-Grading copies the submitted workspace into a fresh sandbox the agent never touched, with
-the hidden tests and the original visible tests as read-only support files beside it, and
-runs them there. The runner reports its verdicts behind a nonce read from stdin, so output
-printed by the submitted code cannot pose as the report.
+The verdict is computed here, in a process that never imports or runs the submitted code.
+The examiner (envs/coding/examiner.py) rewrites the hidden tests and the original visible
+tests so that they observe values instead of asserting expected ones; the observer runs them
+with `python -I` in a fresh sandbox holding the submission and returns plain data, which is
+parsed defensively and compared with the observations of the same tests on the task's original
+files (a separate sandbox, once per task). A test passes iff it ran to completion and its
+observations equal the reference exactly, so nothing the submitted code prints, patches, reads,
+writes or exits with can pass a test: it never holds the expected values.
 
 Reported separately: completion (every hidden test passes), regression (a hidden or visible
-test that passed on the buggy snapshot fails now), constraint violations (test files
-changed, network reached for, writes outside the workspace attempted), side effects (files
-added or removed). A grading sandbox that cannot run is a failed `env_fault` check and a
-test run past its time limit a failed `timeout` check: the factory classifies by them."""
+test that passed on the buggy snapshot fails now, by the same comparison), constraint
+violations (test files changed, network reached for, writes outside the workspace attempted),
+side effects (files added or removed; a count and the first names).
+
+Attribution by boundary, never by text the submitted code could print: a sandbox that cannot
+start or run, or a grading sandbox that cannot run the tests on the original files (checked
+again in a fresh sandbox whenever a submission's run is incomplete), is a failed `env_fault`
+check. Submitted code that crashes the run, exits early (127 included) or hangs it past the time
+limit is a model failure: the hidden tests fail, with the reason."""
 
 from __future__ import annotations
 
-import json
-import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.coding import examiner
+from envs.coding.examiner import Observed
 from envs.coding.generator import apply_edits
-from envs.coding.world import RUNNER_SOURCE, CodingEnv, sandbox_limits
+from envs.coding.world import CodingEnv, sandbox_limits
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from envs.sandbox import SandboxError, create_sandbox
+from envs.sandbox import CommandResult, SandboxError, create_sandbox
 from verifiers.base import OutcomeVerifier, calls_of
+
+MAX_NAMED = 20  # file names listed in a reason; the rest are counted
 
 
 @dataclass
@@ -32,7 +43,7 @@ class Grade:
     timed_out: bool = False
     env_fault: str | None = None
     network_attempts: int = 0
-    problem: str | None = None  # why there is no complete report (the code crashed the run, ...)
+    problem: str | None = None  # why the run is incomplete (the code crashed it, exited, hung, ...)
 
     def failing(self, prefix: str) -> list[str]:
         return sorted(t for t, ok in self.results.items() if t.startswith(prefix) and not ok)
@@ -41,44 +52,114 @@ class Grade:
         return {t for t, ok in self.results.items() if t.startswith(prefix) and ok}
 
 
-def grade(task: TaskSpec, files: dict[str, str], backend: str | None = None,
-          allow_unsafe: bool | None = None) -> Grade:
-    """Run the hidden tests and the original visible tests against `files` in a fresh sandbox."""
+@dataclass(frozen=True)
+class Exam:
+    """The rewritten tests of a task (support files of the grading sandbox), their test ids,
+    and the reference observations on the original files."""
+
+    support: dict[str, str]
+    test_ids: frozenset[str]
+    reference: dict[str, Observed]
+
+
+def exam_support(task: TaskSpec) -> tuple[dict[str, str], frozenset[str]]:
     checks = task.hidden.checks
-    support = {"runner.py": RUNNER_SOURCE}
-    support.update({f"hidden/{name}": src for name, src in checks["hidden_tests"].items()})
-    support.update({f"visible/{path.rsplit('/', 1)[-1]}": src for path, src in checks["visible_tests"].items()})
+    sources = {f"hidden/{name}": src for name, src in checks["hidden_tests"].items()}
+    sources.update({f"visible/{path.rsplit('/', 1)[-1]}": src for path, src in checks["visible_tests"].items()})
+    support, ids = {"observer.py": examiner.OBSERVER_SOURCE}, set()
+    for name, source in sources.items():
+        support[name], tests = examiner.rewrite(source)
+        ids.update(f"{name}::{t}" for t in tests)
+    return support, frozenset(ids)
+
+
+def original_files(task: TaskSpec) -> dict[str, str]:
+    """The task's package before its bugs were injected (the inverse edits of its bug sites)."""
+    bugs = task.hidden.checks["bugs"]
+    edits = [ToolCall(name="edit_file", arguments={"path": b["file"], "old": b["buggy"], "new": b["original"]})
+             for b in bugs]
+    files = apply_edits(task.initial_state["files"], edits)
+    if files is None:
+        raise ValueError(f"task {task.task_id}: the bug sites do not invert to the original files")
+    return files
+
+
+def observe(task: TaskSpec, files: dict[str, str], support: dict[str, str], backend: str | None,
+            allow_unsafe: bool | None) -> CommandResult:
+    """Run the rewritten tests on `files` in a fresh sandbox (SandboxError when it cannot run)."""
     limits = sandbox_limits(task)
-    nonce = secrets.token_hex(16)
+    with create_sandbox(files, support, limits, backend, allow_unsafe) as box:
+        root = box.support_dir
+        return box.run(["python", "-I", f"{root}/observer.py", box.workdir, f"hidden={root}/hidden",
+                        f"visible={root}/visible"], timeout_s=limits.wall_s)
+
+
+def _incomplete(result: CommandResult, seen: set[str], ids: frozenset[str]) -> bool:
+    return result.timed_out or result.exit_code != 0 or not ids <= seen
+
+
+_EXAMS: dict[str, Exam] = {}
+_BASELINES: dict[str, Grade] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def exam(task: TaskSpec, backend: str | None = None, allow_unsafe: bool | None = None,
+         fresh: bool = False) -> Exam | str:
+    """The task's exam, its reference run cached per task and process; or why the grading
+    sandbox cannot run the tests on the original files (an environment fault: no submitted
+    code is involved). `fresh` runs the reference again in a new sandbox."""
+    with _CACHE_LOCK:
+        cached = None if fresh else _EXAMS.get(task.task_id)
+    if cached is not None:
+        return cached
+    support, ids = exam_support(task)
     try:
-        with create_sandbox(files, support, limits, backend, allow_unsafe) as box:
-            root = box.support_dir
-            result = box.run(["python", f"{root}/runner.py", f"{root}/hidden", f"{root}/visible", "--report"],
-                             timeout_s=limits.wall_s, stdin=(nonce + "\n").encode())
+        result = observe(task, original_files(task), support, backend, allow_unsafe)
     except SandboxError as exc:
-        return Grade(env_fault=f"grading sandbox failed: {exc}")
-    out = Grade(timed_out=result.timed_out, network_attempts=result.network_attempts)
-    if result.exit_code == 127 and "not found" in result.stderr:
-        out.env_fault = f"grading sandbox has no Python interpreter: {result.stderr.strip()[-200:]}"
-        return out
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith(nonce + " "):
-            out.results = {t: bool(ok) for t, ok in json.loads(line[len(nonce) + 1:]).items()}
-            break
-    else:
-        limits_hit = f"; limits hit: {', '.join(result.limits_hit)}" if result.limits_hit else ""
-        out.problem = (f"the test run ended without a report (exit code {result.exit_code}{limits_hit}): "
-                       f"{result.stderr.strip()[-300:]}")
+        return f"grading sandbox failed: {exc}"
+    reference, _ = examiner.parse_report(result.stdout, set(ids))
+    if _incomplete(result, set(reference), ids):
+        return (f"the grading sandbox could not run the tests on the task's original files (exit code "
+                f"{result.exit_code}{', timed out' if result.timed_out else ''}): {result.stderr.strip()[-300:]}")
+    out = Exam(support, ids, reference)
+    with _CACHE_LOCK:
+        _EXAMS[task.task_id] = out
     return out
 
 
-_BASELINES: dict[str, Grade] = {}
-_BASELINE_LOCK = threading.Lock()
+def grade(task: TaskSpec, files: dict[str, str], backend: str | None = None,
+          allow_unsafe: bool | None = None) -> Grade:
+    """Observe the hidden and original visible tests on `files` and compare with the reference."""
+    ready = exam(task, backend, allow_unsafe)
+    if isinstance(ready, str):
+        return Grade(env_fault=ready)
+    try:
+        result = observe(task, files, ready.support, backend, allow_unsafe)
+    except SandboxError as exc:
+        return Grade(env_fault=f"grading sandbox failed: {exc}")
+    got, modules = examiner.parse_report(result.stdout, set(ready.test_ids))
+    out = Grade(results={t: examiner.passes(ready.reference.get(t), got.get(t)) for t in sorted(ready.test_ids)},
+                timed_out=result.timed_out, network_attempts=result.network_attempts)
+    if _incomplete(result, set(got), ready.test_ids):
+        again = exam(task, backend, allow_unsafe, fresh=True)  # is it the sandbox? ask it without the submission
+        if isinstance(again, str):
+            return Grade(env_fault=again, network_attempts=result.network_attempts)
+        out.problem = _why_incomplete(task, result, modules)
+    return out
+
+
+def _why_incomplete(task: TaskSpec, result: CommandResult, modules: dict[str, str]) -> str:
+    if result.timed_out:
+        return f"the tests ran past their {sandbox_limits(task).wall_s:g}s limit and were killed"
+    hits = f"; limits hit: {', '.join(result.limits_hit)}" if result.limits_hit else ""
+    imports = "".join(f"; {m} could not be imported ({e})" for m, e in sorted(modules.items())[:5])
+    return (f"the test run ended without a complete report (exit code {result.exit_code}{hits}{imports}): "
+            f"{result.stderr.strip()[-300:]}")
 
 
 class CodingVerifier(OutcomeVerifier):
     verifier_id = "coding-outcome"
-    version = "1"
+    version = "2"  # 2: observations compared with the original files' (no verdict from the examinee)
 
     def __init__(self, backend: str | None = None, allow_unsafe: bool | None = None):
         self.backend = backend
@@ -86,22 +167,29 @@ class CodingVerifier(OutcomeVerifier):
 
     def baseline(self, task: TaskSpec) -> Grade:
         """The tests on the untouched (buggy) snapshot, once per task and process."""
-        with _BASELINE_LOCK:
+        with _CACHE_LOCK:
             cached = _BASELINES.get(task.task_id)
         if cached is None:
             cached = grade(task, task.initial_state["files"], self.backend, self.allow_unsafe)
             if cached.env_fault is None:
-                with _BASELINE_LOCK:
+                with _CACHE_LOCK:
                     _BASELINES[task.task_id] = cached
         return cached
 
     def precondition(self, task: TaskSpec) -> str | None:
-        """A task is an exercise only if its bugs make a hidden test fail on the initial snapshot."""
+        """A task is an exercise only if every test runs cleanly on the original files and its
+        bugs make a hidden test fail on the initial snapshot."""
+        ready = exam(task, self.backend, self.allow_unsafe)
+        if isinstance(ready, str):
+            return f"could not run the tests on the original files: {ready}"
+        unclean = sorted(t for t, seen in ready.reference.items() if seen.end != "ok")
+        if unclean:
+            return f"tests end with an exception on the original files: {', '.join(unclean[:5])}"
         base = self.baseline(task)
         if base.env_fault:
             return f"could not run the hidden tests on the initial snapshot: {base.env_fault}"
-        if base.timed_out or base.problem:
-            return f"the hidden tests do not run cleanly on the initial snapshot: {base.problem or 'timed out'}"
+        if base.problem:
+            return f"the hidden tests do not run cleanly on the initial snapshot: {base.problem}"
         if not base.failing("hidden/"):
             return "no hidden test fails on the initial snapshot: the injected bug is not caught by the hidden tests"
         return None
@@ -137,25 +225,21 @@ class CodingVerifier(OutcomeVerifier):
 
     def _judge(self, task: TaskSpec, result: Grade, checks: dict[str, CheckResult],
                reasons: list[str]) -> tuple[bool, bool]:
-        expected_hidden = {f"hidden/{name}" for name in task.hidden.checks["hidden_tests"]}
-        hidden_failing = result.failing("hidden/")
-        if result.timed_out:
-            checks["timeout"] = CheckResult(passed=False, reasons=[
-                f"the tests ran past their {sandbox_limits(task).wall_s:g}s limit and were killed"])
-            reasons += checks["timeout"].reasons
-        elif result.problem:
-            reasons.append(result.problem)
-        ran = {t.split("::")[0] for t in result.results}
-        completed = bool(result.results) and not hidden_failing and expected_hidden <= ran and not result.timed_out
-        checks["hidden_tests"] = CheckResult(passed=completed, reasons=[f"fails {t}" for t in hidden_failing])
-        checks["visible_tests"] = CheckResult(passed=bool(result.results) and not result.failing("visible/"),
-                                              reasons=[f"fails {t}" for t in result.failing("visible/")])
-        reasons += [f"hidden test fails: {t}" for t in hidden_failing]
+        hidden_failing, visible_failing = result.failing("hidden/"), result.failing("visible/")
+        incomplete = [result.problem] if result.problem else []
+        completed = bool(result.results) and not hidden_failing and not incomplete
+        checks["hidden_tests"] = CheckResult(passed=completed, reasons=incomplete + [f"fails {t}" for t in hidden_failing])
+        checks["visible_tests"] = CheckResult(passed=bool(result.results) and not visible_failing and not incomplete,
+                                              reasons=[f"fails {t}" for t in visible_failing])
+        reasons += incomplete + [f"hidden test fails: {t}" for t in hidden_failing]
+        if incomplete:  # the run did not finish: failing tests say so, not which worked before
+            return False, False
         base = self.baseline(task)
+        if base.env_fault is not None:
+            return completed, False
         broken = sorted((base.passing("hidden/") | base.passing("visible/")) - result.passing(""))
-        if base.env_fault is None and broken and result.results:
-            reasons += [f"regression: {t} passed before the changes and fails now" for t in broken]
-        return completed, bool(broken and result.results and base.env_fault is None)
+        reasons += [f"regression: {t} passed before the changes and fails now" for t in broken]
+        return completed, bool(broken)
 
     # -- progress potential (the rule layer's input) ----------------------------------
     def potential(self, task: TaskSpec, files: dict[str, str], submitted: bool) -> float:
@@ -206,7 +290,7 @@ def constraint_violations(task: TaskSpec, state: dict[str, Any]) -> list[str]:
         now = {p: s for p, s in submission.items() if p.startswith(test_dir + "/")}
         changed = sorted(p for p in set(original) | set(now) if original.get(p) != now.get(p))
         if changed:
-            out.append(f"changed test files: {', '.join(changed)}")
+            out.append(f"changed test files: {named(changed)}")
     for event in state.get("events", []):
         if event.get("network_attempts"):
             out.append(f"call {event['seq']} ({event['tool']}) tried to reach the network "
@@ -216,16 +300,28 @@ def constraint_violations(task: TaskSpec, state: dict[str, Any]) -> list[str]:
     if submission is None:
         edited = sorted({e["path"] for e in state.get("events", []) if e.get("test_file") and e.get("outcome") == "ok"})
         if edited:
-            out.append(f"changed test files: {', '.join(edited)}")
+            out.append(f"changed test files: {named(edited)}")
     return out
 
 
+def named(paths: list[str], limit: int = MAX_NAMED) -> str:
+    """The first `limit` names and a count of the rest: an outcome record's size must not grow
+    with the number of files an agent creates."""
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more
+
+
 def _side_effects(task: TaskSpec, submission: dict[str, str]) -> list[str]:
+    """At most MAX_NAMED entries per kind, then one line counting the rest."""
     original = set(task.initial_state["files"])
     test_dir = task.hidden.checks["test_dir"] + "/"
-    added = sorted(p for p in set(submission) - original if not p.startswith(test_dir))
-    removed = sorted(p for p in original - set(submission) if not p.startswith(test_dir))
-    return [f"added {p}" for p in added] + [f"removed {p}" for p in removed]
+    out = []
+    for verb, paths in (("added", set(submission) - original), ("removed", original - set(submission))):
+        paths = sorted(p for p in paths if not p.startswith(test_dir))
+        out += [f"{verb} {p}" for p in paths[:MAX_NAMED]]
+        if len(paths) > MAX_NAMED:
+            out.append(f"{verb} {len(paths) - MAX_NAMED} more files ({len(paths)} in all)")
+    return out
 
 
 def replay(task: TaskSpec, calls: list[ToolCall | None]) -> dict[str, Any]:

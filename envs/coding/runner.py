@@ -1,15 +1,14 @@
-"""Test runner of the coding family. It runs inside the sandbox and needs only the stdlib.
+"""Test runner of the coding family's `run_tests` tool. It runs inside the sandbox and needs only the stdlib.
 
-    python runner.py DIR_OR_FILE [...] [--report]
+    python runner.py DIR_OR_FILE [...]
 
 Imports every test_*.py in each DIR (sorted), or the given test file, with the working directory on sys.path, calls
 each top-level function named test_*, and prints one line per test plus a summary. A
-failing plain `assert a == b` also shows both sides. With --report it first reads a nonce
-from stdin and ends with `<nonce> <json>`: every test's verdict, for the grader."""
+failing plain `assert a == b` also shows both sides. It is for the agent to read; grading never
+depends on it (verifiers/coding.py compares observations, see envs/coding/examiner.py)."""
 
 import ast
 import importlib.util
-import json
 import linecache
 import os
 import sys
@@ -97,14 +96,9 @@ def run(directories):
 
 
 def main(argv):
-    report = "--report" in argv
-    directories = [a for a in argv if a != "--report"]
-    nonce = sys.stdin.readline().strip() if report else None
     sys.path.insert(0, os.getcwd())
     sys.stdout.reconfigure(line_buffering=True)
-    results = run(directories)
-    if report:
-        print(f"{nonce} {json.dumps(results, sort_keys=True)}", flush=True)
+    results = run(argv)
     return 0 if results and all(results.values()) else 1
 
 

@@ -1,0 +1,130 @@
+"""The coding grader's examiner: trusted, host side, never imports or runs submitted code.
+
+The verdict on a submission is never computed where the submission runs. The examiner
+rewrites each test module with `ast` so that it asks questions without holding the answers:
+
+- every `assert` becomes observations of its operands: both sides of each comparison, the
+  operand of `not`, each operand of `and`/`or`, or the asserted expression itself. Operands
+  that are literals (anything `ast.literal_eval` accepts) are dropped, with the assert's message
+  and the `not`, so the expected constants never reach the examinee's copy;
+- every bare call in the body of a `try` (a helper such as `raises(exc, fn, *args)`) is observed
+  too, its exception recorded and re-raised, so such a test records what the package did (a
+  value or an exception type) beneath the helper's True/False;
+- everything else (imports, helpers, setup statements, loops) stays as it is.
+
+envs/coding/observer.py runs the rewritten tests in a sandbox and prints the observations. The
+same rewritten tests run once per task on the task's original files (trusted template code)
+give the reference. A test passes iff its run ended normally and its observations equal the
+reference exactly: value for value, in order, exact builtin types. This is stricter than the
+asserts: `x < 5` needs the reference's `x`, not any `x` below 5; `1.0` is not `1`.
+
+Limits: an expected value a test computes in a setup statement (`want = f(); assert g() == want`)
+is an input and reaches the examinee; an observation whose expected value the test's shape gives
+away (a bare predicate is usually True) is only as strong as that, which is why the operands
+beneath predicates are observed."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+OBSERVER_SOURCE = Path(__file__).with_name("observer.py").read_text(encoding="utf-8")
+RECORDER = "__gf__"
+VALUE, EXC = "__gf_value__", "__gf_exc__"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """How one test ended in one run ("ok" or an exception's type) and what it observed."""
+
+    end: str
+    obs: tuple[str, ...] = ()
+
+
+def rewrite(source: str) -> tuple[str, list[str]]:
+    """The examinee's copy of a test module, and the names of its top-level test functions."""
+    tree = _Rewriter().visit(ast.parse(source))
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.name.startswith("test_")]
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n", sorted(set(names))
+
+
+class _Rewriter(ast.NodeTransformer):
+    def visit_Assert(self, node: ast.Assert) -> list[ast.stmt] | ast.stmt:
+        return [_observe(e, reraise=False) for e in _operands(node.test)] or ast.Pass()
+
+    def visit_Try(self, node: ast.Try) -> ast.Try:
+        self.generic_visit(node)
+        node.body = [_observe(s.value, reraise=True) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                     else s for s in node.body]
+        return node
+
+
+def _operands(test: ast.expr) -> list[ast.expr]:
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _operands(test.operand)
+    if isinstance(test, ast.BoolOp):
+        return [o for value in test.values for o in _operands(value)]
+    if isinstance(test, ast.Compare):
+        return [o for o in [test.left, *test.comparators] if not _literal(o)]
+    return [] if _literal(test) else [test]
+
+
+def _literal(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _observe(expr: ast.expr, reraise: bool) -> ast.Try:
+    """try: value = <expr> / except BaseException as e: record e [and re-raise] / else: record value"""
+    handler = f"    {RECORDER}.raised({EXC})\n" + ("    raise\n" if reraise else "")
+    stmt = ast.parse(f"try:\n    {VALUE} = None\nexcept BaseException as {EXC}:\n{handler}"
+                     f"else:\n    {RECORDER}.value({VALUE})\n").body[0]
+    stmt.body[0].value = expr
+    return ast.copy_location(stmt, expr)
+
+
+def parse_report(stdout: str, expected: set[str]) -> tuple[dict[str, Observed], dict[str, str]]:
+    """Per test id of `expected`, what the observer reported, and the modules that failed to
+    import. The text is untrusted: malformed lines and unknown ids are ignored; a test
+    reported twice counts as not reported consistently (it fails)."""
+    tests: dict[str, Observed] = {}
+    modules: dict[str, str] = {}
+    twice: set[str] = set()
+    for line in stdout.splitlines():
+        record = _record(line)
+        if record is None:
+            continue
+        if "module" in record:
+            if isinstance(record["module"], str) and isinstance(record.get("end"), str):
+                modules[record["module"][:200]] = record["end"][:200]
+            continue
+        test, obs, end = record.get("test"), record.get("obs"), record.get("end")
+        if not isinstance(test, str) or test not in expected or not isinstance(end, str) or not isinstance(obs, list) \
+                or not all(isinstance(o, str) for o in obs):
+            continue
+        if test in tests:
+            twice.add(test)
+        tests[test] = Observed(end, tuple(obs))
+    for test in twice:
+        tests[test] = Observed("reported more than once")
+    return tests, modules
+
+
+def _record(line: str) -> dict | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def passes(reference: Observed | None, got: Observed | None) -> bool:
+    return reference is not None and reference.end == "ok" and got == reference
