@@ -41,14 +41,20 @@ def resolve_dataset(dataset: str, data_dir: str) -> tuple[str | None, Path]:
 
 
 def default_base_model(data_dir: str, family: str = "inventory", **overrides: Any) -> str:
-    """The embedded default under `<data_dir>/models/`, built once per configuration."""
+    """The embedded default under `<data_dir>/models/`, built once per configuration and per set
+    of tasks its tokenizer text comes from: those the split authority puts in train with the
+    splits recorded in `data_dir`. A template recorded later as held out changes that set, so a
+    base whose tokenizer saw it is never reused."""
+    from tasks.isolate import landed_splits
     from tasks.train import checkpoint_exists
-    from tasks.training.base_model import build_base_model
+    from tasks.training.base_model import build_base_model, text_tasks
 
     config = {**DEFAULT_BASE, **overrides}
-    out = Path(data_dir) / "models" / f"base-{family}-{content_hash(config, 8)}"
+    known = landed_splits(data_dir)
+    texts_from = [t.task_id for _, t in text_tasks(family, known=known)]
+    out = Path(data_dir) / "models" / f"base-{family}-{content_hash([config, texts_from], 8)}"
     if not checkpoint_exists(out):
-        build_base_model(out, family=family, **config)
+        build_base_model(out, family=family, known_splits=known, **config)
     return str(out)
 
 
@@ -82,6 +88,10 @@ def train(dataset: str | None = None, method: str = "sft", base_model: str | Non
     logger = get_run_logger()
     hyperparameters = dict(hyperparameters or {})
     dataset_id, dataset_path = resolve_dataset(dataset, data_dir) if dataset else (None, None)
+    if dataset_path:
+        refuse_holdout_rows(dataset_path, data_dir)
+    if method == "grpo":  # its live tasks follow the splits recorded here
+        hyperparameters.setdefault("data_dir", str(data_dir))
     families = _families(dataset_path) if dataset_path else [hyperparameters.get("family", "inventory")]
     base = base_model or default_base_model(data_dir, families[0])
     run = TrainingRun(method=method, base_model=base, base_model_version=checkpoint_version(base),
@@ -105,6 +115,18 @@ def train(dataset: str | None = None, method: str = "sft", base_model: str | Non
     logger.info("%s run %s: %s steps, final loss %s, checkpoint %s", method, run.run_id, metrics.get("steps"),
                 metrics.get("final_loss"), out)
     return {**run.model_dump(mode="json"), "landed": landed}
+
+
+def refuse_holdout_rows(path: Path, data_dir: str) -> None:
+    """A dataset file (from this data dir or elsewhere) naming a task that the warehouse holds
+    outside the train split is refused before any training step."""
+    import pyarrow.parquet as pq
+
+    from tasks.isolate import refuse_non_train_ids
+
+    if "task_id" in pq.read_schema(path).names:
+        ids = pq.read_table(path, columns=["task_id"]).column("task_id").to_pylist()
+        refuse_non_train_ids(ids, data_dir, f"dataset {path}")
 
 
 def _families(path: Path) -> list[str]:

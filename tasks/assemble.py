@@ -12,7 +12,9 @@
 - **GRPO**: one prompt row per task, with the env id and the generator seed and level that
   recreate the task (`envs.make(env_id).generate_task(seed, level)`), for online RL.
 
-Only train-split tasks are used and never a task of a holdout template; every row is scanned
+Only train tasks are used, as the split authority decides (`tasks.isolate.assign_split` over the
+splits the warehouse recorded: never a task of a holdout template); the row builders take
+those train tasks and check no split themselves. Every row is scanned
 for hidden values and deduplicated by content. Rows carry a sampling `weight` from the
 curriculum (tasks/curriculum.py), reduced per rollout. Each dataset is a content-addressed
 Parquet file under `<data_dir>/datasets/` plus a `datasets` row (mixture, success rates,
@@ -35,7 +37,7 @@ from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, Rollout, 
                           Termination, content_hash)
 from envs.registry import make
 from tasks import curriculum
-from tasks.isolate import _first_observation, assert_no_leaks_in_rows, dedupe_rows
+from tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
 
 SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
                  "turn; the tool's result comes back as the next message.")
@@ -98,7 +100,7 @@ def sft_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout],
     rows = []
     for rollout in rollouts:
         task = tasks[rollout.task_id]
-        if task.split != Split.train or rollout.termination != Termination.success:
+        if rollout.termination != Termination.success:
             continue
         rows.append({"messages": prompt_messages(rollout) + turn_messages(rollout), **_row_base(task),
                      "step_rewards": _rewards(rollout, step_rewards), "rollout_id": rollout.rollout_id})
@@ -116,7 +118,7 @@ def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: 
     step_rewards = step_rewards or {}
     by_task: dict[str, list[Rollout]] = {}
     for rollout in rollouts:
-        if tasks[rollout.task_id].split == Split.train and rollout.steps and rollout.termination in MODEL_OUTCOMES:
+        if rollout.steps and rollout.termination in MODEL_OUTCOMES:
             by_task.setdefault(rollout.task_id, []).append(rollout)
     rows = []
     for task_id, group in sorted(by_task.items()):
@@ -172,11 +174,9 @@ def _pair(task: TaskSpec, chosen: Rollout, rejected: Rollout, prompt, chosen_mes
 
 
 def grpo_rows(tasks: dict[str, TaskSpec]) -> list[dict[str, Any]]:
-    """One prompt per train task, with what recreates its env: env id, generator seed and level."""
+    """One prompt per task, with what recreates its env: env id, generator seed and level."""
     rows = []
     for task in sorted(tasks.values(), key=lambda t: t.task_id):
-        if task.split != Split.train:
-            continue
         prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": _first_observation(task)}]
         rows.append({"prompt": prompt, **_row_base(task), "env_id": task.env_id, "seed": task.source.seed,
                      "level": task.difficulty.level, "generator": task.source.generator,
@@ -249,11 +249,11 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
     with Warehouse(data_dir) as wh:
         in_families = "task_family IN (SELECT unnest(?))"
         all_tasks = {t.task_id: t for t in wh.load_tasks(in_families, [families])}
-        holdout = {t.template_id for t in wh.load_tasks("split = 'holdout'")}
-        tasks = {i: t for i, t in all_tasks.items() if t.split == Split.train and t.template_id not in holdout}
-        dropped = {"holdout_tasks": sum(t.split == Split.holdout or t.template_id in holdout
-                                        for t in all_tasks.values()),
-                   "other_split_tasks": sum(t.split in (Split.val, Split.test) for t in all_tasks.values())}
+        known = recorded_splits(wh)  # every family's: a holdout template is locked wherever it appears
+        splits = {i: assign_split(t, known) for i, t in all_tasks.items()}
+        tasks = {i: t for i, t in all_tasks.items() if splits[i] == Split.train}
+        dropped = {"holdout_tasks": sum(s == Split.holdout for s in splits.values()),
+                   "other_split_tasks": sum(s in (Split.val, Split.test) for s in splits.values())}
         eligible = "task_id IN (SELECT unnest(?))"
         rollouts = wh.load_rollouts(eligible, [sorted(tasks)])
         step_rewards = latest_step_rewards(wh, "rollout_id IN (SELECT unnest(?))",

@@ -2,10 +2,12 @@
 near-duplicates never straddle splits, lock a holdout set per family, and scan visible text
 (goals, observations, dataset rows) for hidden values.
 
-The holdout is locked twice over: a template's holdout membership is a pure function of
+`assign_split` is the one split authority: every path that picks tasks or text for training
+or evaluation (isolation, dataset assembly, the base model's tokenizer text, GRPO's tasks, a
+dataset handed to `train`) asks it, with the splits the warehouse recorded (`recorded_splits`).
+The holdout is locked twice over: a new template's holdout membership is a pure function of
 (family, template_id, fraction), and once a template has landed, its split is read back from
-the warehouse (`landed_splits`) and never reassigned, whatever the fractions become later.
-Dataset assembly refuses every task of a holdout template (tasks/assemble.py)."""
+the warehouse and never reassigned, whatever the fractions become later."""
 
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ def _bucket(text: str) -> float:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
 
-def split_for(template_id: str, fractions: dict[Split, float] = SPLIT_FRACTIONS) -> Split:
-    """Deterministic split of a template group (uniform hash bucket)."""
+def _hashed_split(template_id: str, fractions: dict[Split, float] = SPLIT_FRACTIONS) -> Split:
+    """Deterministic split of a template group (uniform hash bucket); only `assign_split` asks."""
     bucket = _bucket(template_id)
     edge = 0.0
     for split, fraction in fractions.items():
@@ -43,14 +45,38 @@ def in_holdout(family: str, template_id: str, fraction: float = HOLDOUT_FRACTION
 
 def assign_split(task: TaskSpec, known: Mapping[str, Split] | None = None,
                  holdout_fraction: float | Mapping[str, float] = HOLDOUT_FRACTION) -> Split:
-    """A landed template keeps its split; a new one goes to the holdout or to a hashed split."""
+    """The split of `task`. A task marked holdout stays there; a template the warehouse recorded
+    keeps its recorded split (`known`: template_id -> split, see `recorded_splits`); a new
+    template goes to the holdout by its hash, else to a hashed split."""
+    if task.split == Split.holdout:
+        return Split.holdout
     if known and task.template_id in known:
         return Split(known[task.template_id])
     fraction = holdout_fraction if isinstance(holdout_fraction, (int, float)) \
         else holdout_fraction.get(task.family, HOLDOUT_FRACTION)
     if in_holdout(task.family, task.template_id, fraction):
         return Split.holdout
-    return split_for(task.template_id)
+    return _hashed_split(task.template_id)
+
+
+def tasks_of_split(tasks: Iterable[TaskSpec], split: Split, known: Mapping[str, Split] | None = None,
+                   holdout_fraction: float | Mapping[str, float] = HOLDOUT_FRACTION) -> list[TaskSpec]:
+    """The tasks `assign_split` puts in `split`, in their order."""
+    return [t for t in tasks if assign_split(t, known, holdout_fraction) == Split(split)]
+
+
+class HoldoutError(ValueError):
+    """A training input names a task outside the train split."""
+
+
+def refuse_non_train(tasks: Iterable[TaskSpec], known: Mapping[str, Split] | None, what: str) -> None:
+    """Raise when any of `tasks` is not a train task: a training input must not carry the holdout
+    (nor the val/test tasks evaluation uses)."""
+    bad = [(t.task_id, t.template_id, split.value) for t in tasks
+           if (split := assign_split(t, known)) != Split.train]
+    if bad:
+        raise HoldoutError(f"{what} holds {len(bad)} task(s) outside the train split, refused "
+                           f"(task, template, split): {bad[:5]}")
 
 
 def hidden_values(task: TaskSpec) -> list[str]:
@@ -86,17 +112,46 @@ def isolate_tasks(tasks: list[TaskSpec], known_splits: Mapping[str, Split] | Non
     return list(kept.values()), rejected
 
 
-def landed_splits(data_dir: str | Path, families: list[str] | None = None) -> dict[str, Split]:
-    """template_id -> split of the tasks already in the warehouse (none if it does not exist yet)."""
+# When the tasks of one template were recorded under several splits (a bug, an import), the
+# strictest wins: a template ever held out is never trained on.
+STRICTNESS = (Split.holdout, Split.test, Split.val, Split.train)
+
+
+def recorded_splits(wh, families: list[str] | None = None) -> dict[str, Split]:
+    """template_id -> split of the tasks an open warehouse holds (the strictest where they differ)."""
+    where = "" if families is None else "WHERE task_family IN (SELECT unnest(?))"
+    rows = wh.sql(f"SELECT DISTINCT template_id, split FROM tasks {where}",
+                  None if families is None else [families]).to_pylist()
+    out: dict[str, Split] = {}
+    for row in rows:
+        split, current = Split(row["split"]), out.get(row["template_id"])
+        if current is None or STRICTNESS.index(split) < STRICTNESS.index(current):
+            out[row["template_id"]] = split
+    return out
+
+
+def landed_splits(data_dir: str | Path | None, families: list[str] | None = None) -> dict[str, Split]:
+    """`recorded_splits` of the warehouse under `data_dir` (none if it does not exist yet)."""
     from warehouse import CATALOG_FILE, Warehouse
 
-    if not (Path(data_dir) / CATALOG_FILE).exists():
+    if data_dir is None or not (Path(data_dir) / CATALOG_FILE).exists():
         return {}
-    where = "" if families is None else "WHERE task_family IN (SELECT unnest(?))"
     with Warehouse(data_dir, read_only=True) as wh:
-        rows = wh.sql(f"SELECT DISTINCT template_id, split FROM tasks {where}",
-                      None if families is None else [families]).to_pylist()
-    return {r["template_id"]: Split(r["split"]) for r in rows}
+        return recorded_splits(wh, families)
+
+
+def refuse_non_train_ids(task_ids: Iterable[str], data_dir: str | Path, what: str) -> None:
+    """`refuse_non_train` for a training input that names its tasks by id (a dataset file): the
+    tasks the warehouse under `data_dir` holds are checked; ids it does not hold cannot be."""
+    from warehouse import CATALOG_FILE, Warehouse
+
+    ids = sorted(set(task_ids))
+    if not ids or not (Path(data_dir) / CATALOG_FILE).exists():
+        return
+    with Warehouse(data_dir, read_only=True) as wh:
+        tasks = wh.load_tasks("task_id IN (SELECT unnest(?))", [ids])
+        known = recorded_splits(wh)
+    refuse_non_train(tasks, known, what)
 
 
 def _first_observation(task: TaskSpec) -> str:

@@ -40,6 +40,7 @@ class Hyperparameters:
     family: str = "inventory"        # GRPO: the env family to act in
     slack_steps: int | None = 4      # GRPO: turns allowed beyond the reference length (as in evaluation)
     loss_type: str = "grpo"          # GRPO: TRL's loss_type ("grpo": mean per episode, then over episodes; "dapo", ...)
+    data_dir: str | None = None      # GRPO: the warehouse whose recorded splits choose the train tasks
 
     def __post_init__(self):
         if self.step_weight_temperature <= 0:

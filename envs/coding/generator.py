@@ -7,6 +7,13 @@ and writes the bug report the agent sees. The reference trajectory is the invers
 applied with `edit_file`, bracketed by test runs. No sandbox is needed here: the validate
 stage proves each task (hidden tests fail before, pass after the reference).
 
+Template groups (`template_id`, what isolation keeps in one split) are the modules of each
+repository: all of a task's bugs sit in one module, so a bug site (its fix, the original code
+it restores) and every task using it fall in one split, and the scripted reference, reading only
+the bug files, shows no held-out module's source in a train trajectory. An agent can still open
+another module of its repository; grouping by repository alone would close that too, but would
+leave three groups for the four splits.
+
 Difficulty knobs by level: number of bugs (1, 1, 2, 2, 3), how far the symptom is from the
 cause (`distance`: 0 = a visible test of the buggy module fails, 1 = only a visible test of
 another module fails, 2 = only the hidden tests fail), whether the report names the file,
@@ -24,7 +31,7 @@ import yaml
 
 from envs.records import Budget, Difficulty, Hidden, Source, TaskSpec, ToolCall, content_hash
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: a task's bugs sit in one module, its template group
 ENV_ID = "gymfoundry/coding-v0"
 TOOLS = ["list_files", "read_file", "search", "edit_file", "run", "run_tests", "submit"]
 TEMPLATES_DIR = Path(__file__).with_name("templates")
@@ -116,8 +123,17 @@ def _choose_sites(rng: random.Random, template: Template, knobs: dict) -> list[S
     if len(pool) < knobs["bugs"] or not far:
         return None
     first = rng.choice(far)
-    rest = [s for s in pool if s is not first]
+    rest = [s for s in pool if s is not first and s.file == first.file]  # one module: one template group
+    if len(rest) < knobs["bugs"] - 1:
+        return None
     return [first] + rng.sample(rest, knobs["bugs"] - 1)
+
+
+def template_group(template: Template, sites: list[Site]) -> str:
+    """The template id of a task: its repository and the one module its bug sites are in."""
+    (file,) = {s.file for s in sites}
+    module = file.removeprefix(f"{template.package}/").removesuffix(".py").replace("/", ".")
+    return f"coding-{template.name}-{module}"
 
 
 def example_text(site: Site, name_file: bool) -> str:
@@ -207,7 +223,7 @@ def generate_task(seed: int, level: int = 2) -> TaskSpec:
     return TaskSpec(
         family="coding", env_id=ENV_ID,
         source=Source(generator="coding", version=GENERATOR_VERSION, seed=seed),
-        template_id="coding-" + content_hash(["coding", template.name, sorted(s.id for s in sites)], 12),
+        template_id=template_group(template, sites),
         goal=_goal(template, sites, knobs),
         initial_state={"files": buggy, "limits": dict(SANDBOX_LIMITS)},
         allowed_tools=list(TOOLS),

@@ -58,22 +58,25 @@ def token_advantages(length: int, spans: list[tuple[int, int]], advantages: list
     return values, mask
 
 
-def train_tasks(family: str, n: int, seed: int):
-    """Training-split tasks of a family (the split rule of the isolation stage)."""
+def train_tasks(family: str, n: int, seed: int, known=None):
+    """`n` train tasks of a family, as the split authority decides with the splits a warehouse
+    recorded (`known`, template_id -> split): never a holdout, val or test task."""
     from envs.records import Split
     from tasks.generate import generate_tasks
-    from tasks.isolate import split_for
+    from tasks.isolate import tasks_of_split
 
-    tasks = [t for t in generate_tasks(family, n * 4, seed) if split_for(t.template_id) == Split.train]
-    return tasks[:n]
+    return tasks_of_split(generate_tasks(family, n * 4, seed), Split.train, known)[:n]
 
 
-def dataset_tasks(dataset: str, steps: int, seed: int):
+def dataset_tasks(dataset: str, steps: int, seed: int, known=None):
     """The tasks of a GRPO dataset, regenerated from their generator, seed and level (and
-    checked against the stored task id), in curriculum order following the stored weights."""
+    checked against the stored task id), in curriculum order following the stored weights.
+    A dataset naming a task the split authority puts outside train (with `known`, the splits a
+    warehouse recorded) is refused whole."""
     from datasets import Dataset
 
     from tasks.generate import family_env_class
+    from tasks.isolate import refuse_non_train
     from tasks.training.curriculum import curriculum_order, row_weight
 
     rows = Dataset.from_parquet(str(dataset)).to_list()
@@ -83,6 +86,7 @@ def dataset_tasks(dataset: str, steps: int, seed: int):
         if task.task_id != row["task_id"]:
             raise ValueError(f"task {row['task_id']} does not regenerate from its seed and level")
         tasks.append(task)
+    refuse_non_train(tasks, known, f"GRPO dataset {dataset}")
     order = curriculum_order([row_weight(r) for r in rows], [int(r["difficulty"]) for r in rows], steps, seed)
     return [tasks[i] for i in order]
 
@@ -206,9 +210,12 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     from tasks.training.base_model import load_model
     from tasks.training.runners import TimeLimit
 
+    from tasks.isolate import landed_splits
+
     model, tokenizer = load_model(base_model)
-    tasks = dataset_tasks(dataset, hp.max_steps if hp.max_steps < 10_000 else 1000, hp.seed) if dataset \
-        else train_tasks(hp.family, hp.tasks, hp.seed)
+    known = landed_splits(hp.data_dir)  # the splits recorded where the factory landed its tasks
+    tasks = dataset_tasks(dataset, hp.max_steps if hp.max_steps < 10_000 else 1000, hp.seed, known) if dataset \
+        else train_tasks(hp.family, hp.tasks, hp.seed, known)
     episodes = LiveEpisodes(tasks, base_model, hp, policy_id=f"grpo:{output_dir.rstrip('/').rsplit('/', 1)[-1]}")
     args = GRPOConfig(output_dir=output_dir, max_steps=hp.max_steps, learning_rate=hp.learning_rate,
                       lr_scheduler_type="constant", per_device_train_batch_size=hp.num_generations,
