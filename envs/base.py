@@ -10,27 +10,16 @@ from typing import Any, ClassVar
 
 import jsonschema
 
-from envs.parsing import ActionError, parse_action
+from envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError, boundary
+from envs.parsing import parse_action, storable_text
 from envs.profile import DomainProfile
-from envs.records import Step, TaskSpec, ToolCall
+from envs.records import Step, TaskSpec, ToolCall, check_task
 from envs.timestep import TimeStep
+
+__all__ = ["AgentEnv", "EnvFault", "OutcomeFn", "ToolEnv", "ToolError", "render_error", "render_result"]
 
 # Called at the end of an episode: (task, steps, final hidden state) -> (reward, outcome info).
 OutcomeFn = Callable[[TaskSpec, list[Step], dict[str, Any]], tuple[float, dict[str, Any]]]
-
-
-class ToolError(Exception):
-    """The tool refused the call for a reason that is the agent's doing (out of stock,
-    unknown id). Becomes an error observation."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-class EnvFault(Exception):
-    """The environment itself failed (service down, tool crashed). Never the agent's fault."""
 
 
 class AgentEnv(ABC):
@@ -105,19 +94,22 @@ class ToolEnv(AgentEnv):
 
     # -- the protocol -----------------------------------------------------------------
     def reset(self, task: TaskSpec | dict | None = None, seed: int | None = None) -> TimeStep:
+        """Start an episode. A task that is malformed, tampered with (its id is not its content
+        hash) or for another family is refused with `InvalidTask` (a ValueError)."""
         if task is None:
             task = self.generate_task(seed if seed is not None else 0, self.level)
-        elif isinstance(task, dict):
-            task = TaskSpec.model_validate(task)
-        elif not isinstance(task, TaskSpec):
-            raise TypeError(f"task must be a TaskSpec, a dict or None, not {type(task).__name__}")
+        task = check_task(task)
         if task.family != self.family:
-            raise ValueError(f"task {task.task_id} is for family {task.family!r}, not {self.family!r}")
-        self.task = task
-        self._state = self.initial_state(task)
-        self._steps = []
-        self._done = False
-        self._observation = self.render_goal(task)
+            raise InvalidTask(f"task {task.task_id} is for family {task.family!r}, not {self.family!r}")
+        try:  # the task is the only input here: what fails is its content, for this family
+            state, goal = self.initial_state(task), self.render_goal(task)
+        except InvalidTask:
+            raise
+        except Exception as exc:
+            raise InvalidTask(f"task {task.task_id} does not fit family {self.family!r}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        self.task, self._state, self._steps, self._done = task, state, [], False
+        self._observation = goal
         return TimeStep(self._observation, info={"task_id": task.task_id})
 
     def step(self, action: ToolCall | dict | str) -> TimeStep:
@@ -125,34 +117,13 @@ class ToolEnv(AgentEnv):
             raise RuntimeError("call reset() before step()")
         if self._done:
             raise RuntimeError("the episode is over; call reset()")
-        info: dict[str, Any] = {"tool_call": None, "error": None, "thought": None, "env_fault": False}
-        action_text = action if isinstance(action, str) else None
-        before = None
-        try:
-            parsed = parse_action(action, self.task.budget.max_action_chars)
-            call, info["thought"] = parsed.call, parsed.thought
-            info["tool_call"] = call
-            self._check_call(call)
-            before = copy.deepcopy(self._state)
-            result = getattr(self, f"tool_{call.name}")(self._state, **call.arguments)
-            observation = render_result(call.name, result)
-        except ActionError as exc:
-            observation = render_error(info["tool_call"], exc.kind, exc.message)
-            info["error"] = {"kind": exc.kind, "message": exc.message}
-        except ToolError as exc:
-            observation = render_error(info["tool_call"], exc.kind, exc.message)
-            info["error"] = {"kind": exc.kind, "message": exc.message}
-        except Exception as exc:  # EnvFault, or a tool that crashed: the environment's fault
-            if before is not None:  # a crashed call did nothing, so replays stay exact
-                self._state = before
-            message = str(exc) if isinstance(exc, EnvFault) else f"tool crashed: {type(exc).__name__}: {exc}"
-            observation = render_error(info["tool_call"], "env_fault", message)
-            info["error"] = {"kind": "env_fault", "message": message}
-            info["env_fault"] = True
-        call = info["tool_call"]
+        info: dict[str, Any] = {"tool_call": None, "error": None, "thought": None, "env_fault": False,
+                                "env_bug": False}
+        observation = self._act(action, info)
         self._steps.append(Step(
-            index=len(self._steps), observation=self._observation, action_text=action_text,
-            thought=info["thought"], tool_call=call, result=observation,
+            index=len(self._steps), observation=self._observation,
+            action_text=storable_text(action) if isinstance(action, str) else None,
+            thought=info["thought"], tool_call=info["tool_call"], result=observation,
             error=info["error"]["kind"] if info["error"] else None))
         self._observation = observation
         terminated = self.is_finished(self._state)
@@ -166,17 +137,42 @@ class ToolEnv(AgentEnv):
                     info["verifier_error"] = f"{type(exc).__name__}: {exc}"
         return TimeStep(observation, reward, terminated, False, info)
 
+    def _act(self, action: ToolCall | dict | str, info: dict[str, Any]) -> str:
+        """Parse, check and run one action; the observation. Errors are attributed by the
+        boundary they escaped (envs.errors): the action's own checks, or the tool."""
+        before = None
+        try:
+            with boundary(Boundary.agent_input.value, allowed=(ActionError,)):
+                parsed = parse_action(action, self.task.budget.max_action_chars)
+                info["tool_call"], info["thought"] = parsed.call, parsed.thought
+                self._check_call(parsed.call)
+            call = parsed.call
+            before = copy.deepcopy(self._state)
+            with boundary(f"{Boundary.tool.value} {call.name}", allowed=(ToolError, EnvFault)):
+                result = getattr(self, f"tool_{call.name}")(self._state, **call.arguments)
+                return render_result(call.name, result)
+        except (ActionError, ToolError) as exc:
+            info["error"] = {"kind": exc.kind, "message": exc.message}
+        except (EnvFault, EnvBug) as exc:
+            if before is not None:  # a failed call did nothing, so replays stay exact
+                self._state = before
+            info["error"] = {"kind": exc.kind, "message": str(exc)}
+            if isinstance(exc, EnvBug):
+                info["error"].update(where=exc.where, location=exc.location)
+            info[exc.kind] = True
+        return render_error(info["tool_call"], info["error"]["kind"], info["error"]["message"])
+
     def _check_call(self, call: ToolCall) -> None:
         spec = self.profile.tool(call.name)
         if spec is None or not hasattr(self, f"tool_{call.name}"):
-            raise ActionError("unknown_tool", f"unknown tool {call.name!r}; available: "
-                                              f"{', '.join(self.task.allowed_tools)}")
+            raise ActionError(ErrorKind.unknown_tool, f"unknown tool {call.name!r}; available: "
+                                                      f"{', '.join(self.task.allowed_tools)}")
         if call.name not in self.task.allowed_tools:
-            raise ActionError("tool_not_allowed", f"tool {call.name!r} is not allowed in this task")
+            raise ActionError(ErrorKind.tool_not_allowed, f"tool {call.name!r} is not allowed in this task")
         errors = sorted(self._validators[call.name].iter_errors(call.arguments), key=str)
         if errors:
             where = "/".join(str(p) for p in errors[0].absolute_path) or "arguments"
-            raise ActionError("invalid_arguments", f"{call.name}: {where}: {errors[0].message}")
+            raise ActionError(ErrorKind.invalid_arguments, f"{call.name}: {where}: {errors[0].message}")
 
     @property
     def available_tools(self) -> list[dict[str, Any]]:
@@ -191,15 +187,18 @@ class ToolEnv(AgentEnv):
         return list(self._steps)
 
 
-_VALIDATORS: dict[type, tuple[DomainProfile, dict[str, jsonschema.Draft202012Validator]]] = {}
+# JSON Schema counts 3.0 as an integer; a tool handed 3.0 would store floats where it counts units.
+STRICT = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=(
+    jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, value: isinstance(value, int) and not isinstance(value, bool))))
+_VALIDATORS: dict[type, tuple[DomainProfile, dict[str, Any]]] = {}
 
 
-def _validators(env_class: type, profile: DomainProfile) -> dict[str, jsonschema.Draft202012Validator]:
+def _validators(env_class: type, profile: DomainProfile) -> dict[str, Any]:
     """Argument validators, compiled once per env class (envs are made per episode and per replay)."""
     cached = _VALIDATORS.get(env_class)
     if cached is None or cached[0] is not profile:
-        cached = _VALIDATORS[env_class] = (profile, {t.name: jsonschema.Draft202012Validator(t.parameters)
-                                                     for t in profile.tools})
+        cached = _VALIDATORS[env_class] = (profile, {t.name: STRICT(t.parameters) for t in profile.tools})
     return cached[1]
 
 

@@ -3,27 +3,31 @@
 Accepted: a ToolCall, a dict {"name", "arguments"}, or text holding one JSON object
 {"name": ..., "arguments": {...}} either bare or inside <tool_call>...</tool_call>
 (the Hermes / Qwen format). Text before the call is the agent's thought. `arguments`
-may itself be a JSON string (the OpenAI wire format)."""
+may itself be a JSON string (the OpenAI wire format).
+
+Whatever the path, the call must be plain JSON that can be stored and replayed exactly:
+nesting at most MAX_DEPTH, finite numbers (Python's json accepts NaN / Infinity, which would
+be stored as null), integers that fit 64 bits, strings that are valid Unicode (a lone
+surrogate cannot be encoded), string keys, no other Python types. Anything else is an
+`ActionError` of an agent-input kind (envs.errors)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from envs.errors import ActionError, ErrorKind
 from envs.records import ToolCall
 
+__all__ = ["ActionError", "MAX_DEPTH", "ParsedAction", "parse_action", "storable_text"]
+
 TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-
-
-class ActionError(Exception):
-    """A bad action: becomes an error observation, never a crash."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
+SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_DEPTH = 32  # containers inside containers; tool arguments here are at most 3 deep
+MAX_INT = 2**63
 
 
 @dataclass
@@ -34,57 +38,110 @@ class ParsedAction:
 
 def parse_action(action: Any, max_chars: int = 8192) -> ParsedAction:
     if isinstance(action, ToolCall):
-        _check_size(json.dumps(action.arguments, default=str), max_chars)
-        return ParsedAction(action, None)
+        action = {"name": action.name, "arguments": action.arguments, "id": action.id}
     if isinstance(action, dict):
-        _check_size(json.dumps(action, default=str), max_chars)
+        _check_plain(action, "action")
+        _check_size(json.dumps(action), max_chars)
         return ParsedAction(_call_from_dict(action), None)
     if not isinstance(action, str):
-        raise ActionError("invalid_action", f"an action must be a ToolCall, a dict or text, "
-                                            f"not {type(action).__name__}")
+        raise ActionError(ErrorKind.invalid_action, f"an action must be a ToolCall, a dict or text, "
+                                                    f"not {type(action).__name__}")
     _check_size(action, max_chars)
+    _check_text(action, "the action", ErrorKind.invalid_action)
     tagged = TOOL_CALL_TAG.findall(action)
     if len(tagged) > 1:
-        raise ActionError("multiple_tool_calls", "emit exactly one tool call per step")
+        raise ActionError(ErrorKind.multiple_tool_calls, "emit exactly one tool call per step")
     if tagged:
         thought = action[: action.index("<tool_call>")].strip() or None
         payload = tagged[0].strip()
     else:
         start = action.find("{")
         if start < 0:
-            raise ActionError("no_tool_call", "no tool call found; reply with "
+            raise ActionError(ErrorKind.no_tool_call, "no tool call found; reply with "
                               '{"name": <tool>, "arguments": {...}}')
         thought = action[:start].strip() or None
         payload = action[start:].strip()
-    try:
-        obj = json.loads(payload)
-    except json.JSONDecodeError as exc:
-        raise ActionError("invalid_json", f"tool call is not valid JSON: {exc.msg} at char {exc.pos}") from None
+    obj = _loads(payload, "tool call")
+    _check_plain(obj, "action")
     return ParsedAction(_call_from_dict(obj), thought)
+
+
+def storable_text(text: str) -> str:
+    """`text` with lone surrogates written as \\udXXX escapes, so a record holding an agent's bad
+    text can still be stored (UTF-8) without losing what it said."""
+    if not SURROGATE.search(text):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _loads(text: str, what: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:  # the parser's own stack: only this text's nesting can exhaust it here
+        raise ActionError(ErrorKind.action_too_deep, f"{what} nests deeper than {MAX_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise ActionError(ErrorKind.invalid_json, f"{what} is not valid JSON: {exc.msg} at char {exc.pos}") from None
+    except ValueError as exc:  # NaN / Infinity (below), or an integer of more digits than Python converts
+        raise ActionError(ErrorKind.invalid_json, f"{what} is not valid JSON: {exc}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _check_size(text: str, max_chars: int) -> None:
     if len(text) > max_chars:
-        raise ActionError("action_too_large", f"action has {len(text)} characters; the limit is {max_chars}")
+        raise ActionError(ErrorKind.action_too_large, f"action has {len(text)} characters; the limit is {max_chars}")
+
+
+def _check_text(text: str, where: str, kind: ErrorKind) -> None:
+    bad = SURROGATE.search(text)
+    if bad:
+        raise ActionError(kind, f"{where} is not valid Unicode: lone surrogate U+{ord(bad.group()):04X} "
+                                f"at char {bad.start()}")
+
+
+def _check_plain(obj: Any, root: str) -> None:
+    """Plain, storable JSON or ActionError; iterative, so no nesting can exhaust the stack."""
+    stack = [(obj, root, 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise ActionError(ErrorKind.action_too_deep, f"{where} nests deeper than {MAX_DEPTH} levels")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(value, dict):
+                    if not isinstance(key, str):
+                        raise ActionError(ErrorKind.invalid_arguments, f"{where}: keys must be strings, "
+                                                                       f"not {type(key).__name__}")
+                    _check_text(key, f"a key in {where}", ErrorKind.invalid_arguments)
+                stack.append((item, f"{where}/{key}", depth + 1))
+        elif isinstance(value, str):
+            _check_text(value, where, ErrorKind.invalid_arguments)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ActionError(ErrorKind.invalid_json, f"{where}: {value} is not a JSON number")
+        elif isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value < MAX_INT:
+            raise ActionError(ErrorKind.invalid_arguments, f"{where}: integer out of range (64 bits)")
+        elif value is not None and not isinstance(value, (bool, int, float)):
+            raise ActionError(ErrorKind.invalid_arguments, f"{where}: {type(value).__name__} is not a JSON value")
 
 
 def _call_from_dict(obj: Any) -> ToolCall:
     if not isinstance(obj, dict):
-        raise ActionError("invalid_tool_call", "a tool call must be a JSON object")
+        raise ActionError(ErrorKind.invalid_tool_call, "a tool call must be a JSON object")
     if isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
         obj = {**obj["function"], "id": obj.get("id", "")}
     name = obj.get("name")
     if not isinstance(name, str) or not name:
-        raise ActionError("invalid_tool_call", 'a tool call needs a string "name"')
+        raise ActionError(ErrorKind.invalid_tool_call, 'a tool call needs a string "name"')
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise ActionError("invalid_json", f"arguments are not valid JSON: {exc.msg}") from None
+        arguments = _loads(arguments, "arguments") if arguments.strip() else {}
+        _check_plain(arguments, "arguments")
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        raise ActionError("invalid_arguments", '"arguments" must be a JSON object')
+        raise ActionError(ErrorKind.invalid_arguments, '"arguments" must be a JSON object')
     call_id = obj.get("id", "")
     return ToolCall(name=name, arguments=arguments, id=call_id if isinstance(call_id, str) else str(call_id))

@@ -8,7 +8,9 @@ import json
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envs.errors import InvalidTask
 
 
 def content_hash(payload: Any, length: int = 16) -> str:
@@ -53,6 +55,7 @@ class Termination(str, Enum):
     truncated = "truncated"
     timeout = "timeout"
     env_fault = "env_fault"
+    env_bug = "env_bug"  # env code crashed on the agent's input (envs.errors): a bug to fix, not a skill
     policy_error = "policy_error"
     constraint_violation = "constraint_violation"
     verifier_error = "verifier_error"
@@ -119,6 +122,32 @@ class TaskSpec(Record):
         # The split is assigned later by the isolation stage and is not part of the content.
         content = self.model_dump(mode="json", exclude={"task_id", "split"})
         return "t-" + content_hash(content)
+
+
+def check_task(task: TaskSpec | dict) -> TaskSpec:
+    """The task, re-validated from its content: a clear `InvalidTask` (a ValueError) naming the
+    bad fields, or a task whose id is its content hash. `model_copy(update=...)` and attribute
+    assignment skip validation and keep the old id; this catches both (at `reset`, at landing)."""
+    if isinstance(task, TaskSpec):
+        # a wrong-typed field set by model_copy dumps as it is and is reported by the validation
+        task = task.model_dump(mode="python", round_trip=True, warnings=False)
+    elif not isinstance(task, dict):
+        raise InvalidTask(f"a task must be a TaskSpec or a dict, not {type(task).__name__}")
+    try:
+        return TaskSpec.model_validate(task)
+    except ValidationError as exc:
+        name = task.get("task_id") or "without an id"
+        raise InvalidTask(f"malformed task {name}: {_fields(exc)}") from None
+
+
+def _fields(exc: ValidationError, limit: int = 8) -> str:
+    """One short line per bad field (pydantic's own text repeats every input in full)."""
+    parts = []
+    for error in exc.errors(include_url=False, include_input=False)[:limit]:
+        where = ".".join(str(p) for p in error["loc"]) or "task"
+        parts.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+    more = exc.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 class Step(Record):
@@ -225,7 +254,7 @@ class TaskRejection(Record):
     reason: str
 
 
-# Classes decided by what the model did. The others (env_fault, timeout, policy_error,
+# Classes decided by what the model did. The others (env_fault, env_bug, timeout, policy_error,
 # verifier_error) say nothing about its skill: never a model failure, never in a success rate.
 MODEL_OUTCOMES = frozenset({Termination.success, Termination.failure, Termination.constraint_violation,
                             Termination.truncated})

@@ -54,11 +54,15 @@ def register(id: str, entry_point: Callable[..., AgentEnv] | str, *, verifier: s
     gymnasium.register(id=id, entry_point="envs.gym_adapter:GymnasiumEnv", kwargs={"env_id": id})
 
 
+class UnknownEnv(ValueError):
+    """No registered environment has this id or family (a typo, or a spoofed task field)."""
+
+
 def spec(id: str) -> EnvSpec:
-    try:
-        return _REGISTRY[id]
-    except KeyError:
-        raise KeyError(f"no environment {id!r}; registered: {', '.join(list_envs()) or 'none'}") from None
+    entry = _REGISTRY.get(id) if isinstance(id, str) else None
+    if entry is None:
+        raise UnknownEnv(f"no environment {id!r}; registered: {', '.join(list_envs()) or 'none'}")
+    return entry
 
 
 def make(id: str, *, verified: bool = True, **kwargs: Any) -> AgentEnv:
@@ -87,5 +91,5 @@ def family_env_id(family: str) -> str:
     """The newest registered env id of a family."""
     ids = [i for i in _REGISTRY if ENV_ID.match(i)["name"] == family]
     if not ids:
-        raise KeyError(f"no environment family {family!r}; registered: {', '.join(list_envs())}")
+        raise UnknownEnv(f"no environment family {family!r}; registered: {', '.join(list_envs())}")
     return max(ids, key=lambda i: int(ENV_ID.match(i)["version"]))

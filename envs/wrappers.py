@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envs.base import AgentEnv, render_error
-from envs.parsing import ActionError, parse_action
+from envs.parsing import ActionError, parse_action, storable_text
 from envs.records import Step, TaskSpec, ToolCall, ToolCategory
 from envs.timestep import TimeStep
 
@@ -173,7 +173,7 @@ class PermissionGuard(Wrapper):
         category = self.unwrapped.profile.category(call.name)
         if category in self.require_approval and not (self.approver and self.approver(call)):
             message = f"{call.name} is a {category.value} action and needs approval, which was not given"
-            info = {"tool_call": call, "thought": None, "env_fault": False,
+            info = {"tool_call": call, "thought": None, "env_fault": False, "env_bug": False,
                     "error": {"kind": "permission_denied", "message": message}}
             return TimeStep(render_error(call, "permission_denied", message), 0.0, False, False, info)
         return self.env.step(action)
@@ -216,8 +216,8 @@ class Recorder(Wrapper):
         error = info.get("error")
         self.steps.append(Step(
             index=len(self.steps), observation=self.last.observation,
-            action_text=action if isinstance(action, str) else None,
-            thought=thought if thought is not None else info.get("thought"),
+            action_text=storable_text(action) if isinstance(action, str) else None,
+            thought=storable_text(thought) if thought is not None else info.get("thought"),
             tool_call=info.get("tool_call"), result=ts.observation,
             error=error["kind"] if error else None, reward=ts.reward, latency_s=latency,
             token_ids=token_ids, logprobs=logprobs, policy_version=policy_version))

@@ -105,7 +105,7 @@ class InventoryVerifier(OutcomeVerifier):
             snapshot = copy.deepcopy(task.initial_state)
             for sku, stock in variant["stock"].items():
                 snapshot["catalog"][sku]["stock"] = stock
-            variant_task = task.model_copy(update={"initial_state": snapshot})
+            variant_task = TaskSpec.model_validate({**task.model_dump(), "initial_state": snapshot, "task_id": ""})
             result = invariant_check(task.hidden.checks, initial_runtime_state(variant_task),
                                      final_state_of(variant_task, calls))
             reasons += [f"{variant['name']}: {r}" for r in result.reasons]

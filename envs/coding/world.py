@@ -6,9 +6,12 @@ grader (verifiers/coding.py) runs the hidden tests on that copy in a fresh sandb
 agent never touched. The hidden tests exist only in the task's hidden fields and in that
 grading sandbox, never in any path the agent can read or write.
 
-Failure classes: a command that fails or a test that fails is the agent's doing (an
-observation); a command past its time limit is killed with every process it started (an
-error observation); a sandbox that cannot start or run is an environment fault (EnvFault)."""
+Failure classes (envs/errors.py): a command or a test that fails is the agent's doing (an
+observation with its exit code, whatever it printed: text the agent's code can write decides
+nothing); a command past its time limit is killed with every process it started (a
+`command_timeout` error observation); a sandbox that cannot start or run is an environment fault
+(EnvFault, raised by the sandbox itself); anything else escaping a tool is an environment bug.
+A task whose files or limits are malformed is refused at reset."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import EnvFault, ToolEnv, ToolError
+from envs.errors import InvalidTask
 from envs.coding import generator
 from envs.profile import DomainProfile
 from envs.records import TaskSpec
@@ -37,6 +41,10 @@ def sandbox_limits(task: TaskSpec, override: Limits | None = None) -> Limits:
     wall = float(spec.get("test_timeout_s", 20.0))
     return Limits(wall_s=wall, cpu_s=int(wall) + 5, memory_mb=int(spec.get("memory_mb", 512)),
                   processes=int(spec.get("processes", 64)))
+
+
+def command_timeout(task: TaskSpec, limits: Limits) -> float:
+    return float(task.initial_state.get("limits", {}).get("command_timeout_s", limits.wall_s))
 
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:
@@ -92,6 +100,16 @@ class CodingEnv(ToolEnv):
         return generator.generate_task(seed, level)
 
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
+        files = task.initial_state.get("files")  # checked here: the sandbox is made at the first call
+        if not isinstance(files, dict) or not files or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise InvalidTask(f"task {task.task_id}: initial_state.files must map paths to file texts")
+        for rel in files:
+            _path(rel)
+        limits = sandbox_limits(task, self.limits_override)
+        numbers = (limits.wall_s, command_timeout(task, limits), limits.memory_mb, limits.processes)
+        if not all(0 < n <= 1e6 for n in numbers):  # NaN fails every comparison
+            raise InvalidTask(f"task {task.task_id}: initial_state.limits out of range: {numbers}")
         return {"events": [], "submitted": False, "submission": None, "summary": None}
 
     def render_goal(self, task: TaskSpec) -> str:
@@ -118,7 +136,7 @@ class CodingEnv(ToolEnv):
 
     @property
     def command_timeout_s(self) -> float:
-        return float(self.task.initial_state.get("limits", {}).get("command_timeout_s", self.limits.wall_s))
+        return command_timeout(self.task, self.limits)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -199,7 +217,7 @@ class CodingEnv(ToolEnv):
         self._note(event, result)
         if result.timed_out:
             hits = [h for h in result.limits_hit if not h.startswith("wall clock")]
-            raise ToolError("timeout", f"the command ran past its {timeout:g}s limit and was killed, with every "
+            raise ToolError("command_timeout", f"the command ran past its {timeout:g}s limit and was killed, with every "
                                        f"process it started{'; limits hit: ' + ', '.join(hits) if hits else ''}. "
                                        f"Output so far:\n{clip(result.stdout + result.stderr, 800)}")
         out: dict[str, Any] = {"exit_code": result.exit_code, "stdout": clip(result.stdout),
@@ -219,10 +237,8 @@ class CodingEnv(ToolEnv):
         result = self.sandbox.run(["python", runner, target], timeout_s=self.limits.wall_s)
         self._note(event, result)
         if result.timed_out:
-            raise ToolError("timeout", f"the tests ran past their {self.limits.wall_s:g}s limit and were killed. "
+            raise ToolError("command_timeout", f"the tests ran past their {self.limits.wall_s:g}s limit and were killed. "
                                        f"Output so far:\n{clip(result.stdout, 1200)}")
-        if result.exit_code == 127 and "python" in result.stderr and "not found" in result.stderr:
-            raise EnvFault(f"the sandbox could not start Python: {result.stderr.strip()[-300:]}")
         summary = next((line for line in reversed(result.stdout.splitlines()) if line.endswith(" failed")), None)
         out: dict[str, Any] = {"exit_code": result.exit_code, "summary": summary or "the test run did not finish",
                                "output": clip(result.stdout + (("\n" + result.stderr) if result.stderr else ""))}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import ToolEnv, ToolError
+from envs.errors import InvalidTask
 from envs.inventory import generator
 from envs.profile import DomainProfile
 from envs.records import TaskSpec
@@ -47,6 +48,7 @@ class InventoryEnv(ToolEnv):
         return generator.generate_task(seed, level)
 
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
+        _check_world(task)
         state = copy.deepcopy(task.initial_state)
         state["auth"] = {**state["auth"], "status": None}
         state.update(reservations=[], events=[], submitted=False, status=None, note=None)
@@ -127,3 +129,23 @@ def _item(state: dict[str, Any], sku: str) -> dict[str, Any]:
     if item is None:
         raise ToolError("unknown_sku", f"no item {sku!r} in the catalog")
     return item
+
+
+def _check_world(task: TaskSpec) -> None:
+    """The world's shape, checked at reset: a task made for another family, or edited by hand,
+    is refused there, not by a tool crashing at the agent's first call."""
+    world = task.initial_state
+
+    def ok(value: Any, **fields: type | tuple[type, ...]) -> bool:
+        return isinstance(value, dict) and all(isinstance(value.get(k), t) and not isinstance(value.get(k), bool)
+                                               for k, t in fields.items())
+
+    good = (ok(world.get("order"), order_id=str, amount_cents=int)
+            and ok(world.get("auth"), credit_limit_cents=int, token=(str, type(None)))
+            and isinstance(world.get("catalog"), dict)
+            and all(isinstance(sku, str) and ok(item, name=str, stock=int) for sku, item in world["catalog"].items())
+            and isinstance(world.get("holds"), list)
+            and all(ok(hold, hold_id=str) for hold in world["holds"]))
+    if not good:
+        raise InvalidTask(f"task {task.task_id}: initial_state is not an inventory world (order, auth, catalog "
+                          "of {name, stock}, holds)")

@@ -64,12 +64,13 @@ def read_file(root: str, path: str, max_bytes: int) -> bytes:
         raise _path_error(rel, exc) from None
     finally:
         os.close(parent)
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if stat.S_ISDIR(info.st_mode):
+    mode = os.fstat(fd).st_mode  # before fdopen, which raises IsADirectoryError on a directory
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
             raise PathError("is_a_directory", f"{rel} is a directory")
-        if not stat.S_ISREG(info.st_mode):
-            raise PathError("not_a_regular_file", f"{rel} is not a regular file")
+        raise PathError("not_a_regular_file", f"{rel} is not a regular file")
+    with os.fdopen(fd, "rb") as fh:
         return fh.read(max_bytes)
 
 

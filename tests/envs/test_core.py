@@ -6,7 +6,7 @@ import pytest
 from envs.parsing import ActionError, parse_action
 from envs.profile import DomainProfile
 from envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
-from envs.registry import list_envs, make, register
+from envs.registry import UnknownEnv, family_env_id, list_envs, make, register
 from envs.wrappers import (ObservationTruncation, PermissionGuard, TimeLimit, ToolBudget,
                            standard_stack)
 from tests.envs.counter_env import CounterEnv, reward_at_target
@@ -65,19 +65,25 @@ def test_bad_actions_become_error_observations_and_the_episode_goes_on(env, acti
     assert obs(ts) == {"ok": True, "result": {"value": 4}, "tool": "add"}
 
 
+def derived(task: TaskSpec, **changes) -> TaskSpec:
+    """A changed copy of a task is another task, with its own id."""
+    return TaskSpec.model_validate({**task.model_dump(), **changes, "task_id": ""})
+
+
 def test_tool_not_allowed_is_refused(env):
-    task = env.task.model_copy(update={"allowed_tools": ["read", "finish"]})
+    task = derived(env.task, allowed_tools=["read", "finish"])
     env.reset(task=task)
     ts = env.step(ToolCall(name="add", arguments={"n": 1}))
     assert obs(ts)["error"]["type"] == "tool_not_allowed" and env.state()["value"] == 0
     assert [t["function"]["name"] for t in env.available_tools] == ["read", "finish"]
 
 
-def test_tool_crash_and_outage_are_env_faults(env):
-    for tool in ("crash", "outage"):
-        ts = env.step(ToolCall(name=tool))
-        assert ts.info["env_fault"] is True and obs(ts)["error"]["type"] == "env_fault"
-    assert "ValueError: boom" in env.steps[0].result
+def test_a_crashing_tool_is_an_env_bug_and_an_outage_an_env_fault(env):
+    crash, outage = env.step(ToolCall(name="crash")), env.step(ToolCall(name="outage"))
+    assert (crash.info["env_bug"], crash.info["env_fault"], obs(crash)["error"]["type"]) == (True, False, "env_bug")
+    assert (outage.info["env_bug"], outage.info["env_fault"], obs(outage)["error"]["type"]) == (False, True, "env_fault")
+    assert "ValueError: boom" in env.steps[0].result and crash.info["error"]["where"] == "tool crash"
+    assert [s.error for s in env.steps] == ["env_bug", "env_fault"] and not crash.done
 
 
 def test_terminal_reward_comes_from_the_outcome_function(env):
@@ -137,7 +143,7 @@ def test_permission_guard_refuses_without_touching_state():
 
 def test_observation_truncation():
     env = ObservationTruncation(CounterEnv(), max_chars=10)
-    ts = env.reset(task=CounterEnv.generate_task(1).model_copy(update={"goal": "g" * 50}))
+    ts = env.reset(task=derived(CounterEnv.generate_task(1), goal="g" * 50))
     assert ts.observation == "g" * 10 + "...[truncated 40 chars]"
 
 
@@ -175,8 +181,10 @@ def test_registry():
     assert "gymfoundry/counter-v0" in list_envs()
     env = make("gymfoundry/counter-v0")
     assert isinstance(env, CounterEnv) and env.env_id == "gymfoundry/counter-v0" and env.version == "0"
-    with pytest.raises(KeyError, match="registered"):
+    with pytest.raises(UnknownEnv, match="no environment 'gymfoundry/nothing-v0'; registered: .*counter"):
         make("gymfoundry/nothing-v0")
+    with pytest.raises(UnknownEnv, match="no environment family 'nothing'"):
+        family_env_id("nothing")
 
 
 def test_profile_from_yaml(tmp_path):
@@ -199,4 +207,4 @@ def test_a_crashed_tool_leaves_the_state_as_it_was():
     env = Leaky()
     env.reset(seed=1)
     ts = env.step(ToolCall(name="crash"))
-    assert ts.info["env_fault"] and env.state()["value"] == 0
+    assert ts.info["env_bug"] and env.state()["value"] == 0 and env.steps[0].tool_call == ToolCall(name="crash")
