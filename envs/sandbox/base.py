@@ -7,6 +7,7 @@ placed read-only beside the workspace at `support_dir`."""
 from __future__ import annotations
 
 import posixpath
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,11 +20,40 @@ MAX_ARGV_ITEMS = 256
 
 
 class SandboxError(EnvFault):
-    """The sandbox itself failed (could not start, crashed, lost its workspace)."""
+    """The sandbox itself failed (could not start, crashed, lost its workspace). Only sandbox
+    infrastructure raises it (never anything a command prints or exits with); every one made in
+    this process is counted, so a stage can tell "the sandbox failed while checking this" from
+    "the check failed" without reading any text (`fault_count`, `faults_since`)."""
+
+    def __init__(self, *args: object):
+        super().__init__(*args)
+        with _FAULT_LOCK:
+            _FAULTS.append(str(self))
+            del _FAULTS[:-_KEEP_FAULTS]
+            _FAULT_COUNT[0] += 1
 
 
 class SandboxUnavailable(SandboxError):
     """No backend that can isolate untrusted code is available (and none was opted into)."""
+
+
+_FAULT_LOCK = threading.Lock()
+_FAULTS: list[str] = []  # the latest messages
+_FAULT_COUNT = [0]
+_KEEP_FAULTS = 20
+
+
+def fault_count() -> int:
+    """How many sandbox faults this process has seen (a mark for `faults_since`)."""
+    with _FAULT_LOCK:
+        return _FAULT_COUNT[0]
+
+
+def faults_since(mark: int) -> list[str]:
+    """The messages of the sandbox faults after `mark` (the latest few), oldest first."""
+    with _FAULT_LOCK:
+        n = _FAULT_COUNT[0] - mark
+        return list(_FAULTS[-n:]) if n > 0 else []
 
 
 class PathError(ValueError):
@@ -48,6 +78,7 @@ class Limits:
     tmp_mb: int = 64
     workspace_mb: int = 64
     cpus: float = 1.0
+    workspace_files: int = 4096  # files and directories the workspace may hold
 
     def replace(self, **changes: Any) -> Limits:
         return Limits(**{**asdict(self), **changes})

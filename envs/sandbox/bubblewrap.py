@@ -11,11 +11,26 @@ positional parameters, never as shell text. bwrap's pid 1 exits with the command
 kernel then kills every process left in the pid namespace (setsid and double-fork
 included); at the wall-clock limit the launcher's session and the command's cgroup are
 killed too. When not run as root, the sandbox runs as the caller's own uid (already
-non-root) and cgroup limits apply only where the tree is delegated to the caller."""
+non-root) and cgroup limits apply only where the tree is delegated to the caller.
+
+No descriptor and no text channel reaches the host's bookkeeping. The command holds only
+fds 0, 1 and 2: bwrap gets two pipe ends (`--json-status-fd`, `--block-fd`) and closes both in
+its child before anything of the sandbox runs, and nothing else is inherited. Status comes from
+processes the command cannot reach: the outer bwrap (outside the pid namespace, in the parent
+user namespace) writes the child's pid and, at the end, its exit code; the host, while the
+child is still blocked on `--block-fd`, opens `/proc/<child>/net/snmp{,6}` (an open proc-net
+file holds its network namespace, so the counters stay readable after the command is gone) and
+only then lets the command start. What the command exits with is its own exit code, never a
+sandbox fault: "the sandbox failed" means bwrap never reported a child.
+
+As root, the bwrap binary and the libraries it bundles are staged into a root-owned,
+world-readable directory first (`staging.py`), the workspace is its own size- and
+inode-capped tmpfs (`quota.py`), and sandbox directories and cgroups left behind by a killed
+host process are swept when the first sandbox of a process starts (`stale.py`,
+`cgroups.sweep_stale`)."""
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import os
@@ -32,7 +47,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from envs.sandbox import cgroups, files
+from envs.sandbox import cgroups, files, quota, stale, staging
 from envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, Sandbox,
                                SandboxError, SandboxUnavailable, check_argv)
 
@@ -40,15 +55,14 @@ SUPPORT_DIR = "/opt/gymfoundry"
 BIN_DIR = "/sandbox/bin"
 UID_RANGE = (600_000, 700_000)
 MAX_STDIN_BYTES = 64 * 1024
-# Opens the status and network report files ($1, $2: inherited fds >= 10, which dash cannot
-# name in a redirection) as fds 8 and 9, joins each cgroup named before "--", then execs the rest.
-LAUNCHER = ('exec 8>>"/proc/self/fd/$1" 9>>"/proc/self/fd/$2"; shift 2; '
-            'while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"')
-# Runs the command (without fd 9), then appends the network namespace's packet counters to fd 9
-# (with shell builtins: no process is started after the command).
-WRAPPER = ('"$@" 9>&-; rc=$?; for f in /proc/net/snmp /proc/net/snmp6; do '
-           'while IFS= read -r l; do printf "%s\\n" "$l"; done < "$f"; done >&9 2>/dev/null; exit $rc')
-STATUS_FD, NET_FD = 8, 9
+# Joins each cgroup named before "--", writes the start mark to $1 if one is named (the local
+# backend: a path to the host's status pipe), then execs the rest. It opens no descriptor that
+# survives the exec.
+LAUNCHER = ('mark=$1; shift; while [ "$1" != "--" ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+            '[ -z "$mark" ] || printf \'{"child-pid": %d}\\n\' $$ > "$mark" || exit 125; exec "$@"')
+# The namespace's init: runs the command as its child (so the command is not pid 1, whose
+# default signal dispositions differ) and exits with its status.
+WRAPPER = '"$@"; exit $?'
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
 SIGNAL_LIMITS = {128 + signal.SIGXCPU: "cpu: CPU-time limit reached (SIGXCPU)",
@@ -157,6 +171,8 @@ def _allocate_uid() -> int:
 
 def _kill_uid(uid: int) -> None:
     """Last resort: SIGKILL every process of a sandbox uid (only ever a sandbox's own uid)."""
+    if not UID_RANGE[0] <= uid < UID_RANGE[1]:
+        return
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
@@ -164,6 +180,25 @@ def _kill_uid(uid: int) -> None:
                     os.kill(int(pid), signal.SIGKILL)
             except OSError:
                 pass
+
+
+_SWEPT: set[str] = set()
+
+
+def sweep_stale(base: str | None = None) -> list[str]:
+    """Once per process and sandbox dir: remove the sandbox directories that dead host processes
+    left (their cgroups are swept by `cgroups.detect()`). Returns the directories removed."""
+    base = os.path.realpath(base or staging.sandbox_base())
+    with _UID_LOCK:
+        if base in _SWEPT:
+            return []
+        _SWEPT.add(base)
+    return stale.sweep(base, _kill_uid)
+
+
+@functools.cache
+def _staged(binary: str, base: str) -> str:
+    return staging.stage(binary, base)
 
 
 class BubblewrapSandbox(Sandbox):
@@ -181,32 +216,50 @@ class BubblewrapSandbox(Sandbox):
         self.root = os.geteuid() == 0
         if self.root and not (shutil.which("setpriv") and shutil.which("prlimit")):
             raise SandboxUnavailable("running as root needs setpriv and prlimit (util-linux) to drop privileges")
+        base = staging.sandbox_base()
+        if self.root and self.bwrap:  # the unprivileged uid execs it: it must be able to reach it
+            self.bwrap = _staged(os.path.realpath(self.bwrap), base)
+        sweep_stale(base)
         self.uid = _allocate_uid() if self.root else os.getuid()
         self.gid = self.uid if self.root else os.getgid()
         self.cgroups = cgroups.detect()
         self._initial = {k: (v.encode() if isinstance(v, str) else v) for k, v in snapshot.items()}
-        self.dir = tempfile.mkdtemp(prefix="gymfoundry-sbx-", dir=os.environ.get("GYMFOUNDRY_SANDBOX_DIR"))
-        self.id = os.path.basename(self.dir).removeprefix("gymfoundry-sbx-")
+        self.dir = tempfile.mkdtemp(prefix=f"{stale.DIR_PREFIX}{os.getpid()}-", dir=base)
+        self.id = os.path.basename(self.dir).removeprefix(stale.DIR_PREFIX)
         self.workspace = os.path.join(self.dir, "workspace")
         self.support_host = os.path.join(self.dir, "support")
         self.io = os.path.join(self.dir, "io")
+        self.mounted, self._quota_note = False, None
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen] = set()
         self._commands = 0
         self._destroyed = False
-        self._finalizer = weakref.finalize(self, _cleanup, self.dir, self.uid if self.root else None)
         try:
             os.chmod(self.dir, 0o711)  # the sandbox uid may pass through, not list
-            os.mkdir(self.io, 0o700)
-            os.mkdir(self.support_host, 0o755)
-            files.populate(self.support_host, support or {}, owner=None)
-            os.mkdir(self.workspace, 0o700)
-            if self.root:
-                os.chown(self.workspace, self.uid, self.gid)
-            files.populate(self.workspace, self._initial, owner=self._owner)
+            owner_fd = stale.take_ownership(self.dir, self.uid if self.root else None)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        self._finalizer = weakref.finalize(self, _cleanup, self.dir, self.uid if self.root else None, owner_fd)
+        try:
+            self._make_dirs(support or {})
         except BaseException:
             self.destroy()
             raise
+
+    def _make_dirs(self, support: dict[str, bytes | str]) -> None:
+        os.mkdir(self.io, 0o700)
+        os.mkdir(self.support_host, 0o755)
+        files.populate(self.support_host, support, owner=None)
+        os.mkdir(self.workspace, 0o700)
+        if self.root:
+            try:  # the quota enforced while commands run
+                quota.mount_tmpfs(self.workspace, self.limits, self.uid, self.gid)
+                self.mounted = True
+            except OSError as exc:
+                self._quota_note = str(exc)
+                os.chown(self.workspace, self.uid, self.gid)
+        files.populate(self.workspace, self._initial, owner=self._owner)
 
     @property
     def _owner(self) -> tuple[int, int] | None:
@@ -216,7 +269,7 @@ class BubblewrapSandbox(Sandbox):
     def _popen_kwargs(self) -> dict[str, Any]:
         return {}
 
-    def _inner_args(self, argv: list[str], limits: Limits) -> list[str]:
+    def _inner_args(self, argv: list[str], limits: Limits, status_fd: int, block_fd: int) -> list[str]:
         # --as-pid-1: the wrapper is the namespace's init, so bwrap itself waits for it (with its
         # own reaper as init, bwrap exits first and leaves that reaper for the host's init to reap).
         args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
@@ -244,25 +297,31 @@ class BubblewrapSandbox(Sandbox):
                  "--setenv", "PATH", f"{BIN_DIR}:/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
                  "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
                  "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-                 "--json-status-fd", str(STATUS_FD),
+                 # both closed by bwrap in its child: the command never holds them
+                 "--json-status-fd", str(status_fd), "--block-fd", str(block_fd),
                  "--", "/bin/sh", "-c", WRAPPER, "wrap", *argv]
         return args
 
-    def _launch_args(self, report_fds: tuple[int, int], cgroup: cgroups.CommandCgroup | None,
-                     limits: Limits) -> list[str]:
+    def _launch_args(self, cgroup: cgroups.CommandCgroup | None, limits: Limits, mark: str) -> list[str]:
         mib = 1024 * 1024
         rlimits = [f"--cpu={limits.cpu_s}", f"--as={limits.address_space_mb * mib}",
                    f"--fsize={limits.file_size_mb * mib}", f"--nofile={limits.open_files}"]
         if self.root:  # a fresh uid: the count is this sandbox's alone (a backstop to the pids cgroup)
             rlimits.append(f"--nproc={2 * limits.processes}")
-        args = ["/bin/sh", "-c", LAUNCHER, "launch", *map(str, report_fds), *(cgroup.procs_files if cgroup else []),
-                "--"]
+        args = ["/bin/sh", "-c", LAUNCHER, "launch", mark, *(cgroup.procs_files if cgroup else []), "--"]
         if shutil.which("prlimit"):
             args += ["prlimit", *rlimits, "--"]
         if self.root:
             args += ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--"]
         return args
+
+    def _observe(self, child: int) -> list:
+        """Open the child's network counters before it may start (see the module docstring)."""
+        try:
+            return [open(f"/proc/{child}/net/{name}", "rb", buffering=0) for name in ("snmp", "snmp6")]
+        except OSError as exc:
+            raise SandboxError(f"the sandbox's network namespace could not be observed: {exc}") from None
 
     def run(self, argv: list[str], timeout_s: float | None = None, stdin: bytes | None = None,
             limits: Limits | None = None) -> CommandResult:
@@ -274,23 +333,27 @@ class BubblewrapSandbox(Sandbox):
                 raise SandboxError("the sandbox was destroyed")
             self._commands += 1
             n = self._commands
-        paths = {k: os.path.join(self.io, f"{n}.{k}") for k in ("out", "err", "status", "net")}
+        paths = {k: os.path.join(self.io, f"{n}.{k}") for k in ("out", "err")}
         handles = {k: open(p, "w+b") for k, p in paths.items()}
-        cgroup, report_fds = None, ()
+        (status_r, status_w), (block_r, block_w) = os.pipe(), os.pipe()
+        os.set_blocking(status_r, False)
+        cgroup, net = None, []
         try:
             if self.cgroups.v1 or self.cgroups.v2:
                 cgroup = cgroups.CommandCgroup(self.cgroups, f"{self.id}-{n}", limits)
-            # fds >= 10 can never collide with the 8 and 9 the launcher opens
-            report_fds = tuple(fcntl.fcntl(handles[k].fileno(), fcntl.F_DUPFD_CLOEXEC, 10) for k in ("status", "net"))
-            command = self._launch_args(report_fds, cgroup, limits) + self._inner_args(argv, limits)
+            # bwrap is handed the two pipe ends; the local backend's launcher writes its start
+            # mark through /proc/<host>/fd instead, so its command inherits nothing either
+            mark = "" if self.requires_bwrap else f"/proc/{os.getpid()}/fd/{status_w}"
+            command = self._launch_args(cgroup, limits, mark) + self._inner_args(argv, limits, status_w, block_r)
             started = time.perf_counter()
             proc = subprocess.Popen(command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=handles["out"], stderr=handles["err"], pass_fds=report_fds,
-                                    start_new_session=True, **self._popen_kwargs())
+                                    stdout=handles["out"], stderr=handles["err"], start_new_session=True,
+                                    pass_fds=(status_w, block_r) if self.requires_bwrap else (),
+                                    **self._popen_kwargs())
             with self._lock:
                 self._running.add(proc)
             try:
-                timed_out = not _wait(proc, stdin, timeout)
+                timed_out, child, status = self._supervise(proc, stdin, status_r, block_w, started + timeout, net)
                 if timed_out:
                     self._kill(proc, cgroup)
                 proc.wait()
@@ -303,9 +366,12 @@ class BubblewrapSandbox(Sandbox):
                 if cgroup.pids():  # nothing may outlive its command
                     cgroup.kill()
                 hits = cgroup.stats()
-            return self._result(proc.returncode, handles, timed_out, duration, hits, limits, timeout)
+            report = _Report(child, status + _drain(status_r), _read_all(net))
+            return self._result(proc.returncode, handles, timed_out, duration, hits, limits, timeout, report)
         finally:
-            for fd in report_fds:
+            for f in net:
+                f.close()
+            for fd in (status_r, status_w, block_r, block_w):
                 os.close(fd)
             for h in handles.values():
                 h.close()
@@ -317,6 +383,24 @@ class BubblewrapSandbox(Sandbox):
             if cgroup is not None:
                 cgroup.remove()
 
+    def _supervise(self, proc: subprocess.Popen, stdin: bytes | None, status_r: int, block_w: int,
+                   deadline: float, net: list) -> tuple[bool, int | None, bytes]:
+        """Feed stdin, wait for bwrap to report its child, observe it, let it start, wait for
+        the exit. Returns (timed out, the child's pid or None if none was reported, status read)."""
+        _feed(proc, stdin)
+        pidfd = _pidfd(proc)
+        try:
+            child, status = _await_child(proc, pidfd, status_r, deadline)
+            if child is None:
+                return proc.poll() is None, None, status
+            if self.requires_bwrap:
+                net += self._observe(child)
+            os.write(block_w, b"\0")
+            return not _await_exit(proc, pidfd, deadline), child, status
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
     def _kill(self, proc: subprocess.Popen, cgroup: cgroups.CommandCgroup | None) -> None:
         if cgroup is not None:
             cgroup.kill()
@@ -326,7 +410,7 @@ class BubblewrapSandbox(Sandbox):
             pass
 
     def _result(self, returncode: int, handles: dict, timed_out: bool, duration: float, hits: list[str],
-                limits: Limits, timeout: float) -> CommandResult:
+                limits: Limits, timeout: float, report: _Report) -> CommandResult:
         def text(name: str) -> tuple[str, bool]:
             fh = handles[name]
             fh.seek(0)
@@ -335,29 +419,20 @@ class BubblewrapSandbox(Sandbox):
 
         stdout, cut_out = text("out")
         stderr, cut_err = text("err")
-        status, _ = text("status")
-        net, _ = text("net")
-        started = '"child-pid"' in status
-        if not started and not timed_out:
+        if report.child is None and not timed_out:
             detail = stderr.strip()[-500:] or f"exit status {returncode}"
             if returncode == 125:
                 detail = "could not join the command's cgroups"
             raise SandboxError(f"the sandbox failed to start: {detail}")
-        exit_code = None if timed_out else returncode
-        if exit_code is not None:
-            for line in status.splitlines():
-                if '"exit-code"' in line:
-                    exit_code = json.loads(line)["exit-code"]
+        exit_code = None if timed_out else report.exit_code(returncode)
         if exit_code in SIGNAL_LIMITS:
             hits.append(SIGNAL_LIMITS[exit_code])
         if timed_out:
             hits.append(f"wall clock: killed at the {timeout:g}s limit with every process it started")
-        used = files.disk_usage(self.workspace)
-        if used > limits.workspace_mb * 1024 * 1024:
-            hits.append(f"workspace: {used // (1024 * 1024)} MiB exceeds the {limits.workspace_mb} MiB quota")
+        hits += quota.hits(self.workspace, self.limits if self.mounted else limits, self.mounted)
         return CommandResult(exit_code=exit_code, stdout=stdout, stderr=stderr, timed_out=timed_out,
                              duration_s=round(duration, 6), limits_hit=hits,
-                             network_attempts=_network_attempts(net), truncated=cut_out or cut_err)
+                             network_attempts=_network_attempts(report.net), truncated=cut_out or cut_err)
 
     # -- files ------------------------------------------------------------------------
     def _check(self) -> None:
@@ -394,40 +469,118 @@ class BubblewrapSandbox(Sandbox):
         self._finalizer()
 
     def guarantees(self) -> dict[str, Any]:
-        return describe(self.limits, self.bwrap, self.uid if self.root else None)
+        return describe(self.limits, self.bwrap, self.uid if self.root else None, self.mounted, self._quota_note)
 
 
-def _wait(proc: subprocess.Popen, stdin: bytes | None, timeout: float) -> bool:
-    """Feed stdin (at most one pipe buffer) and wait for exit; False at the timeout. A pidfd
-    wakes us the moment the process exits (Popen.wait polls with growing sleeps)."""
+class _Report:
+    """What processes outside the command's reach said about one command."""
+
+    def __init__(self, child: int | None, status: bytes, net: bytes):
+        self.child, self.net = child, net.decode("ascii", "replace")
+        self.status = [_json_line(line) for line in status.splitlines()]
+
+    def exit_code(self, returncode: int) -> int:
+        for record in self.status:
+            if isinstance(record.get("exit-code"), int):
+                return record["exit-code"]
+        return returncode
+
+
+def _json_line(line: bytes) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _feed(proc: subprocess.Popen, stdin: bytes | None) -> None:
+    """At most one pipe buffer, so the write never blocks."""
     if proc.stdin is not None:
         try:
             proc.stdin.write((stdin or b"")[:MAX_STDIN_BYTES])
             proc.stdin.close()
         except OSError:  # it exited without reading
             pass
+
+
+def _pidfd(proc: subprocess.Popen) -> int | None:
+    """A pidfd wakes us the moment the process exits (Popen.wait polls with growing sleeps)."""
     try:
-        pidfd = os.pidfd_open(proc.pid)
+        return os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
+        return None
+
+
+def _poll(fds: list[int], timeout: float) -> set[int]:
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)}
+
+
+def _await_child(proc: subprocess.Popen, pidfd: int | None, status_r: int,
+                 deadline: float) -> tuple[int | None, bytes]:
+    """The child pid from the first status line (None once the launcher exited without one, or
+    time ran out), and every status byte read so far."""
+    buf = b""
+    while True:
+        buf += _drain(status_r)
+        if b"\n" in buf:
+            pid = _json_line(buf.split(b"\n", 1)[0]).get("child-pid")
+            return (pid if isinstance(pid, int) and pid > 0 else None), buf
+        if proc.poll() is not None:  # it exited: what it wrote is in the pipe already
+            buf += _drain(status_r)
+            if b"\n" not in buf:
+                return None, buf
+            continue
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return None, buf
+        _poll([status_r] + ([pidfd] if pidfd is not None else []), remaining if pidfd is not None else 0.01)
+
+
+def _await_exit(proc: subprocess.Popen, pidfd: int | None, deadline: float) -> bool:
+    remaining = deadline - time.perf_counter()
+    if pidfd is None:
         try:
-            proc.wait(timeout)
+            proc.wait(max(0.0, remaining))
             return True
         except subprocess.TimeoutExpired:
             return False
+    return bool(_poll([pidfd], remaining)) or proc.poll() is not None
+
+
+def _drain(fd: int) -> bytes:
+    """Whatever a non-blocking pipe holds now."""
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def _read_all(net: list) -> bytes:
     try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        return bool(poller.poll(timeout * 1000))
-    finally:
-        os.close(pidfd)
+        return b"".join(f.read() for f in net)
+    except OSError as exc:
+        raise SandboxError(f"the sandbox's network counters could not be read: {exc}") from None
 
 
-def _cleanup(directory: str, uid: int | None) -> None:
+def _cleanup(directory: str, uid: int | None, owner_fd: int) -> None:
     if uid is not None:
         _kill_uid(uid)
         with _UID_LOCK:
             _TAKEN_UIDS.discard(uid)
+    workspace = os.path.join(directory, "workspace")
+    if quota.is_mount(workspace):
+        quota.unmount(workspace)
     shutil.rmtree(directory, ignore_errors=True)
+    os.close(owner_fd)  # last: a sweeper never sees this directory unlocked while it exists
 
 
 @functools.cache
@@ -439,7 +592,8 @@ def _bwrap_version(bwrap: str) -> str:
         return "unknown"
 
 
-def describe(limits: Limits, bwrap: str | None = None, uid: int | None = None) -> dict[str, Any]:
+def describe(limits: Limits, bwrap: str | None = None, uid: int | None = None, mounted: bool = False,
+             quota_note: str | None = None) -> dict[str, Any]:
     bwrap = bwrap or bwrap_binary()
     root = os.geteuid() == 0
     support = cgroups.detect()
@@ -451,6 +605,7 @@ def describe(limits: Limits, bwrap: str | None = None, uid: int | None = None) -
         "uid": uid if root else os.getuid(),
         "namespaces": ["user", "pid", "net", "ipc", "uts", "cgroup", "mount"],
         "network": "none (own network namespace, loopback only)",
+        "descriptors": "0, 1 and 2 only; status from the outer bwrap and from outside the namespace",
         "filesystem": f"system dirs read-only, {WORKSPACE} writable, private /tmp tmpfs {limits.tmp_mb} MiB, "
                       f"support files read-only at {SUPPORT_DIR}",
         "rlimits": {"cpu_s": limits.cpu_s, "address_space_mb": limits.address_space_mb,
@@ -459,7 +614,8 @@ def describe(limits: Limits, bwrap: str | None = None, uid: int | None = None) -
         "cgroup": support.describe(limits),
         "wall_clock": f"{limits.wall_s:g}s per command; kills the pid namespace"
                       + (" and the cgroup" if support.kill_method else ""),
-        "workspace_quota": f"{limits.workspace_mb} MiB, checked after each command",
+        "workspace_quota": quota.describe(limits, mounted) + (f"; mount refused: {quota_note}" if quota_note else ""),
+        "workspace_quota_mode": quota.mode(mounted),
     }
 
 

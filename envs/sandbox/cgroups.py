@@ -5,7 +5,8 @@ freezer), v2 one unified tree whose controllers must be enabled by the parent. O
 hybrid machine the controllers may live in v1 while the unified tree still offers
 `cgroup.kill`. `detect()` finds what this process may create and reports exactly which
 limits will be in force; nothing here is required (the pid namespace and rlimits still
-contain a command without cgroups)."""
+contain a command without cgroups). `detect()` also sweeps the groups that a killed host
+process left beside ours (`sweep_stale`)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,54 @@ def _mounts() -> tuple[dict[str, str], str | None]:
     return v1, v2
 
 
+def sweep_stale(base: str) -> list[str]:
+    """Remove the cgroups a dead host process left under `base` (`gymfoundry-<pid>` whose pid no
+    longer exists): kill anything still inside, then remove its command cgroups and itself.
+    A live process's groups are never touched."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("gymfoundry-")]
+    except OSError:
+        return removed
+    for name in names:
+        pid = name.removeprefix("gymfoundry-")
+        if not pid.isdigit() or int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}"):
+            continue
+        parent = os.path.join(base, name)
+        children = [os.path.join(parent, c) for c in _subdirs(parent)]
+        for path in children + [parent]:
+            _empty_and_remove(path)
+        removed.append(parent)
+    return removed
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _empty_and_remove(path: str, timeout_s: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _write(os.path.join(path, "cgroup.kill"), "1")
+        for pid in _read(os.path.join(path, "cgroup.procs")).split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+
+
 def _make_parent(path: str) -> bool:
     try:
         os.makedirs(path, exist_ok=True)
@@ -98,6 +147,7 @@ def detect() -> CgroupSupport:
         return support
     for controller, mount_point in v1_mounts.items():
         parent = os.path.join(mount_point, own.get(controller, "/").lstrip("/"), GROUP_DIR)
+        sweep_stale(os.path.dirname(parent))
         if _make_parent(parent):
             support.v1[controller] = parent
         else:
@@ -105,6 +155,7 @@ def detect() -> CgroupSupport:
     if v2_mount and "" in own:
         base = os.path.join(v2_mount, own[""].lstrip("/"))
         parent = os.path.join(base, GROUP_DIR)
+        sweep_stale(base)
         if _make_parent(parent):
             support.v2 = parent
             wanted = [c for c in ("memory", "pids", "cpu") if c not in support.v1]

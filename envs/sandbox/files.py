@@ -152,3 +152,8 @@ def disk_usage(root: str) -> int:
             except OSError:
                 pass
     return total
+
+
+def count_entries(root: str) -> int:
+    """Files, directories and other entries under root (what the file quota counts)."""
+    return sum(len(names) + len(dirs) for _, dirs, names in os.walk(root))

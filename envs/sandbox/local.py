@@ -12,9 +12,6 @@ from typing import Any
 from envs.sandbox.base import Limits
 from envs.sandbox.bubblewrap import BubblewrapSandbox, describe
 
-# Marks the start on the status fd (8) as bwrap does, closes the report fds, runs the command.
-LOCAL_WRAPPER = 'echo \'{"child-pid": 0}\' >&8; exec "$@" 8>&- 9>&-'
-
 
 class LocalSandbox(BubblewrapSandbox):
     backend = "unsafe-local"
@@ -35,13 +32,15 @@ class LocalSandbox(BubblewrapSandbox):
                "PYTHONDONTWRITEBYTECODE": "1"}
         return {"cwd": self.workspace, "env": env}
 
-    def _inner_args(self, argv: list[str], limits: Limits) -> list[str]:
-        return ["/bin/sh", "-c", LOCAL_WRAPPER, "wrap", *argv]
+    def _inner_args(self, argv: list[str], limits: Limits, status_fd: int, block_fd: int) -> list[str]:
+        return list(argv)  # the launcher (before the uid drop) writes the start mark; no fd is passed
 
     def guarantees(self) -> dict[str, Any]:
-        base = describe(self.limits, None, self.uid if self.root else None)
+        base = describe(self.limits, None, self.uid if self.root else None, self.mounted, self._quota_note)
         return {"backend": self.backend, "isolated": False,
                 "warning": "no namespaces: the command can read host files and reach the network",
                 "user": base["user"], "rlimits": base["rlimits"], "cgroup": base["cgroup"],
+                "descriptors": "0, 1 and 2 only", "workspace_quota": base["workspace_quota"],
+                "workspace_quota_mode": base["workspace_quota_mode"],
                 "wall_clock": f"{self.limits.wall_s:g}s per command; kills the process group"
                               + (" and the cgroup" if base["cgroup"]["kill"] else "")}
