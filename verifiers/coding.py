@@ -117,10 +117,10 @@ def exam(task: TaskSpec, backend: str | None = None, allow_unsafe: bool | None =
         result = observe(task, original_files(task), support, backend, allow_unsafe)
     except SandboxError as exc:
         return f"grading sandbox failed: {exc}"
-    reference, _ = examiner.parse_report(result.stdout, set(ids))
+    reference, modules = examiner.parse_report(result.stdout, set(ids))
     if _incomplete(result, set(reference), ids):
-        return (f"the grading sandbox could not run the tests on the task's original files (exit code "
-                f"{result.exit_code}{', timed out' if result.timed_out else ''}): {result.stderr.strip()[-300:]}")
+        return "the grading sandbox could not run the tests on the task's original files: " + \
+            _why_incomplete(task, result, modules, len(ids - set(reference)))
     out = Exam(support, ids, reference)
     with _CACHE_LOCK:
         _EXAMS[task.task_id] = out
@@ -144,17 +144,17 @@ def grade(task: TaskSpec, files: dict[str, str], backend: str | None = None,
         again = exam(task, backend, allow_unsafe, fresh=True)  # is it the sandbox? ask it without the submission
         if isinstance(again, str):
             return Grade(env_fault=again, network_attempts=result.network_attempts)
-        out.problem = _why_incomplete(task, result, modules)
+        out.problem = _why_incomplete(task, result, modules, len(ready.test_ids - set(got)))
     return out
 
 
-def _why_incomplete(task: TaskSpec, result: CommandResult, modules: dict[str, str]) -> str:
+def _why_incomplete(task: TaskSpec, result: CommandResult, modules: dict[str, str], missing: int) -> str:
     if result.timed_out:
         return f"the tests ran past their {sandbox_limits(task).wall_s:g}s limit and were killed"
     hits = f"; limits hit: {', '.join(result.limits_hit)}" if result.limits_hit else ""
     imports = "".join(f"; {m} could not be imported ({e})" for m, e in sorted(modules.items())[:5])
-    return (f"the test run ended without a complete report (exit code {result.exit_code}{hits}{imports}): "
-            f"{result.stderr.strip()[-300:]}")
+    return (f"the test run ended without a complete report (exit code {result.exit_code}, {missing} tests "
+            f"unreported{hits}{imports}): {result.stderr.strip()[-300:]}")
 
 
 class CodingVerifier(OutcomeVerifier):
