@@ -7,6 +7,7 @@ Writing a file does not make it visible; only the catalog's manifest does (see c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from warehouse.tables import PARTITION, Table
 
 # Family names become directory names and hive partition values; keep them plain.
 FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+LAKE_DIR = "lake"
+TEMP_SUFFIX = ".tmp"  # `.<batch>.<pid>.tmp`: a writer killed before its rename leaves one behind
+READ_ONLY_MODE = 0o444
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class Batch:
     task_family: str  # "" for a table that is not partitioned
     path: str  # relative to the data dir, with forward slashes
     row_count: int
+    sha256: str  # of the file's bytes, as written
 
 
 def batch_id(table: Table, family: str, rows: list[dict[str, Any]]) -> str:
@@ -55,7 +60,25 @@ def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, 
     target.parent.mkdir(parents=True, exist_ok=True)
     file_rows = [{k: v for k, v in row.items() if k != PARTITION} for row in rows]
     arrow = pa.Table.from_pylist(file_rows, schema=table.file_schema)
-    temp = target.with_name(f".{bid}.{os.getpid()}.tmp")
+    temp = target.with_name(f".{bid}.{os.getpid()}{TEMP_SUFFIX}")
     pq.write_table(arrow, temp)
-    os.replace(temp, target)
-    return Batch(bid, table.name, family, relative, len(rows))
+    digest = file_sha256(temp)
+    make_read_only(temp)
+    os.replace(temp, target)  # replaces a read-only leftover of a killed run too (the directory is writable)
+    return Batch(bid, table.name, family, relative, len(rows), digest)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def make_read_only(path: Path) -> None:
+    """Defence in depth for immutable batches: a stray writer gets EACCES (not root, who ignores it)."""
+    try:
+        os.chmod(path, READ_ONLY_MODE)
+    except OSError:
+        pass  # a filesystem without modes (some network mounts): the checksum still tells

@@ -49,6 +49,7 @@ class TableResult:
 @dataclass
 class QualityReport:
     tables: dict[str, TableResult]
+    files: list[dict[str, Any]] = field(default_factory=list)  # `Warehouse.check`: every file problem found
 
     @property
     def success(self) -> bool:
@@ -63,7 +64,7 @@ class QualityReport:
                          for f in self.failures) or "all expectations met"
 
     def to_json(self) -> dict[str, Any]:
-        return _clean({"success": self.success, "failures": self.failures,
+        return _clean({"success": self.success, "failures": self.failures, "files": self.files,
                        "tables": {name: {"rows": t.rows, "success": t.success, "result": t.result}
                                   for name, t in self.tables.items()}})
 
@@ -92,14 +93,44 @@ def validate_batch(rows: dict[str, list[dict[str, Any]]], landed_keys: LandedKey
             missing = sorted(keys - in_batch, key=str)
             found[ref] = (keys & in_batch) | (landed_keys(ref, missing) if missing else set())
         frame = pd.DataFrame(table_rows, columns=[c.name for c in table.columns])
-        results[name] = validate_table(table, frame, found)
+        results[name] = validate_table(table, frame, found, identity_verdicts(table, table_rows))
     return QualityReport(results)
 
 
-def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set[tuple]]) -> TableResult:
-    """Validate one table's rows; `found` holds, per reference, the referenced keys that exist."""
+def identity_verdicts(table: Table, rows: list[dict[str, Any]]) -> list[str] | None:
+    """Per row of a table whose key is a content hash: FOUND where the row is a valid record whose
+    content hashes to its stored id (the record's own rule), else what is wrong with it."""
+    if table.content_id is None:
+        return None
+    verdicts = []
+    for row in rows:
+        stored = row.get(table.content_id)
+        try:
+            expected = getattr(table.record({**row, table.content_id: ""}), table.content_id)
+        except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            verdicts.append(f"{stored}: not a valid {table.model.__name__} ({str(exc).splitlines()[0]})")
+            continue
+        verdicts.append(FOUND if expected == stored else f"{stored}: its content hashes to {expected}")
+    return verdicts
+
+
+def tampered(table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows whose stored id is not their content's."""
+    verdicts = identity_verdicts(table, rows) or [FOUND] * len(rows)
+    return [row for row, verdict in zip(rows, verdicts) if verdict != FOUND]
+
+
+def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set[tuple]],
+                   identity: list[str] | None = None) -> TableResult:
+    """Validate one table's rows; `found` holds, per reference, the referenced keys that exist;
+    `identity` the rows' `identity_verdicts` where the table's key is a content hash."""
     frame = frame.copy()
     expectations = table_expectations(table.name)
+    if identity is not None:
+        column = f"id:{table.content_id}"
+        frame[column] = identity
+        expectations.append(_gx().expectations.ExpectColumnValuesToBeInSet(
+            column=column, value_set=[FOUND], meta={"rule": f"{table.content_id} is the hash of the content"}))
     for ref in table.references:
         column = f"ref:{ref.table}"
         exists = {reference_key(k) for k in found.get(ref, set())}

@@ -10,10 +10,13 @@ only around landing, and read with `read_only=True` (a CLI query needs no write 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -24,14 +27,16 @@ import pyarrow as pa
 
 from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection, TaskSpec,
                           content_hash)
-from warehouse import catalog, quality
-from warehouse.lake import check_family, write_batch
-from warehouse.schema import from_row, to_row
+from warehouse import catalog, console, damage, quality
+from warehouse.lake import LAKE_DIR, check_family, write_batch
+from warehouse.schema import to_row
 from warehouse.tables import PARTITION, TABLES, Reference, Table
+from warehouse.views import ANALYSIS_VIEWS
 
 DEFAULT_DATA_DIR = ".gymfoundry"
 CATALOG_FILE = "catalog.duckdb"
 QUARANTINE_DIR = "quarantine"
+log = logging.getLogger("gymfoundry.warehouse")
 
 
 class Warehouse:
@@ -63,8 +68,12 @@ class Warehouse:
             self.con.execute("BEGIN TRANSACTION")
             self.con.execute(catalog.MANIFEST_DDL)
             self.con.execute(catalog.QUARANTINE_DDL)
+            notes = catalog.migrate_manifest(self.con, self.data_dir)
             catalog.rebuild_views(self.con, self.data_dir)
             self.con.execute("COMMIT")
+            for note in notes:
+                log.warning("warehouse %s: %s", self.data_dir, note)
+        self.skipped: list[dict[str, Any]] = []  # rows a `load_*` could not read back (see `_records`)
 
     def close(self) -> None:
         self.con.close()
@@ -116,6 +125,8 @@ class Warehouse:
             raise PermissionError("this warehouse was opened read-only")
         new = {name: self._new_rows(TABLES[name], list(table_rows)) for name, table_rows in rows.items()}
         if gate:
+            for name, table_rows in rows.items():  # a tampered copy of a landed row is refused, not skipped
+                new[name] += [r for r in quality.tampered(TABLES[name], list(table_rows)) if r not in new[name]]
             report = quality.validate_batch(new, self._landed_keys)
             if not report.success:
                 return self._quarantine(new, report)
@@ -151,8 +162,8 @@ class Warehouse:
     def _score_rows(self, scores: list[StepScore], families: dict[str, str]) -> list[dict[str, Any]]:
         missing = sorted({s.rollout_id for s in scores} - families.keys())
         if missing:
-            found = self.con.execute("SELECT rollout_id, task_family FROM rollouts WHERE rollout_id IN "
-                                     "(SELECT unnest(?))", [missing]).fetchall()
+            found = self._execute("SELECT rollout_id, task_family FROM rollouts WHERE rollout_id IN "
+                                  "(SELECT unnest(?))", [missing])
             families.update(dict(found))
         unknown = sorted({s.rollout_id for s in scores} - families.keys())
         if unknown:
@@ -184,8 +195,8 @@ class Warehouse:
         columns = ", ".join(catalog.quote_ident(k) for k in table.key)
         self.con.register("incoming_keys", incoming)
         try:
-            return {tuple(k) for k in self.con.execute(f"SELECT {columns} FROM incoming_keys SEMI JOIN "
-                                                        f"{table.name} USING ({columns})").fetchall()}
+            return {tuple(k) for k in self._execute(f"SELECT {columns} FROM incoming_keys SEMI JOIN "
+                                                    f"{table.name} USING ({columns})")}
         finally:
             self.con.unregister("incoming_keys")
 
@@ -211,23 +222,87 @@ class Warehouse:
     # Checking ------------------------------------------------------------------------------
 
     def check(self) -> quality.QualityReport:
-        """Re-validate everything landed with the same suites as the gates, plus integrity
-        checks across tables (no holdout task in a dataset, no template group in two splits,
-        dataset lineage that names landed rollouts)."""
-        results = {}
+        """Verify every registered file (exists, checksum, row count) and list the files nobody
+        registered; then re-validate what is intact with the same suites as the gates, plus
+        integrity checks across tables (no holdout task in a dataset, no template group in two
+        splits, dataset lineage that names landed rollouts). Damage is reported, never raised."""
+        problems = damage.inspect(self.con, self.data_dir)
+        damaged = [p for p in problems if p.kind in damage.DAMAGE]
+        results = {"files": quality.TableResult("files", len(catalog.entries(self.con)), not damaged,
+                                                [damage.failure(p) for p in damaged])}
+        with self._views_without({p.path for p in damaged}):
+            for name, table in TABLES.items():
+                results[name] = self._check_table(table)
+            results["integrity"] = quality.integrity(lambda sql: self.sql(sql).to_pylist()[0]["n"])
+        return quality.QualityReport(results, [p.to_json() for p in problems])
+
+    def _check_table(self, table: Table) -> quality.TableResult:
+        try:
+            columns = ", ".join(catalog.quote_ident(c.name) for c in table.columns)
+            data = self.sql(f"SELECT {columns} FROM {table.name}")
+            if data.num_rows == 0:
+                return quality.TableResult(table.name, 0, True)
+            found = {ref: self._found_references(table, ref) for ref in table.references}
+            identity = quality.identity_verdicts(table, data.to_pylist()) if table.content_id else None
+            return quality.validate_table(table, data.to_pandas(), found, identity)
+        except (duckdb.Error, DamagedWarehouse) as exc:
+            return quality.TableResult(table.name, 0, False, [quality.error_failure(table.name, exc)])
+
+    @contextmanager
+    def _views_without(self, paths: set[str]) -> Iterator[None]:
+        """Temporary views over the registered files but `paths`; afterwards the usual views again."""
+        if not paths:
+            yield
+            return
         for name, table in TABLES.items():
-            try:
-                columns = ", ".join(catalog.quote_ident(c.name) for c in table.columns)
-                frame = self.sql(f"SELECT {columns} FROM {name}").to_pandas()
-                if frame.empty:
-                    results[name] = quality.TableResult(name, 0, True)
-                    continue
-                found = {ref: self._found_references(table, ref) for ref in table.references}
-                results[name] = quality.validate_table(table, frame, found)
-            except duckdb.Error as exc:
-                results[name] = quality.TableResult(name, 0, False, [quality.error_failure(name, exc)])
-        results["integrity"] = quality.integrity(lambda sql: self.sql(sql).to_pylist()[0]["n"])
-        return quality.QualityReport(results)
+            files = [f for f in self.files(name) if f.relative_to(self.data_dir).as_posix() not in paths]
+            self.con.execute(catalog.view_sql(table, files, True, self.data_dir))
+        catalog.create_analysis_views(self.con, temporary=True)
+        try:
+            yield
+        finally:
+            if self.read_only:  # its views are temporary anyway (see __init__)
+                catalog.rebuild_views(self.con, self.data_dir, temporary=True)
+            else:
+                for name in [*TABLES, *ANALYSIS_VIEWS]:
+                    self.con.execute(f"DROP VIEW IF EXISTS temp.{catalog.quote_ident(name)}")
+
+    def repair(self) -> Repair:
+        """Move every landing with a missing or changed file to quarantine, with every landing whose
+        rows reference what left, and rebuild the views; remove temp files of killed writers.
+        Re-running the runs that landed them lands the same rows again."""
+        if self.read_only:
+            raise PermissionError("this warehouse was opened read-only")
+        problems = damage.inspect(self.con, self.data_dir)
+        entries = {e.landing_id: [] for e in catalog.entries(self.con)}
+        for entry in catalog.entries(self.con):
+            entries[entry.landing_id].append(entry)
+        created = _utcnow()
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            landings = damage.landings_to_quarantine(self.con, self.data_dir, problems)
+            moves = []
+            for landing, failures in landings.items():
+                qid = damage.quarantine_id(landing, created.isoformat())
+                folder = self.data_dir / QUARANTINE_DIR / qid
+                moves.append((folder, entries[landing], failures))
+                self.con.execute("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?)",
+                                 [qid, created, folder.relative_to(self.data_dir).as_posix(),
+                                  sorted({e.table_name for e in entries[landing]}),
+                                  sum(e.row_count for e in entries[landing]), json.dumps(failures, default=str)])
+            catalog.rebuild_views(self.con, self.data_dir)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        # After the commit: a crash here leaves unregistered files, which no view reads.
+        for folder, landing_entries, failures in moves:
+            damage.move_to_quarantine(self.data_dir, folder, landing_entries, failures, created.isoformat() + "Z")
+        temp = [p for p in problems if p.kind == "temp"]
+        for p in temp:
+            (self.data_dir / p.path).unlink(missing_ok=True)
+        return Repair({folder: [e.path for e in es] for folder, es, _ in moves},
+                      {folder.name: f for folder, _, f in moves}, [p.path for p in temp])
 
     def _found_references(self, table: Table, ref: Reference) -> set[tuple]:
         parent = TABLES[ref.table]
@@ -235,19 +310,57 @@ class Warehouse:
                           for c, k in zip(ref.columns, parent.key))
         columns = ", ".join(f"c.{catalog.quote_ident(c)}" for c in ref.columns)
         query = f"SELECT DISTINCT {columns} FROM {table.name} c SEMI JOIN {parent.name} p ON {on}"
-        return {tuple(r) for r in self.con.execute(query).fetchall()}
+        return {tuple(r) for r in self._execute(query)}
 
     # Reading -------------------------------------------------------------------------------
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
-        result = self.con.sql(query, params=params)
-        return result.to_arrow_table() if result is not None else pa.table({})
+        """Run SQL. Read-only, only queries run (`warehouse.console`: nothing may write files)."""
+        if self.read_only:
+            console.check_query(query)
+        with self._damage_explained():
+            result = self.con.sql(query, params=params)
+            return result.to_arrow_table() if result is not None else pa.table({})
+
+    def _execute(self, query: str, params: Sequence[Any] | None = None) -> list[tuple]:
+        with self._damage_explained():
+            return self.con.execute(query, params).fetchall()
+
+    @contextmanager
+    def _damage_explained(self) -> Iterator[None]:
+        """A query that met a damaged table raises DamagedWarehouse naming the file, not an IO error."""
+        try:
+            yield
+        except duckdb.Error as exc:
+            text = str(exc)
+            if catalog.DAMAGED in text:
+                raise DamagedWarehouse(text[text.index(catalog.DAMAGED):]) from None
+            if str(self.data_dir / LAKE_DIR) in text:
+                raise DamagedWarehouse(f"{catalog.DAMAGED} reading a registered lake file failed ({text}); run "
+                                       "`gymfoundry warehouse check` to see the damage and `gymfoundry "
+                                       "warehouse repair` to quarantine it") from None
+            raise
 
     def sql_df(self, query: str, params: Sequence[Any] | None = None) -> pl.DataFrame:
         return pl.from_arrow(self.sql(query, params))
 
     def load_tasks(self, where: str | None = None, params: Sequence[Any] | None = None) -> list[TaskSpec]:
-        return [_record(TABLES["tasks"], row) for row in self._select("tasks", where, params)]
+        """Tasks; a row that is no valid TaskSpec (its id not its content's) is skipped and reported."""
+        return self._records(TABLES["tasks"], self._select("tasks", where, params))
+
+    def _records(self, table: Table, rows: list[dict[str, Any]]) -> list[Record]:
+        """The rows' records; one that does not read back (written around the gates, or before a gate
+        existed) is left out with a warning and listed in `skipped`, rather than failing the table."""
+        out = []
+        for row in rows:
+            try:
+                out.append(_record(table, row))
+            except ValueError as exc:  # pydantic's ValidationError
+                key = {k: row.get(k) for k in table.key}
+                self.skipped.append({"table": table.name, "key": key, "error": str(exc)})
+                log.warning("skipped a %s row that is no valid %s: %s: %s; `gymfoundry warehouse check` "
+                            "reports it", table.name, table.model.__name__, key, str(exc).splitlines()[0])
+        return out
 
     def load_rollouts(self, where: str | None = None, params: Sequence[Any] | None = None) -> list[Rollout]:
         """Full rollouts, steps included and in order. `where` filters the rollouts view."""
@@ -267,14 +380,14 @@ class Warehouse:
 
     def load(self, table: str, where: str | None = None, params: Sequence[Any] | None = None) -> list[Record]:
         """Records of any table whose record is stored whole (runs, datasets, dataset_rows, ...)."""
-        return [_record(TABLES[table], row) for row in self._select(table, where, params)]
+        return self._records(TABLES[table], self._select(table, where, params))
 
     def files(self, table: str) -> list[Path]:
         """The registered files of a table (absolute paths)."""
         return catalog.registered_files(self.con, self.data_dir, table)
 
     def count(self, table: str) -> int:
-        return self.con.execute(f"SELECT count(*) FROM {TABLES[table].name}").fetchall()[0][0]
+        return self._execute(f"SELECT count(*) FROM {TABLES[table].name}")[0][0]
 
     def _select(self, name: str, where: str | None, params: Sequence[Any] | None) -> list[dict[str, Any]]:
         table = TABLES[name]
@@ -301,6 +414,34 @@ class Landing:
         if not self.ok:
             raise QuarantinedBatch(self)
         return self.counts
+
+
+@dataclass
+class Repair:
+    """What `Warehouse.repair` did: quarantine folder -> the lake files moved there (with the
+    failures that sent each landing), and the temp files of killed writers it removed."""
+
+    moved: dict[Path, list[str]] = field(default_factory=dict)
+    failures: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    removed_temp: list[str] = field(default_factory=list)
+
+
+class DamagedWarehouse(RuntimeError):
+    """A registered lake file is missing or changed: `gymfoundry warehouse repair` quarantines it."""
+
+
+def assert_intact(data_dir: str | os.PathLike) -> None:
+    """Raise DamagedWarehouse when a registered file is missing or changed (no catalog: nothing to
+    damage). Hashes the lake once: the factory calls it before a run."""
+    if not (Path(data_dir) / CATALOG_FILE).exists():
+        return
+    with Warehouse(data_dir, read_only=True) as wh:
+        damaged = [p for p in damage.inspect(wh.con, wh.data_dir) if p.kind in damage.DAMAGE]
+    if damaged:
+        listed = "; ".join(f"{p.path}: {p.kind} ({p.reason})" for p in damaged[:5])
+        more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
+        raise DamagedWarehouse(f"{catalog.DAMAGED} {len(damaged)} registered lake files are damaged: {listed}{more}; "
+                               "run `gymfoundry warehouse repair` to quarantine them, then re-run")
 
 
 class QuarantinedBatch(RuntimeError):
@@ -345,6 +486,4 @@ def _row(table: Table, record: Record, **added: Any) -> dict[str, Any]:
 
 
 def _record(table: Table, row: dict[str, Any], **fields: Any) -> Record:
-    if table.family_field:
-        row = {**row, table.family_field: row[PARTITION]}
-    return from_row(table.model, row, table.exclude, **fields)
+    return table.record(row, **fields)

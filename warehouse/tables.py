@@ -12,12 +12,13 @@ record does not state, and `references` to the rows of other tables (see warehou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection,
                           TaskSpec, TrainingRun)
-from warehouse.schema import Column, arrow_schema, model_columns
+from warehouse.schema import Column, arrow_schema, from_row, model_columns
 
 PARTITION = "task_family"
 REWARD_RANGE = (-1.0, 1.0)
@@ -43,6 +44,13 @@ class Table:
     partitioned: bool = True
     bounds: tuple[tuple[str, float | None, float | None], ...] = ()  # (column, min, max), inclusive
     references: tuple[Reference, ...] = ()
+    content_id: str | None = None  # key the record computes from its content: re-checked per row
+
+    def record(self, row: dict[str, Any], **fields: Any) -> Record:
+        """The record a row holds (pydantic's ValidationError, a ValueError, where it holds none)."""
+        if self.family_field:
+            row = {**row, self.family_field: row[PARTITION]}
+        return from_row(self.model, row, self.exclude, **fields)
 
     @property
     def columns(self) -> list[Column]:
@@ -63,7 +71,7 @@ class Table:
 
 
 TABLES: dict[str, Table] = {t.name: t for t in [
-    Table("tasks", TaskSpec, key=("task_id",),
+    Table("tasks", TaskSpec, key=("task_id",), content_id="task_id",
           derived=("CAST(json_extract(difficulty, '$.level') AS BIGINT) AS difficulty_level",)),
     Table("rollouts", Rollout, key=("rollout_id",), exclude=frozenset({"steps"}),
           derived=("termination = 'success' AS success",

@@ -1,0 +1,165 @@
+"""Storage damage: which registered lake files are missing or changed, what else is in the lake,
+and the repair that moves damaged landings to quarantine.
+
+A landing (one `Warehouse.land` call) registers files of several tables together: a rollout's
+steps and scores sit in other files than the rollout. Repair therefore quarantines whole
+landings, and then every landing whose rows reference what left (a later score of a lost step,
+a dataset row naming a lost task), so the rest stays consistent; re-running the runs that landed
+them lands the same rows again under the same file names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow.parquet as pq
+
+from envs.records import content_hash
+from warehouse import catalog
+from warehouse.lake import LAKE_DIR, TEMP_SUFFIX, file_sha256
+from warehouse.tables import PARTITION, TABLES, Table
+
+DAMAGE = ("missing", "changed")  # the kinds `check` fails on and `repair` quarantines
+# The other kinds are reported, not damage: `unknown_checksum` (registered before checksums were
+# kept, seen read-only), `unregistered` (invisible to every view; a writer killed after writing
+# leaves one and its re-run registers it), `temp` (a writer killed before its rename).
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    path: str  # relative to the data dir
+    kind: str  # missing | changed | unknown_checksum | unregistered | temp
+    reason: str
+    table: str | None = None
+    batch_id: str | None = None
+    landing_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def inspect(con: duckdb.DuckDBPyConnection, data_dir: Path, checksums: bool = True) -> list[FileProblem]:
+    """Every registered file checked (exists, checksum, row count), then the files nobody registered."""
+    entries = catalog.entries(con)
+    problems = [p for e in entries for p in [verify(data_dir, e, checksums)] if p is not None]
+    return problems + strays(data_dir, {e.path for e in entries})
+
+
+def verify(data_dir: Path, entry: catalog.Entry, checksum: bool = True) -> FileProblem | None:
+    file = data_dir / entry.path
+
+    def problem(kind: str, reason: str) -> FileProblem:
+        return FileProblem(entry.path, kind, reason, entry.table_name, entry.batch_id, entry.landing_id)
+
+    if not file.is_file():
+        return problem("missing", f"registered file of table {entry.table_name} is missing")
+    if checksum and entry.sha256 is not None:
+        digest = file_sha256(file)
+        if digest != entry.sha256:
+            return problem("changed", f"sha256 is {digest}, registered {entry.sha256}")
+    try:
+        rows = pq.read_metadata(file).num_rows
+    except (OSError, ValueError) as exc:
+        return problem("changed", f"not readable as Parquet: {exc}")
+    if rows != entry.row_count:
+        return problem("changed", f"holds {rows} rows, registered {entry.row_count}")
+    if entry.sha256 is None:
+        return problem("unknown_checksum", "registered before checksums were kept; opening the warehouse "
+                                           "for writing (any landing or repair) records it")
+    return None
+
+
+def strays(data_dir: Path, registered: set[str]) -> list[FileProblem]:
+    out = []
+    for file in sorted((data_dir / LAKE_DIR).rglob("*")):
+        relative = file.relative_to(data_dir).as_posix()
+        if not file.is_file() or relative in registered:
+            continue
+        if file.name.startswith(".") and file.name.endswith(TEMP_SUFFIX):
+            out.append(FileProblem(relative, "temp", "left by a writer killed before it renamed the file; "
+                                                     "not damage, `warehouse repair` removes it"))
+        else:
+            out.append(FileProblem(relative, "unregistered", "in the lake but not in the manifest, so no view "
+                                                             "reads it (a writer killed before registering "
+                                                             "leaves one; its re-run registers it)"))
+    return out
+
+
+def failure(problem: FileProblem, expectation: str | None = None) -> dict[str, Any]:
+    """A problem in the shape of a quality-gate failure (reports and the quarantine table)."""
+    return {"table": problem.table or "files", "column": "", "expectation": expectation or f"file_{problem.kind}",
+            "kwargs": {}, "meta": problem.to_json(), "unexpected_count": None, "examples": [problem.path],
+            "error": f"{problem.path}: {problem.reason}"}
+
+
+def landings_to_quarantine(con: duckdb.DuckDBPyConnection, data_dir: Path,
+                           problems: list[FileProblem]) -> dict[str, list[dict[str, Any]]]:
+    """landing_id -> its failures: the landings with damaged files, then, with those taken out of
+    the manifest (inside the caller's transaction), every landing left with dangling references."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in problems:
+        if p.kind in DAMAGE:
+            out.setdefault(p.landing_id, []).append(failure(p))
+    pending = set(out)
+    while pending:
+        con.execute("DELETE FROM manifest WHERE landing_id IN (SELECT unnest(?))", [sorted(pending)])
+        catalog.rebuild_views(con, data_dir)
+        pending = set()
+        for landing, failures in dangling(con, data_dir).items():
+            if landing not in out:
+                out[landing] = failures
+                pending.add(landing)
+    return out
+
+
+def dangling(con: duckdb.DuckDBPyConnection, data_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """landing_id -> failures, for the registered files holding rows whose references name nothing."""
+    landing_of = {e.path: e for e in catalog.entries(con)}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for table in TABLES.values():
+        files = [data_dir / e.path for e in landing_of.values() if e.table_name == table.name]
+        for ref in table.references if files else ():
+            parent = TABLES[ref.table]
+            on = " AND ".join(f"c.{catalog.quote_ident(c)} = p.{catalog.quote_ident(k)}"
+                              for c, k in zip(ref.columns, parent.key))
+            present = " AND ".join(f"c.{catalog.quote_ident(c)} IS NOT NULL" for c in ref.columns)
+            query = (f"SELECT c.filename, count(*) FROM ({_with_filenames(table, files)}) c "
+                     f"ANTI JOIN {parent.name} p ON {on} WHERE {present} GROUP BY 1")
+            for filename, n in con.execute(query).fetchall():
+                entry = landing_of[Path(filename).relative_to(data_dir).as_posix()]
+                reason = (f"{n} rows reference {ref.table} rows that were quarantined with a damaged landing "
+                          f"({', '.join(ref.columns)} -> {ref.table})")
+                problem = FileProblem(entry.path, "dangling", reason, table.name, entry.batch_id, entry.landing_id)
+                out.setdefault(entry.landing_id, []).append(failure(problem, "references_quarantined_rows"))
+    return out
+
+
+def _with_filenames(table: Table, files: list[Path]) -> str:
+    paths = ", ".join(catalog.quote_literal(p.as_posix()) for p in files)
+    hive = (f"hive_partitioning = true, hive_types = {{'{PARTITION}': VARCHAR}}" if table.partitioned
+            else "hive_partitioning = false")
+    return f"SELECT * FROM read_parquet([{paths}], {hive}, union_by_name = true, filename = true)"
+
+
+def move_to_quarantine(data_dir: Path, folder: Path, entries: list[catalog.Entry],
+                       failures: list[dict[str, Any]], created: str) -> None:
+    """The landing's files (those still there) under `folder`, by their lake path, with a report."""
+    for entry in entries:
+        source = data_dir / entry.path
+        if source.is_file():
+            target = folder / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+    report = {"created_at": created, "reason": "storage damage (warehouse repair)", "failures": failures,
+              "files": [{k: str(v) for k, v in asdict(e).items()} for e in entries]}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+def quarantine_id(landing_id: str, created: str) -> str:
+    return "d-" + content_hash([landing_id, created], 20)
