@@ -16,6 +16,9 @@ def _prefect_defaults() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from warehouse import assert_intact
+
+    assert_intact(args.data_dir)  # damaged storage fails here, before any episode runs, naming the files
     _prefect_defaults()
     from flows.factory import factory
 
@@ -81,20 +84,52 @@ def cmd_warehouse_check(args: argparse.Namespace) -> int:
 
     from warehouse import Warehouse
 
-    with Warehouse(args.data_dir, read_only=True) as wh:
-        report = wh.check()
+    try:
+        with Warehouse(args.data_dir, read_only=True) as wh:
+            report = wh.check()
+        payload, success = report.to_json(), report.success
+        print_check(report)
+    except Exception as exc:  # a catalog that cannot be opened still gets its report
+        payload, success = {"success": False, "error": f"{type(exc).__name__}: {exc}"}, False
+        print(f"FAIL the warehouse could not be checked: {payload['error']}")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.report or Path(args.data_dir) / "reports" / f"check-{stamp}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"{'all checks passed' if success else 'CHECK FAILED'}; report: {out}")
+    return 0 if success else 1
+
+
+def print_check(report) -> None:
     for name, table in report.tables.items():
-        unit = "checks" if name == "integrity" else "rows"
+        unit = {"integrity": "checks", "files": "files"}.get(name, "rows")
         print(f"{'ok  ' if table.success else 'FAIL'} {name:<16} {table.rows:>9} {unit}")
     for failure in report.failures:
         print(f"  {failure['table']}.{failure['column']}: {failure['expectation']} "
               f"({failure['unexpected_count']} rows) {failure.get('examples') or failure.get('error') or ''}")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.report or Path(args.data_dir) / "reports" / f"check-{stamp}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
-    print(f"{'all checks passed' if report.success else 'CHECK FAILED'}; report: {out}")
-    return 0 if report.success else 1
+    for problem in report.files:
+        print(f"  {problem['kind'].upper():<16} {problem['path']}: {problem['reason']}")
+    if any(p["kind"] in ("missing", "changed") for p in report.files):
+        print("damaged lake files: `gymfoundry warehouse repair` quarantines their landings, then re-run")
+
+
+def cmd_warehouse_repair(args: argparse.Namespace) -> int:
+    from warehouse import Warehouse
+
+    with Warehouse(args.data_dir) as wh:
+        repair = wh.repair()
+    for folder, files in repair.moved.items():
+        print(f"QUARANTINED {len(files)} files of one landing to {folder}:")
+        for failure in repair.failures[folder.name]:
+            print(f"  {failure['expectation']}: {failure['error']}")
+    for path in repair.removed_temp:
+        print(f"removed {path} (temp file of a killed writer)")
+    if repair.moved:
+        print("views rebuilt over the intact files; re-run the factory runs that landed these rows to land them "
+              "again, and see `gymfoundry warehouse check`")
+    else:
+        print("no damaged lake files; nothing quarantined")
+    return 0
 
 
 def cmd_labels_export(args: argparse.Namespace) -> int:
@@ -239,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     check.add_argument("--report", help="where to write the JSON report (default <data-dir>/reports/)")
     check.set_defaults(func=cmd_warehouse_check)
+    repair = warehouse_sub.add_parser("repair", help="quarantine landings with missing or changed lake files and "
+                                                     "rebuild the views (re-run the factory to land them again)")
+    repair.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    repair.set_defaults(func=cmd_warehouse_repair)
     add_prm_commands(sub)
     from flows.training_cli import add_training_commands
 
