@@ -8,11 +8,10 @@ from envs.coding import CodingEnv
 from envs.records import Step, TaskSpec, Termination, ToolCall
 from envs.sandbox import SandboxError, bubblewrap
 from tasks.classify import classify
-from tests.envs.coding_helpers import quick_task
+from tests.envs.coding_helpers import quick_task, with_limits
 from verifiers.coding import CodingVerifier, constraint_violations
 
-ISOLATED, WHY = bubblewrap.probe()
-pytestmark = pytest.mark.skipif(not ISOLATED, reason=f"bubblewrap cannot run here: {WHY}")
+from tests.sandbox_guard import needs_sandbox as pytestmark  # noqa: F401  skips here, fails under CI=true
 
 
 def play(task: TaskSpec, calls: list[ToolCall]) -> tuple[list[Step], dict]:
@@ -100,14 +99,81 @@ def test_submitted_code_reaching_for_the_network_is_a_violation(task):
     assert report.constraint_violation and any("network" in r for r in report.reasons)
 
 
-def test_code_that_hangs_the_tests_is_a_timeout():
+def test_code_that_hangs_the_tests_is_the_models_failure_with_the_time_limit_as_reason():
     task = quick_task(8, 1, test_timeout_s=1.5)
     module = task.hidden.checks["bugs"][0]["file"]
     steps, state = play(task, [ToolCall(name="run", arguments={
         "argv": ["sh", "-c", "echo 'import time; time.sleep(3600)' >> \"$1\"", "sh", module]}), SUBMIT])
     report = CodingVerifier().verify(task, steps, state)
-    assert not report.success and not report.checks["timeout"].passed
-    assert termination(steps, report) == Termination.timeout
+    assert not report.success and not report.completed and not report.regression
+    assert "timeout" not in report.checks and "env_fault" not in report.checks
+    assert report.checks["hidden_tests"].reasons[0] == "the tests ran past their 1.5s limit and were killed"
+    assert termination(steps, report) == Termination.failure
+
+
+def test_a_sandbox_without_python_is_an_environment_fault_found_without_the_submission(task, monkeypatch):
+    """The same exit 127 that is the model's failure when its code prints it (test_grader_forgery.py)
+    is the environment's when the grader's own run on the original files gets it."""
+    task = with_limits(task, memory_mb=500)  # a task id no other test has cached
+    steps, state = play(task, fixes(task) + [SUBMIT])
+    monkeypatch.setattr(bubblewrap, "sandbox_python", lambda: None)
+    report = CodingVerifier().verify(task, steps, state)
+    [why] = report.checks["env_fault"].reasons
+    assert why.startswith("the grading sandbox could not run the tests on the task's original files: "
+                          "the test run ended without a complete report (exit code 127")
+    assert not report.success and termination(steps, report) == Termination.env_fault
+    assert CodingVerifier().precondition(task).startswith("could not run the tests on the original files")
+
+
+def test_the_reference_runs_once_per_task_and_again_only_to_attribute_an_incomplete_run(task, monkeypatch):
+    task = with_limits(task, memory_mb=501)
+    runs = []
+
+    def counted(task_, files, *args):
+        runs.append(files == grader.original_files(task_))
+        return observe(task_, files, *args)
+
+    observe = grader.observe
+    monkeypatch.setattr(grader, "observe", counted)
+    fixed = grader.original_files(task)
+    assert all(grader.grade(task, fixed).results.values())
+    assert not all(grader.grade(task, task.initial_state["files"]).results.values())
+    assert runs == [True, True, False]  # the reference, then the two runs graded against it
+    package = task.hidden.checks["package"]
+    crashed = {**fixed, f"{package}/__init__.py": "import os\nos._exit(3)\n"}
+    result = grader.grade(task, crashed)
+    assert runs[3:] == [False, True]  # incomplete: the original files are run again, in a fresh sandbox
+    assert result.env_fault is None and not any(result.results.values())
+    assert result.problem.startswith("the test run ended without a complete report (exit code 3, ")
+
+
+def test_honest_prints_and_workspace_files_named_like_startup_modules_do_not_spoil_the_grade(task):
+    module = "/".join(task.hidden.checks["bugs"][0]["file"].split("/")[:-1]) + "/__init__.py"
+    source = task.initial_state["files"][module]
+    chatty = "print('debug ' * 20000)\nimport sys\nsys.stdout.write('{\"test\": 1}\\n')\n"
+    exits = "import os\nos._exit(0)\n"
+    steps, state = play(task, fixes(task) + [
+        ToolCall(name="edit_file", arguments={"path": module, "old": source, "new": chatty + source}),
+        *[ToolCall(name="edit_file", arguments={"path": name, "old": "", "new": exits})
+          for name in ("sitecustomize.py", "usercustomize.py", "json.py", "hashlib.py")], SUBMIT])
+    report = CodingVerifier().verify(task, steps, state)
+    assert report.completed and not report.regression and report.checks["visible_tests"].passed
+    assert report.side_effects == [f"added {n}" for n in ("hashlib.py", "json.py", "sitecustomize.py",
+                                                         "usercustomize.py")]
+
+
+def test_outcome_records_stay_small_whatever_the_number_of_files_created(task):
+    make = ("import os\nfor d in ('junk', 'tests/more'):\n    os.makedirs(d, exist_ok=True)\n"
+            "    for i in range(1500):\n        open(f'{d}/f{i:04d}.txt', 'w').close()\n")
+    steps, state = play(task, [ToolCall(name="run", arguments={"argv": ["python", "-c", make]}), SUBMIT])
+    assert len(state["submission"]) > 3000
+    report = CodingVerifier().verify(task, steps, state)
+    assert report.side_effects == [f"added junk/f{i:04d}.txt" for i in range(20)] + [
+        "added 1480 more files (1500 in all)"]
+    [changed] = [r for r in report.reasons if r.startswith("changed test files")]
+    assert changed == "changed test files: " + ", ".join(f"tests/more/f{i:04d}.txt" for i in range(20)) + \
+        " and 1480 more"
+    assert len(report.model_dump_json()) < 8000
 
 
 def test_a_grading_sandbox_that_fails_is_an_environment_fault(task, monkeypatch):
