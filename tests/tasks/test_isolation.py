@@ -121,6 +121,27 @@ def test_holdout_tasks_never_enter_a_dataset(built, tmp_path):
         assert smuggled.task_id not in {r["task_id"] for r in kind_rows}
 
 
+def test_a_template_recorded_as_holdout_later_leaves_every_dataset(built, tmp_path):
+    """The adversarial setup of tests/tasks/test_split_authority.py: the warehouse records as held
+    out a template whose tasks landed (and succeeded) as train, as the hash rule put them."""
+    data_dir, result = built
+    sft = dataset_rows(result)["sft"]
+    copy = tmp_path / "copy"
+    shutil.copytree(data_dir, copy)
+    with Warehouse(copy) as wh:
+        (task,) = wh.load_tasks("task_id = ?", [sft[0]["task_id"]])
+        group = {t.task_id for t in wh.load_tasks("template_id = ?", [task.template_id])}
+        assert task.split == Split.train and assign_split(task) == Split.train
+        twin = TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "goal": task.goal + " ",
+                                        "split": "holdout"})
+        wh.land(tasks=[twin]).checked()
+    again = assemble_datasets(copy, FAMILIES)
+    for kind_rows in dataset_rows(again).values():
+        assert not {r["task_id"] for r in kind_rows} & group
+    assert again["sft"]["rows"] < result["sft"]["rows"]
+    assert again["sft"]["dropped"]["holdout_tasks"] == result["sft"]["dropped"]["holdout_tasks"] + len(group) + 1
+
+
 def test_dataset_rows_are_deduplicated_by_content(built, tmp_path):
     data_dir, result = built
     copy = tmp_path / "copy"
