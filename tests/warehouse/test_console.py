@@ -1,0 +1,112 @@
+"""The SQL console (`gymfoundry sql`, a read-only `Warehouse`) runs queries and nothing that writes
+files or changes the catalog; every hostile statement is refused before any of the text runs, and
+the lake's files, their checksums and `warehouse check` are unchanged afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+
+import pytest
+
+from flows.cli import main
+from warehouse import ConsoleRefused, Warehouse
+from warehouse.console import check_query
+
+
+def land(data_dir, build):
+    task = build.task("inventory", 0)
+    rollout = build.rollout(task)
+    with Warehouse(data_dir) as wh:
+        wh.land(tasks=[task], rollouts=[rollout], scores=[build.score(rollout, i) for i in range(3)]).checked()
+        return [data_dir / p for (p,) in wh.con.execute("select path from manifest order by path").fetchall()]
+
+
+def state(data_dir):
+    """Every file under the data dir but reports, with its checksum."""
+    return {p.relative_to(data_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(data_dir.rglob("*")) if p.is_file() and "reports" not in p.parts}
+
+
+def hostile(data_dir, registered):
+    target, steps = registered[0].as_posix(), [f for f in registered if "/steps/" in f.as_posix()][0].as_posix()
+    return {
+        "copy onto a registered file": f"COPY (SELECT 1 AS a) TO '{target}' (FORMAT parquet)",
+        "copy a new file into the lake": f"COPY (SELECT 1 AS a) TO '{data_dir}/lake/steps/new.parquet'",
+        "copy into the data dir": f"COPY steps TO '{data_dir}/dump.csv'",
+        "export database": f"EXPORT DATABASE '{data_dir}/export'",
+        "attach then create": f"ATTACH '{data_dir}/other.duckdb' AS o; CREATE TABLE o.t AS SELECT 1",
+        "a copy hidden after a select": f"SELECT 1; COPY (SELECT 2) TO '{steps}'",
+        "a copy hidden after a comment": f"/* select */ SELECT 1 -- ;\n; COPY (SELECT 2) TO '{steps}'",
+        "explain analyze of a copy": f"EXPLAIN ANALYZE COPY (SELECT 1) TO '{target}'",
+        "explain with options": "EXPLAIN (FORMAT json) SELECT 1",
+        "install": "INSTALL httpfs",
+        "load": "LOAD json",
+        "create temp table": "CREATE TEMP TABLE t AS SELECT 1",
+        "create view": "CREATE TEMP VIEW steps AS SELECT 1 AS a",
+        "insert": "INSERT INTO manifest SELECT * FROM manifest",
+        "update": "UPDATE manifest SET sha256 = 'x'",
+        "delete": "DELETE FROM manifest",
+        "drop": "DROP VIEW steps",
+        "set external access": "SET enable_external_access = true",
+        "set a profiling output file": f"SET profiling_output = '{data_dir}/lake/p.json'",
+        "pragma that writes": "PRAGMA enable_profiling = 'json'",
+        "call": "CALL checkpoint()",
+        "prepare a copy": f"PREPARE p AS COPY (SELECT 1) TO '{target}'",
+        "execute": "EXECUTE p",
+        "use another catalog": "USE memory",
+        "begin": "BEGIN TRANSACTION",
+        "vacuum": "VACUUM",
+    }
+
+
+def test_every_hostile_statement_is_refused_and_nothing_changes(data_dir, build, capsys):
+    registered = land(data_dir, build)
+    before = state(data_dir)
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o444 for f in registered)
+    for name, statement in hostile(data_dir, registered).items():
+        with Warehouse(data_dir, read_only=True) as wh, pytest.raises(ConsoleRefused, match="only runs queries"):
+            wh.sql(statement)
+        assert main(["sql", "--data-dir", str(data_dir), statement]) == 1, name
+        assert "ConsoleRefused" in capsys.readouterr().err, name
+    assert state(data_dir) == before
+    out = data_dir / "check.json"
+    assert main(["warehouse", "check", "--data-dir", str(data_dir), "--report", str(out)]) == 0
+    assert json.loads(out.read_text())["files"] == []
+
+
+def test_the_message_names_the_refused_statement():
+    with pytest.raises(ConsoleRefused, match=r"COPY \(statement 2 of 2\)"):
+        check_query("select 1; copy (select 1) to 'x.csv'")
+    with pytest.raises(ConsoleRefused, match="ATTACH"):
+        check_query("attach 'x.db'")
+
+
+def test_queries_of_every_allowed_kind_run(data_dir, build):
+    registered = land(data_dir, build)
+    before = state(data_dir)
+    steps = [f for f in registered if "/steps/" in f.as_posix()][0]
+    with Warehouse(data_dir, read_only=True) as wh:
+        assert wh.sql("select count(*) as n from steps").to_pylist() == [{"n": 3}]
+        assert wh.sql("with s as (select * from steps) select max(index) as m from s").to_pylist() == [{"m": 2}]
+        assert wh.sql("from rollouts select termination").to_pylist() == [{"termination": "success"}]
+        assert wh.sql(f"select count(*) as n from read_parquet('{steps}')").to_pylist() == [{"n": 3}]
+        assert wh.sql("values (1), (2)").num_rows == 2
+        assert wh.sql("describe steps").num_rows > 5
+        assert "steps" in {r["name"] for r in wh.sql("show tables").to_pylist()}
+        assert wh.sql("summarize select reward from steps").num_rows == 1
+        assert wh.sql("pivot (select index from steps) on index using count(*)").num_columns == 3
+        assert wh.sql("unpivot (select 1 as a, 2 as b) on a, b into name k value v").num_rows == 2
+        assert wh.sql("explain select * from steps").num_rows >= 1
+        assert wh.sql("explain analyze select count(*) from steps").num_rows >= 1
+        assert wh.sql("select 1 as a; select 2 as b").to_pylist() == [{"b": 2}]
+        assert wh.sql("select * from steps where rollout_id = ?", ["nope"]).num_rows == 0
+    assert main(["sql", "--data-dir", str(data_dir), "select task_family, count(*) from steps group by all"]) == 0
+    assert state(data_dir) == before
+
+
+def test_a_writer_keeps_its_full_sql(wh):
+    # Landing code needs DDL; only the read-only path is the console.
+    assert wh.sql("create temp view scratch as select 1 as a").num_rows == 0
+
