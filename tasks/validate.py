@@ -1,16 +1,50 @@
 """Stage 2: validity. Replaying the reference trajectory through the real env must succeed
 under the outcome verifier, and the verifier's precondition must hold before any action
 (e.g. the coding family's hidden tests must fail on the initial snapshot); a task that
-fails either is rejected with the reason."""
+fails either is rejected with the reason.
+
+An environment that fails while checking (a sandbox that cannot start, an environment fault
+during the replay) says nothing about the task: it is never recorded as a rejection.
+`validate_tasks` raises `ReplayEnvFault` instead, so the run stops with the environment's
+problem named. The fault is recognised by where it happened — an `EnvFault` raised, a step
+or outcome the env marked `env_fault`, or a `SandboxError` made by the sandbox layer while
+this task was being checked (`envs.sandbox.fault_count`) — never by the text of a reason."""
 
 from __future__ import annotations
 
+from envs.base import EnvFault
 from envs.records import TaskRejection, TaskSpec
 from envs.registry import make, verifier_for
+from envs.sandbox.base import fault_count, faults_since
+
+
+class ReplayEnvFault(EnvFault):
+    """The reference replay could not run because the environment failed: not the task's fault."""
+
+    def __init__(self, task: TaskSpec, problem: str):
+        self.task_id, self.family, self.problem = task.task_id, task.family, problem
+        super().__init__(f"cannot validate {task.family} task {task.task_id}: the environment failed, not the "
+                         f"task ({problem}); fix the environment (for coding: a working sandbox, see "
+                         f"`envs.sandbox.backend_status()`) and run again")
 
 
 def check_reference(task: TaskSpec) -> str | None:
-    """None when the reference proves the task solvable, else why not."""
+    """None when the reference proves the task solvable, else why not. Raises ReplayEnvFault
+    when the environment failed during the check."""
+    mark = fault_count()
+    try:
+        reason = _replay(task)
+    except ReplayEnvFault:
+        raise
+    except EnvFault as exc:
+        raise ReplayEnvFault(task, f"{type(exc).__name__}: {exc}") from exc
+    faults = faults_since(mark)
+    if reason is not None and faults:  # the check failed while the sandbox was failing
+        raise ReplayEnvFault(task, f"sandbox fault: {faults[-1]}")
+    return reason
+
+
+def _replay(task: TaskSpec) -> str | None:
     reference = task.hidden.reference
     if len(reference) > task.budget.max_steps:
         return f"reference needs {len(reference)} steps, budget allows {task.budget.max_steps}"
@@ -27,13 +61,19 @@ def check_reference(task: TaskSpec) -> str | None:
         ts = None
         for i, call in enumerate(reference):
             ts = env.step(call)
-            if ts.info.get("error"):
-                return f"reference step {i} ({call.name}) failed: {ts.info['error']['message']}"
+            error = ts.info.get("error") or {}
+            if ts.info.get("env_fault") or error.get("kind") == "env_fault":
+                raise ReplayEnvFault(task, f"reference step {i} ({call.name}): {error.get('message', 'env fault')}")
+            if error:
+                return f"reference step {i} ({call.name}) failed: {error['message']}"
             if ts.done and i < len(reference) - 1:
                 return f"episode ended at reference step {i} of {len(reference)}"
         if ts is None or not ts.terminated:
             return "reference trajectory does not end the episode"
         outcome = ts.info.get("outcome") or {}
+        fault = (outcome.get("checks") or {}).get("env_fault")
+        if fault and not fault.get("passed", True):
+            raise ReplayEnvFault(task, f"grading: {'; '.join(fault.get('reasons', [])) or 'env fault'}")
         if not outcome.get("success"):
             return f"reference fails its verifier: {'; '.join(outcome.get('reasons', [])) or 'no reason given'}"
         return None
@@ -42,6 +82,7 @@ def check_reference(task: TaskSpec) -> str | None:
 
 
 def validate_tasks(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]]:
+    """(valid, rejected). Raises ReplayEnvFault, landing nothing, if the environment fails."""
     valid, rejected = [], []
     for task in tasks:
         reason = check_reference(task)
