@@ -157,7 +157,7 @@ def test_honest_prints_and_workspace_files_named_like_startup_modules_do_not_spo
         *[ToolCall(name="edit_file", arguments={"path": name, "old": "", "new": exits})
           for name in ("sitecustomize.py", "usercustomize.py", "json.py", "hashlib.py")], SUBMIT])
     report = CodingVerifier().verify(task, steps, state)
-    assert report.completed and not report.regression and report.checks["visible_tests"].passed
+    assert report.success and report.completed and report.checks["visible_tests"].passed
     assert report.side_effects == [f"added {n}" for n in ("hashlib.py", "json.py", "sitecustomize.py",
                                                          "usercustomize.py")]
 
