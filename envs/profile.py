@@ -37,7 +37,7 @@ class ScoreWeights(BaseModel):
 
     rules: dict[str, float] = Field(default_factory=lambda: {
         "valid_call": 0.2, "permitted": 0.3, "non_redundant": 0.1, "no_undo": 0.2, "information_use": 0.2,
-        "progress": 1.0})
+        "progress": 1.0, "injection_attempt": 1.0})
     # Step reward = Σ w·layer score / Σ w over the layers that scored the step (a judge that is
     # not configured or failed contributes nothing).
     layers: dict[str, float] = Field(default_factory=lambda: {"rules": 1.0, "judge": 0.5})
@@ -47,6 +47,8 @@ class ScoreWeights(BaseModel):
         unknown = set(self.layers) - {"rules", "judge"}
         if unknown or any(w < 0 for w in self.layers.values()):
             raise ValueError(f"layer weights must be non-negative, for rules and judge only: {self.layers}")
+        if any(w < 0 for w in self.rules.values()):  # a negative weight would reward a penalty
+            raise ValueError(f"rule weights must be non-negative: {self.rules}")
         return self
 
 

@@ -3,7 +3,13 @@ server, hosted APIs) as a policy. The tools go in the request's `tools`; the rep
 becomes the action text `<tool_call>{...}</tool_call>` that the env parses like any other.
 
 Settings: `base_url` (or GYMFOUNDRY_POLICY_BASE_URL, e.g. http://localhost:8000/v1) and
-`api_key` (or GYMFOUNDRY_POLICY_API_KEY / OPENAI_API_KEY; local servers need none)."""
+`api_key` (or GYMFOUNDRY_POLICY_API_KEY / OPENAI_API_KEY; local servers need none).
+
+Each request has `timeout_s` of wall-clock time in all (verifiers/endpoint.py). Whatever goes
+wrong at the endpoint (no answer in time, no connection, an HTTP error, an unreadable reply) is
+raised as `EndpointError`, which the rollout records as `policy_error` (an inference fault, not
+a model outcome). The key is never kept: the reply's text, and every error message, pass through
+`envs.secrets.redact` before they leave this class (an endpoint may echo the key)."""
 
 from __future__ import annotations
 
@@ -13,8 +19,10 @@ from typing import Any
 
 import httpx
 
+from envs.secrets import redact, register_secret
 from tasks.hf_policy import SYSTEM_PROMPT
 from tasks.policies import PolicyOutput
+from verifiers.endpoint import DeadlineClient, EndpointError
 
 
 class OpenAIPolicy:
@@ -27,13 +35,15 @@ class OpenAIPolicy:
         if not self.base_url:
             raise ValueError("no endpoint: pass base_url or set GYMFOUNDRY_POLICY_BASE_URL (e.g. http://localhost:8000/v1)")
         key = api_key or os.environ.get("GYMFOUNDRY_POLICY_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        register_secret(key)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport)
+        self.timeout_s = timeout_s
+        self.client = DeadlineClient(timeout_s, base_url=self.base_url, headers=headers, transport=transport)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.system_prompt = system_prompt
         self.policy_id = f"openai:{model}"
-        self.version = f"{self.base_url}|t{temperature:g}"
+        self.version = f"{redact(self.base_url)}|t{temperature:g}"
         self.reset()
 
     def reset(self, seed: int | None = None) -> None:
@@ -42,6 +52,15 @@ class OpenAIPolicy:
         self.pending_call_id: str | None = None
 
     def act(self, observation: str) -> PolicyOutput:
+        try:
+            return self._act(observation)
+        except EndpointError:
+            raise
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:  # a reply of the wrong shape
+            raise EndpointError(redact(f"unreadable reply from {redact(self.base_url)}: "
+                                       f"{type(exc).__name__}: {exc}")[:500]) from None
+
+    def _act(self, observation: str) -> PolicyOutput:
         if not self.messages:
             self.messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": observation}]
         elif self.pending_call_id:
@@ -54,10 +73,10 @@ class OpenAIPolicy:
             body["tools"] = self.tools
         if self.seed is not None:
             body["seed"] = self.seed
-        response = self.client.post("/chat/completions", json=body)
-        response.raise_for_status()
-        choice = response.json()["choices"][0]
-        message = choice["message"]
+        choice = self._complete(body)
+        # One redaction of the whole reply: everything kept from it below (thought, tool name,
+        # arguments, the history sent back) is then free of the key, whatever field echoed it.
+        message = json.loads(redact(json.dumps(choice["message"])))
         calls = message.get("tool_calls") or []
         thought = message.get("content") or ""
         self.pending_call_id = None
@@ -78,3 +97,24 @@ class OpenAIPolicy:
         logprobs = [t["logprob"] for t in content_logprobs] if content_logprobs else None
         # Endpoints return token strings, not ids: ids stay unknown rather than re-tokenised.
         return PolicyOutput(text=text, thought=thought or None, token_ids=None, logprobs=logprobs)
+
+    def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The reply's first choice; any failure of the endpoint is an EndpointError whose message
+        is redacted and says what went wrong (never the model's output)."""
+        where = redact(self.base_url)
+        try:
+            response = self.client.post("/chat/completions", json=body)
+        except httpx.TimeoutException:
+            raise EndpointError(f"{where} gave no complete answer within the {self.timeout_s:g} s deadline") from None
+        except httpx.TransportError as exc:
+            raise EndpointError(redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")) from None
+        if response.status_code != 200:
+            raise EndpointError(f"HTTP {response.status_code} from {where}: {redact(response.text)[:300]}")
+        try:
+            choice = response.json()["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise EndpointError(f"unreadable reply from {where}: {type(exc).__name__}: "
+                                f"{redact(response.text)[:300]}") from None
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            raise EndpointError(f"unreadable reply from {where}: no message: {redact(response.text)[:300]}")
+        return choice

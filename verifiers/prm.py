@@ -5,10 +5,18 @@
                failed on the step contributes nothing, so without a judge raw = the rule score)
     reward   = calibrator(raw) where the family has a calibrator, else raw
 
+Prompt injection: from the first step of a rollout whose rule components flag an
+`injection_attempt` on, the judge's score is not used: those steps' judge prompts show the
+injected text (the step itself, or its history), so a judge that obeyed it would be rewarding
+the injection. Where the judge ran (a row with status ok or error), the judge layer is taken at
+its floor, -1, instead; so whatever the judge said, the combined reward of such a step is never
+above that of the same step without the injection (the rule score only falls, the judge term
+only falls). The row's version says `judge:withheld` and its components `judge_withheld: 1`.
+
 Rows produced per step: `calibrated` (where a calibrator applies; scorer_version = the
 calibrator's version) and `combined` (the reward the trainer sees). The combined row's
 `scorer_version` names everything that produced it, e.g.
-`prm1|rules:2+wab12cd|judge:none|cal:isotonic-3f2a...|layers:9e8d7c`, and its components keep
+`prm2|rules:3+wab12cd|judge:none|layers:9e8d7c|cal:isotonic-3f2a...`, and its components keep
 each layer's score and weight, the raw value and the calibrated one."""
 
 from __future__ import annotations
@@ -17,19 +25,31 @@ from envs.profile import DomainProfile
 from envs.records import StepScore, content_hash
 from verifiers.calibration import Calibrator
 
-PRM_VERSION = "1"
+PRM_VERSION = "2"  # 2: the judge is withheld from an injection onwards
+JUDGE_FLOOR = -1.0
 
 
 def layers_version(profile: DomainProfile) -> str:
     return content_hash(sorted(profile.score_weights.layers.items()), 6)
 
 
-def judge_label(score: StepScore | None, weight: float) -> str:
+def judge_label(score: StepScore | None, weight: float, withheld: bool = False) -> str:
     if score is None or score.status == "not_configured" or weight <= 0:
         return "none"
+    if withheld:
+        return "withheld"
     if score.status != "ok":
         return "error"  # a later re-score that reaches the judge lands beside this one
     return f"{score.scorer_id.removeprefix('judge:')}@{score.scorer_version}"
+
+
+def injection_starts(rule_scores: list[StepScore]) -> dict[str, int]:
+    """rollout_id -> the index of its first step flagged `injection_attempt` by the rule layer."""
+    starts: dict[str, int] = {}
+    for s in rule_scores:
+        if s.components.get("injection_attempt", 0.0) < 0:
+            starts[s.rollout_id] = min(s.step_index, starts.get(s.rollout_id, s.step_index))
+    return starts
 
 
 def combine(rule_scores: list[StepScore], judge_scores: list[StepScore], profiles: dict[str, DomainProfile],
@@ -37,19 +57,25 @@ def combine(rule_scores: list[StepScore], judge_scores: list[StepScore], profile
     """The `calibrated` and `combined` rows for every step that has a rule score."""
     calibrators = calibrators or {}
     judged = {(s.rollout_id, s.step_index): s for s in judge_scores}
+    first_injection = injection_starts(rule_scores)
     raw_rows = []
     for rules in rule_scores:
         family = family_of[rules.rollout_id]
         weights = profiles[family].score_weights.layers
         judge = judged.get((rules.rollout_id, rules.step_index))
+        withheld = (judge is not None and judge.status in ("ok", "error")
+                    and rules.step_index >= first_injection.get(rules.rollout_id, rules.step_index + 1))
+        judge_score = JUDGE_FLOOR if withheld else (judge.score if judge and judge.status == "ok" else None)
         parts = {"rules": (weights.get("rules", 0.0), rules.score if rules.status == "ok" else None),
-                 "judge": (weights.get("judge", 0.0), judge.score if judge and judge.status == "ok" else None)}
+                 "judge": (weights.get("judge", 0.0), judge_score)}
         used = {name: (w, s) for name, (w, s) in parts.items() if w > 0 and s is not None}
         total = sum(w for w, _ in used.values())
         raw = sum(w * s for w, s in used.values()) / total if total else None
         components = {**{name: s for name, (_, s) in used.items()}, **{f"w_{name}": w for name, (w, _) in used.items()}}
-        version = (f"prm{PRM_VERSION}|rules:{rules.scorer_version}|judge:{judge_label(judge, weights.get('judge', 0.0))}"
-                   f"|layers:{layers_version(profiles[family])}")
+        if withheld and "judge" in used:
+            components["judge_withheld"] = 1.0
+        label = judge_label(judge, weights.get("judge", 0.0), withheld)
+        version = f"prm{PRM_VERSION}|rules:{rules.scorer_version}|judge:{label}|layers:{layers_version(profiles[family])}"
         raw_rows.append((rules, family, raw, components, version))
 
     out = []

@@ -7,7 +7,7 @@ import pytest
 from envs.inventory import InventoryEnv
 from envs.profile import ScoreWeights
 from tasks.score import score_steps
-from tests.verifiers.openai_stub import OpenAIStub
+from tests.verifiers.openai_stub import OpenAIStub, split_prompt
 from tests.verifiers.test_rules import AUTH, FIND, RESERVE, STOCK, SUBMIT, TASK, FlakyEnv, rollout
 from verifiers.judge import (DEFAULT_RUBRIC, Judge, JudgeCache, JudgeSettings, parse_verdict, prompt_version,
                              rubric_of)
@@ -74,8 +74,14 @@ def test_end_to_end_against_the_local_server(server):
     assert body["model"] == "stub-judge" and body["response_format"] == {"type": "json_object"}
     assert all(d.name in system and f"weight {d.weight:g}" in system for d in PROFILE.judge_rubric.dimensions)
     assert PROFILE.judge_rubric.instructions.split()[0] in system
-    assert TASK.goal in user and "request_authorization" in user.split("## Step under review")[0]
-    assert '"name": "reserve"' in user and '"reservation_id"' in user.split("Observation returned:")[1]
+    assert TASK.goal in user.split("<<<BEGIN")[0]  # the goal is the authors' text, outside the fence
+    data, outside = split_prompt(system, user)
+    assert [json.loads(s["action"])["name"] for s in data["earlier_steps"]] == ["find_items", "request_authorization"]
+    review = data["step_under_review"]
+    assert review["reasoning"] == "I was approved, so I reserve the item with the token now."
+    assert json.loads(review["action"]) == RESERVE and review["parsed_as_tool_call"] is True
+    assert json.loads(review["observation"])["result"]["reservation_id"] == "R-1"
+    assert "reserve the item" not in outside  # every agent-written span is inside the fence
     assert all(h.get("Authorization") == "Bearer sk-test" for h in server.headers)
     # the hidden fields are never shown
     assert not any(secret in json.dumps(server.requests) for secret in TASK.hidden.secrets)

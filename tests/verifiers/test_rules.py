@@ -102,7 +102,7 @@ def test_invalid_and_refused_calls():
     assert refused.components == {**ZERO, "permitted": -1.0, "information_use": -1.0}
     assert refused.score == -0.5
 
-    narrow = TASK.model_copy(update={"allowed_tools": ["find_items", "get_stock"]})
+    narrow = TaskSpec.model_validate({**TASK.model_dump(), "task_id": "", "allowed_tools": ["find_items", "get_stock"]})
     r = rollout([AUTH], task=narrow)
     [score] = score_rules([r], {narrow.task_id: narrow}, PROFILES, POTENTIALS)
     assert r.steps[0].error == "tool_not_allowed" and score.components["permitted"] == -1.0
@@ -143,7 +143,7 @@ def test_env_faults_are_never_penalised():
     assert scores[0].score == 0.0 and scores[0].components["valid_call"] == 0.0
 
     crashed = rollout([AUTH, RESERVE], env=FlakyReserveEnv())
-    assert crashed.steps[1].error == "env_fault"
+    assert crashed.steps[1].error == "env_bug"  # env code crashing: rolled back, not the agent's
     score = score_rules([crashed], {TASK.task_id: TASK}, PROFILES, POTENTIALS)[1]
     assert score.components == ZERO
     assert score.score == 0.0
@@ -244,9 +244,10 @@ def test_values_escaped_in_a_json_observation_count_as_seen():
 
     name = 'the "big" box\nsecond line'
     seen = json.dumps({"tool": "find_items", "ok": True, "result": {"items": [{"name": name}]}})
-    rows = [("r", "inventory", 0, 0, None, "find_items", json.dumps({"query": "box"}), "read", "goal", seen, 0.0, 0.0),
-            ("r", "inventory", 1, 1, None, "find_items", json.dumps({"query": name}), "read", seen, "{}", 0.0, 0.0),
-            ("r", "inventory", 2, 2, None, "find_items", json.dumps({"query": name + "!"}), "read", "{}", "{}", 0.0, 0.0)]
+    rows = [("r", "inventory", 0, 0, None, "find_items", json.dumps({"query": "box"}), "read", "goal", seen, 0.0, 0.0, ""),
+            ("r", "inventory", 1, 1, None, "find_items", json.dumps({"query": name}), "read", seen, "{}", 0.0, 0.0, ""),
+            ("r", "inventory", 2, 2, None, "find_items", json.dumps({"query": name + "!"}), "read", "{}", "{}", 0.0, 0.0,
+             "")]
     table = pl.DataFrame(rows, schema=STEP_SCHEMA, orient="row")
     assert score_table(table, PROFILES)["information_use"].to_list() == [-1.0, 0.0, -1.0]
 
