@@ -314,11 +314,12 @@ def test_hostile_escape_with_setsid_and_double_fork_does_not_survive():
 
 
 @needs_sandbox
-def test_hostile_code_that_hangs_the_grader_ends_as_a_timeout():
+def test_hostile_code_that_hangs_the_grader_is_the_models_failure():
     task = quick_task(4, 1, test_timeout_s=2.0)
     module = task.hidden.checks["bugs"][0]["file"]
     _, rollout = hostile([run(["sh", "-c", "echo 'while True: pass' >> \"$1\"", "sh", module])], task=task)
-    assert rollout.termination == Termination.timeout and "ran past" in rollout.termination_reason
+    assert rollout.termination == Termination.failure  # its own code hung the tests: not a timeout class
+    assert "the tests ran past their 2s limit and were killed" in rollout.termination_reason
 
 
 @needs_sandbox
