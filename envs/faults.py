@@ -4,7 +4,7 @@ counted against the model.
 `FaultInjection(env, FaultConfig(rate=0.2), seed=7)` makes each tool call fail, with
 probability `rate`, in one of three ways:
 
-- `tool_crash`: the tool raises an unexpected exception;
+- `tool_crash`: the tool's infrastructure crashes (an `EnvFault`, so never taken for an env bug);
 - `timeout`: the service call times out (waits `timeout_s`, then fails);
 - `unavailable`: the service answers "unavailable".
 
@@ -27,8 +27,9 @@ from envs.timestep import TimeStep
 from envs.wrappers import Wrapper
 
 
-class InjectedCrash(RuntimeError):
-    pass
+class InjectedCrash(EnvFault):
+    """An injected crash of the tool's infrastructure: an environment fault, not an env bug (a
+    bug is env code failing on the agent's input, which an injection never is)."""
 
 
 class FaultInjection(Wrapper):
@@ -82,7 +83,7 @@ class FaultInjection(Wrapper):
     def _inside_the_tool(self, inner: ToolEnv, name: str, kind: str, action) -> TimeStep:
         def failing_tool(state: dict[str, Any], **arguments: Any) -> Any:
             if kind == "tool_crash":
-                raise InjectedCrash("injected fault")
+                raise InjectedCrash(self._message(kind))
             if kind == "timeout" and self.config.timeout_s:
                 time.sleep(self.config.timeout_s)
             raise EnvFault(self._message(kind))

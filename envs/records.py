@@ -197,6 +197,33 @@ class Cost(Record):
     wall_time_s: float = 0.0
 
 
+class FaultConfig(Record):
+    """Environment faults to inject (`envs.faults.FaultInjection`): `rate` per tool call, split
+    between the kinds by weight. Seeded, so a run's faults are reproducible."""
+
+    rate: float = Field(default=0.0, ge=0, le=1)
+    kinds: dict[Literal["tool_crash", "timeout", "unavailable"], float] = Field(
+        default_factory=lambda: {"tool_crash": 1.0, "timeout": 1.0, "unavailable": 1.0})
+    timeout_s: float = Field(default=0.0, ge=0)  # how long an injected timeout hangs before it fails
+    seed: int = 0
+
+
+def rollout_identity(task_id: str, env_id: str, env_version: str, policy_id: str, policy_version: str, seed: int,
+                     attempt: int, policy_params: dict[str, Any] | None = None,
+                     faults: FaultConfig | None = None) -> str:
+    """A rollout's id, from everything that changes its episode: the task (its budget included),
+    the env, the policy and its knobs, the seed, the attempt and the faults injected into it.
+    The same inputs are the same rollout, so re-running a flow with them lands nothing new;
+    other inputs (another fault config, temperature, ...) are other rollouts and land. Knobs and
+    faults join the key only when set, so a clean run keeps the ids it always had."""
+    key: list[Any] = [task_id, env_id, env_version, policy_id, policy_version, seed, attempt]
+    if policy_params:
+        key.append({"policy_params": policy_params})
+    if faults is not None and faults.rate > 0:
+        key.append({"faults": faults.model_dump(mode="json")})
+    return "r-" + content_hash(key)
+
+
 class Rollout(Record):
     rollout_id: str = ""
     task_id: str
@@ -214,19 +241,23 @@ class Rollout(Record):
     cost: Cost = Field(default_factory=Cost)
     # What the runtime guaranteed during the episode (e.g. sandbox backend and limits in force).
     env_info: dict[str, Any] = Field(default_factory=dict)
+    # The policy's knobs that change its episodes beyond its id and version (sampling settings,
+    # token limits, the system prompt's hash); None when its version says everything.
+    policy_params: dict[str, Any] | None = None
+    # The fault injection this attempt ran under (None: none; a zero rate injects nothing).
+    faults: FaultConfig | None = None
 
     @model_validator(mode="after")
     def _fill_rollout_id(self) -> Rollout:
+        if self.faults is not None and self.faults.rate == 0:
+            self.faults = None
         if not self.rollout_id:
             self.rollout_id = self.compute_id()
         return self
 
     def compute_id(self) -> str:
-        """Identity, not content: the same task, env, policy, seed and attempt is the same
-        rollout, so re-running a flow with the same inputs lands nothing new."""
-        key = [self.task_id, self.env_id, self.env_version, self.policy_id, self.policy_version,
-               self.seed, self.attempt]
-        return "r-" + content_hash(key)
+        return rollout_identity(self.task_id, self.env_id, self.env_version, self.policy_id, self.policy_version,
+                                self.seed, self.attempt, self.policy_params, self.faults)
 
     @property
     def success(self) -> bool:
@@ -281,23 +312,16 @@ class RetryPolicy(Record):
 
     def delay_s(self, retry: int) -> float:
         """Wait before retry number `retry` (1 for the first)."""
-        return min(self.max_backoff_s, self.backoff_s * self.backoff_factor ** (retry - 1))
-
-
-class FaultConfig(Record):
-    """Environment faults to inject (`envs.faults.FaultInjection`): `rate` per tool call, split
-    between the kinds by weight. Seeded, so a run's faults are reproducible."""
-
-    rate: float = Field(default=0.0, ge=0, le=1)
-    kinds: dict[Literal["tool_crash", "timeout", "unavailable"], float] = Field(
-        default_factory=lambda: {"tool_crash": 1.0, "timeout": 1.0, "unavailable": 1.0})
-    timeout_s: float = Field(default=0.0, ge=0)  # how long an injected timeout hangs before it fails
-    seed: int = 0
+        try:
+            return min(self.max_backoff_s, self.backoff_s * self.backoff_factor ** (retry - 1))
+        except OverflowError:  # the thousandth retry of a long run waits the cap, it does not crash the run
+            return self.max_backoff_s
 
 
 class Run(Record):
     """One factory run: its configuration (which fixes `run_id`), retry policy and injected
-    faults, and what happened: rollouts attempted by class and family, retries, skips."""
+    faults, and what happened: rollouts attempted by class and family, retries, skips, and
+    whether it completed or `failed` (with the `error`; what it collected before still landed)."""
 
     run_id: str = ""
     params: dict[str, Any]
@@ -312,13 +336,25 @@ class Run(Record):
     by_family: dict[str, dict[str, int]] = Field(default_factory=dict)
     landed: dict[str, int] = Field(default_factory=dict)
     quarantined: list[str] = Field(default_factory=list)
+    status: Literal["completed", "failed"] = "completed"
+    error: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _status_of_older_rows(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "status" in data and data["status"] is None:  # landed before runs had one
+            data = {**data, "status": "completed"}
+        return data
 
     @model_validator(mode="after")
     def _fill_run_id(self) -> Run:
+        if self.status == "failed" and not self.error:
+            raise ValueError("a failed run says why: error is required")
         if not self.run_id:
             config = [self.params, self.retry_policy.model_dump(mode="json"),
                       self.faults.model_dump(mode="json") if self.faults else None]
-            self.run_id = "run-" + content_hash(config)
+            # A failed run is not the completed run of the same configuration a re-run records.
+            self.run_id = "run-" + content_hash(config + ["failed"] if self.status == "failed" else config)
         return self
 
 

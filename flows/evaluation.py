@@ -82,7 +82,9 @@ def evaluate(model: str | None = None, family: str = "inventory", data_dir: str 
 
 def render_report(report: dict[str, Any]) -> str:
     lines = [f"# Evaluation of `{report['model']}` on {report['family']}", "",
-             f"Success rate: **{100 * report['success_rate']:.1f}%** over {report['episodes']} episodes", "",
+             f"Success rate: **{100 * report['success_rate']:.1f}%** over {report['episodes'] - report['excluded']} "
+             f"model outcomes ({report['excluded']} of {report['episodes']} episodes excluded: environment faults "
+             f"and bugs, policy and verifier errors)", "",
              "| level | success |", "|---|---|"]
     lines += [f"| {level} | {100 * rate:.1f}% |" for level, rate in report["by_level"].items()]
     lines += ["", "Terminations: " + ", ".join(f"{k}={v}" for k, v in report["terminations"].items())]

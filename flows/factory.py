@@ -113,9 +113,28 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: str, 
     batches = [isolated[i:i + batch_size] for i in range(0, len(isolated), batch_size)]
     futures = rollout_batch.map(batches, unmapped(policy), unmapped(policy_kwargs), unmapped(samples_per_task),
                                 unmapped(seed), unmapped(retry), unmapped(faults)) if batches else []
-    rollouts = [r for future in futures for r in future.result()]
+    rollouts, error = batch_rollouts(futures)
     scores = score(rollouts, isolated, data_dir) if rollouts else []
-    return {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores}
+    return {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
+            "error": error}
+
+
+def batch_rollouts(futures) -> tuple[list[Rollout], str | None]:
+    """Every batch's rollouts. A batch that used up the retry policy under `on_exhausted="fail"`
+    gives those it collected up to the failure, and the first such error is returned, so the
+    factory lands what completed before it fails the run. Any other failure propagates."""
+    rollouts: list[Rollout] = []
+    error = None
+    for future in futures:
+        out = future.result(raise_on_failure=False)
+        if isinstance(out, RetryExhausted):
+            rollouts += out.rollouts
+            error = error or str(out)
+        elif isinstance(out, BaseException):
+            raise out
+        else:
+            rollouts += out
+    return rollouts, error
 
 
 def make_task_runner(name: str, max_workers: int | None = None):
@@ -146,7 +165,9 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     Re-running with the same parameters lands nothing new (ids are content hashes).
     `task_runner` spreads the rollout batches: threads, dask or ray. `retry` (default
     `RetryPolicy()`: env faults retried twice with backoff, then skipped) is fixed for the run and
-    stored with it in `runs`; `faults` injects environment faults (envs/faults.py).
+    stored with it in `runs`; `faults` injects environment faults (envs/faults.py). When the retry
+    policy says fail, what completed (every finished batch, and the failing one up to the failure)
+    lands, the run is recorded with status "failed" and its error, and the flow fails.
 
     Every dataset with rows emits a `gymfoundry.dataset.ready` event, which the
     `train-on-new-dataset` deployment is triggered by under a Prefect server. In ad-hoc mode,
@@ -159,6 +180,7 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     landed: dict[str, int] = {}
     rollouts: list[Rollout] = []
     quarantined: list[str] = []
+    error = None
     for family in families:
         out = pipeline(family, tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size,
                        data_dir, holdout_fraction, retry, faults)
@@ -170,15 +192,25 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
         rollouts += out["rollouts"]
         logger.info("%s: %d tasks kept, %d rejected, %d rollouts", family, len(out["tasks"]),
                     len(out["rejections"]), len(out["rollouts"]))
-    versions = {r.policy_version for r in rollouts}  # the curriculum measures this run's policy
-    datasets = assemble(data_dir, families, versions.pop() if len(versions) == 1 else None, learnability,
-                        min_margin)
+        if out["error"]:  # the retry policy says fail: what completed has landed; stop here
+            error = f"{family}: {out['error']}"
+            break
     params = {"families": families, "tasks_per_family": tasks_per_family, "seed": seed, "policy": policy,
               "policy_kwargs": policy_kwargs, "samples_per_task": samples_per_task,
               "holdout_fraction": holdout_fraction, "learnability": learnability, "min_margin": min_margin}
     run = Run(params=params, retry_policy=retry, faults=faults, started_at=started,
               finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), landed=landed,
-              quarantined=quarantined, **run_counts(rollouts, retry))
+              quarantined=quarantined, status="failed" if error else "completed", error=error,
+              **run_counts(rollouts, retry))
+    if error:
+        record_run(data_dir, run)
+        raise RetryExhausted(f"run {run.run_id} failed: {error}. What completed landed "
+                             f"({', '.join(f'{k}={v}' for k, v in sorted(landed.items()))}) and the failed run "
+                             f"is recorded in `runs`; no dataset was assembled")
+    versions = {r.policy_version for r in rollouts}  # the curriculum measures this run's policy
+    datasets = assemble(data_dir, families, versions.pop() if len(versions) == 1 else None, learnability,
+                        min_margin)
+    run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record_run(data_dir, run)
     if quarantined:
         logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)

@@ -1,22 +1,43 @@
-"""Stage: classify how an episode ended. Environment faults are never model failures, and
-success is decided by the outcome verifier, never by the episode merely terminating."""
+"""Stage: classify how an episode ended. Success is decided by the outcome verifier, never by
+the episode merely terminating, and an attempt touched by the environment is never a model
+outcome: one step that met an environment fault or bug makes the whole attempt `env_fault` /
+`env_bug`, whatever the verifier said. Counting a faulted success but not a faulted failure
+made measured success rise with the fault rate; such attempts are retried from a clean state
+instead (tasks/retry.py) and stay out of every success rate and dataset."""
 
 from __future__ import annotations
 
+from envs.errors import ErrorKind
 from envs.records import OutcomeReport, Step, Termination
+
+# Step error kinds that take an attempt out of the model's record, by precedence: a bug is
+# reported as such even where a fault also hit.
+TAINTS = ((ErrorKind.env_bug.value, Termination.env_bug), (ErrorKind.env_fault.value, Termination.env_fault))
+
+
+def touched_by_env(steps: list[Step]) -> tuple[Termination, str] | None:
+    """The class and reason of an attempt an environment fault or bug touched, else None."""
+    for kind, termination in TAINTS:
+        hit = [s for s in steps if s.error == kind]
+        if hit:
+            return termination, f"{len(hit)} {kind.replace('_', ' ')}(s), first at step {hit[0].index}"
+    return None
 
 
 def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: dict,
              outcome: OutcomeReport | None, policy_error: str | None = None,
-             env_error: str | None = None, verifier_error: str | None = None) -> tuple[Termination, str]:
-    if policy_error:
-        return Termination.policy_error, policy_error
+             env_error: str | None = None, verifier_error: str | None = None,
+             env_bug: str | None = None) -> tuple[Termination, str]:
+    """`env_error` / `env_bug`: the env itself raised (a fault raised on purpose / anything else)."""
+    if env_bug:
+        return Termination.env_bug, env_bug
     if env_error:
         return Termination.env_fault, env_error
-    faults = [s for s in steps if s.error == "env_fault"]
-    succeeded = outcome is not None and outcome.success and terminated
-    if faults and not succeeded:
-        return Termination.env_fault, f"{len(faults)} environment fault(s), first at step {faults[0].index}"
+    touched = touched_by_env(steps)
+    if touched:
+        return touched
+    if policy_error:
+        return Termination.policy_error, policy_error
     if end_info.get("termination") == "timeout":
         return Termination.timeout, end_info.get("termination_reason", "time limit")
     if truncated:
@@ -27,12 +48,17 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
         return Termination.verifier_error, verifier_error
     if outcome is None:
         return Termination.verifier_error, "no outcome verifier for this env"
-    if outcome.success:
-        return Termination.success, "; ".join(outcome.reasons) or "verified"
-    # A verifier attributes a failure to the environment or to time with a failed check of that name
-    # (e.g. the coding grader's sandbox crashed, or the submitted code hung the hidden tests).
+    return _verdict(outcome)
+
+
+def _verdict(outcome: OutcomeReport) -> tuple[Termination, str]:
+    # A verifier attributes the attempt to the environment or to time with a failed check of that
+    # name (e.g. the coding grader's sandbox crashed, or the submitted code hung the hidden tests);
+    # an environment fault outranks even a success.
     if _failed(outcome, "env_fault"):
         return Termination.env_fault, "; ".join(outcome.checks["env_fault"].reasons)
+    if outcome.success:
+        return Termination.success, "; ".join(outcome.reasons) or "verified"
     if outcome.constraint_violation:
         return Termination.constraint_violation, "; ".join(outcome.reasons)
     if _failed(outcome, "timeout"):

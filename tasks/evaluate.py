@@ -1,16 +1,18 @@
 """Stage: evaluate a policy on held-out tasks of a family (never the train split).
 
 The rollouts are ordinary rollouts (same runtime, verifier and failure classes as the
-factory); the success rate counts verified successes over every episode run."""
+factory); the success rate counts verified successes over the model outcomes: an episode an
+environment fault or bug touched (or one the policy endpoint or the verifier failed) says
+nothing about the model and is counted apart, as `excluded`."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from typing import Any
 
-from envs.records import Rollout, TaskSpec
+from envs.records import MODEL_OUTCOMES, Rollout, TaskSpec, rollout_identity
 from tasks.policies import Policy
-from tasks.rollout import rollout_seed, run_episode
+from tasks.rollout import policy_params, rollout_seed, run_episode
 
 HELDOUT_SPLITS = ("test", "val")
 
@@ -41,13 +43,11 @@ def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> TaskSpec:
 
 
 def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0) -> str:
-    """The id `run_episode` gives this episode (identity: task, env, policy version, seed)."""
-    from envs.records import content_hash
+    """The id `run_episode` gives this episode's first attempt, with no faults injected."""
     from envs.registry import spec
 
-    key = [task.task_id, task.env_id, spec(task.env_id).version, policy.policy_id, policy.version,
-           rollout_seed(seed, task, sample), 0]
-    return "r-" + content_hash(key)
+    return rollout_identity(task.task_id, task.env_id, spec(task.env_id).version, policy.policy_id, policy.version,
+                            rollout_seed(seed, task, sample), 0, policy_params(policy))
 
 
 def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
@@ -57,15 +57,18 @@ def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, sample
 
 
 def summarize(rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, Any]:
-    """Success rate overall and by difficulty level, and the count of each termination."""
+    """Success rate over the model outcomes, overall and by difficulty level; the episodes left
+    out (`excluded`) and the count of each termination."""
     level = {t.task_id: t.difficulty.level for t in tasks}
     by_level: dict[int, list[bool]] = defaultdict(list)
-    for r in rollouts:
+    measured = [r for r in rollouts if r.termination in MODEL_OUTCOMES]
+    for r in measured:
         by_level[level[r.task_id]].append(r.success)
     n = len(rollouts)
     return {
         "episodes": n,
-        "success_rate": round(sum(r.success for r in rollouts) / n, 4) if n else 0.0,
+        "excluded": n - len(measured),
+        "success_rate": round(sum(r.success for r in measured) / len(measured), 4) if measured else 0.0,
         "by_level": {lvl: round(sum(v) / len(v), 4) for lvl, v in sorted(by_level.items())},
         "terminations": dict(Counter(r.termination.value for r in rollouts)),
         "mean_steps": round(sum(len(r.steps) for r in rollouts) / n, 2) if n else 0.0,

@@ -1,9 +1,12 @@
 """Stage: rollouts under a run's retry policy.
 
-An episode that ends in a class the policy retries (by default only `env_fault`) runs again
-as the next attempt, after a backoff; each attempt is its own rollout (the attempt is part of
-its id) and is kept, classified, so the run can account for every episode. Model outcomes are
-never retried. After `max_retries` the (task, sample) is skipped, or the run fails.
+An episode that ends in a class the policy retries (by default only `env_fault`: any attempt a
+fault touched, whatever its outcome) runs again as the next attempt, after a backoff, from a
+clean state (a fresh env, the policy reset with the same seed), so with a deterministic policy
+the attempt that meets no fault is exactly the fault-free episode. Each attempt is its own
+rollout (the attempt is part of its id) and is kept, classified, so the run can account for
+every episode. Model outcomes are never retried. After `max_retries` the (task, sample) is
+skipped, or the run fails: `RetryExhausted` then carries every rollout collected before it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from tasks.rollout import rollout_seed, run_episode
 
 
 class RetryExhausted(RuntimeError):
-    pass
+    """The run's retry policy says fail; `rollouts` are those collected up to the failure."""
+
+    def __init__(self, message: str, rollouts: list[Rollout] | None = None):
+        super().__init__(message)
+        self.rollouts = list(rollouts or [])
 
 
 def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int,
@@ -39,7 +46,8 @@ def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task
             else:
                 if retry.on_exhausted == "fail":
                     raise RetryExhausted(f"task {task.task_id} sample {sample}: {retry.max_retries + 1} attempts "
-                                         f"ended in {rollout.termination.value}: {rollout.termination_reason}")
+                                         f"ended in {rollout.termination.value}: {rollout.termination_reason}",
+                                         rollouts)
     return rollouts
 
 

@@ -7,34 +7,74 @@ from __future__ import annotations
 import time
 import traceback
 
+from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
-from envs.records import Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec
+from envs.records import Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec, content_hash
 from envs.registry import make, spec, verifier_for
 from envs.wrappers import standard_stack
 from tasks.classify import classify
 from tasks.policies import Policy, PolicyOutput
 
 
+# Attributes by which a policy's episodes differ beyond its id and version (a scripted policy's
+# version carries its mistake rate; a checkpoint's version is its weights, not how it samples).
+POLICY_KNOBS = ("temperature", "max_new_tokens", "max_thought_tokens", "system_prompt")
+
+
 def rollout_seed(base_seed: int, task: TaskSpec, sample: int) -> int:
     return (int(task.task_id[2:10], 16) ^ (base_seed * 1000003 + sample)) & 0x7FFFFFFF
 
 
+def policy_params(policy: Policy) -> dict | None:
+    """The policy's knobs that are part of its rollouts' identity (the prompt by its hash)."""
+    params = {k: getattr(policy, k) for k in POLICY_KNOBS
+              if isinstance(getattr(policy, k, None), (bool, int, float, str))}
+    if "system_prompt" in params:
+        params["system_prompt"] = content_hash(params["system_prompt"])
+    return params or None
+
+
 def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
                 faults: FaultConfig | None = None) -> Rollout:
-    """`faults` injects environment faults (envs/faults.py), drawn anew for each attempt."""
+    """One attempt from a clean state: a fresh env, the policy reset with `seed`. `faults`
+    injects environment faults (envs/faults.py), drawn anew for each attempt; an attempt they
+    never hit is exactly the fault-free episode."""
+    faults = faults if faults is not None and faults.rate > 0 else None
     base = make(task.env_id)
-    if faults is not None and faults.rate > 0:
+    if faults is not None:
         base = FaultInjection(base, faults, seed=seed * 1009 + attempt)
     env = standard_stack(base)
-    verifier = verifier_for(task.env_id)
     started = time.perf_counter()
-    policy_error = env_error = verifier_error = None
-    outcome: OutcomeReport | None = None
+    ts, policy_error, env_error, env_bug = _play(env, task, policy, seed)
+    steps = list(getattr(env, "steps", []))
+    env_info = env.unwrapped.runtime_info()
+    outcome, verifier_error = _outcome(task, ts, steps, env)
+    env.close()
+    termination, reason = classify(
+        steps, terminated=bool(ts and ts.terminated), truncated=bool(ts and ts.truncated),
+        end_info=ts.info if ts else {}, outcome=outcome, policy_error=policy_error,
+        env_error=env_error, verifier_error=verifier_error, env_bug=env_bug)
+    cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
+                tokens=sum(len(s.token_ids or []) for s in steps),
+                wall_time_s=round(time.perf_counter() - started, 6))
+    return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
+                   env_version=spec(task.env_id).version, policy_id=policy.policy_id,
+                   policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
+                   termination=termination, termination_reason=reason[:2000], outcome=outcome, cost=cost,
+                   env_info=env_info, policy_params=policy_params(policy), faults=faults)
+
+
+def _play(env, task: TaskSpec, policy: Policy, seed: int):
+    """Run the episode; (last time step, policy error, env fault, env bug), each error or None."""
+    policy_error = env_error = env_bug = None
     ts = None
     try:
         policy.reset(seed)
+    except Exception as exc:
+        policy_error = f"policy reset raised {type(exc).__name__}: {exc}"
+    try:
         ts = env.reset(task=task)
-        while not ts.done:
+        while not ts.done and policy_error is None:
             try:
                 out = policy.act(ts.observation)
             except Exception as exc:
@@ -45,32 +85,28 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
                               logprobs=out.logprobs, policy_version=policy.version)
             else:
                 ts = env.step(out, policy_version=policy.version)
-    except Exception as exc:
-        env_error = f"environment raised {type(exc).__name__}: {exc} ({_where(exc)})"
-    steps = list(getattr(env, "steps", []))
-    env_info = env.unwrapped.runtime_info()
+    except InvalidTask:
+        raise  # the task cannot be run as given: the caller's error, never an episode
+    except EnvFault as exc:
+        env_error = f"environment fault {type(exc).__name__}: {exc} ({_where(exc)})"
+    except Exception as exc:  # env code crashed outside every tool's boundary
+        env_bug = f"environment bug {type(exc).__name__}: {exc} ({_where(exc)})"
+    return ts, policy_error, env_error, env_bug
+
+
+def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str | None]:
+    """The verifier's report (the env's own, asked at the end, or asked now), or its error."""
     if ts is not None and "verifier_error" in ts.info:
-        verifier_error = f"verifier raised {ts.info['verifier_error']}"
-    elif ts is not None and "outcome" in ts.info:  # the env asked the verifier at the end
-        outcome = OutcomeReport.model_validate(ts.info["outcome"])
-    elif verifier is not None and steps:
-        try:
-            outcome = verifier.verify(task, steps, env.state())
-        except Exception as exc:
-            verifier_error = f"verifier raised {type(exc).__name__}: {exc}"
-    env.close()
-    termination, reason = classify(
-        steps, terminated=bool(ts and ts.terminated), truncated=bool(ts and ts.truncated),
-        end_info=ts.info if ts else {}, outcome=outcome, policy_error=policy_error,
-        env_error=env_error, verifier_error=verifier_error)
-    cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
-                tokens=sum(len(s.token_ids or []) for s in steps),
-                wall_time_s=round(time.perf_counter() - started, 6))
-    return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                   env_version=spec(task.env_id).version, policy_id=policy.policy_id,
-                   policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
-                   termination=termination, termination_reason=reason[:2000], outcome=outcome, cost=cost,
-                   env_info=env_info)
+        return None, f"verifier raised {ts.info['verifier_error']}"
+    if ts is not None and "outcome" in ts.info:
+        return OutcomeReport.model_validate(ts.info["outcome"]), None
+    verifier = verifier_for(task.env_id)
+    if verifier is None or not steps:
+        return None, None
+    try:
+        return verifier.verify(task, steps, env.state()), None
+    except Exception as exc:
+        return None, f"verifier raised {type(exc).__name__}: {exc}"
 
 
 def collect_rollouts(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int) -> list[Rollout]:
