@@ -13,7 +13,7 @@ from typing import Any
 
 from envs.base import AgentEnv, render_error
 from envs.parsing import ActionError, parse_action, storable_text
-from envs.records import Step, TaskSpec, ToolCall, ToolCategory
+from envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory
 from envs.timestep import TimeStep
 
 
@@ -226,6 +226,11 @@ class Recorder(Wrapper):
 
 
 def standard_stack(env: AgentEnv, *, approver: Callable[[ToolCall], bool] | None = None,
-                   max_observation_chars: int = 4000) -> Recorder:
+                   max_observation_chars: int = 4000, limits: Budget | None = None) -> Recorder:
+    """`limits` replaces the task's budget for this episode (an evaluation's tighter cap): the
+    runtime's limit changes, the task and its id do not (reset refuses an edited task)."""
     guarded = PermissionGuard(ObservationTruncation(env, max_observation_chars), approver=approver)
-    return Recorder(TimeLimit(ToolBudget(guarded)))
+    if limits is None:
+        return Recorder(TimeLimit(ToolBudget(guarded)))
+    return Recorder(TimeLimit(ToolBudget(guarded, limits.max_tool_calls), limits.max_steps,
+                              limits.step_timeout_s, limits.episode_timeout_s))

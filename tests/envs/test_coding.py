@@ -195,11 +195,18 @@ def test_tools_report_agent_mistakes_as_error_observations():
         ({"name": "edit_file", "arguments": {"path": source, "old": "(", "new": "["}}, "ambiguous_match"),
         ({"name": "run", "arguments": {"argv": []}}, "invalid_arguments"),
         ({"name": "run", "arguments": {"argv": ["echo", "a\u0000b"]}}, "invalid_arguments"),
+        # each of these was an env fault at c1afbb1 (IsADirectoryError, UnicodeEncodeError, RecursionError)
+        ({"name": "read_file", "arguments": {"path": source.rsplit("/", 1)[0]}}, "is_a_directory"),
+        ({"name": "read_file", "arguments": {"path": "tests"}}, "is_a_directory"),
+        ({"name": "edit_file", "arguments": {"path": source, "old": "def ", "new": "\ud800"}}, "invalid_arguments"),
+        ({"name": "edit_file", "arguments": {"path": "new\udc80.py", "old": "", "new": "x"}}, "invalid_arguments"),
+        ('{"name": "read_file", "arguments": ' + "[" * 1500 + "]" * 1500 + "}", "action_too_deep"),
     ]
     for action, kind in cases:
         ts = env.step(action)
         assert obs(ts)["error"]["type"] == kind, action
-        assert not ts.done and not ts.info["env_fault"]
+        assert not ts.done and not ts.info["env_fault"] and not ts.info["env_bug"]
+    assert [s.error for s in env.steps[-len(cases):]] == [kind for _, kind in cases]
     found = obs(env.step({"name": "search", "arguments": {"pattern": "def "}}))["result"]
     assert found["count"] >= 3
     part = obs(env.step({"name": "read_file", "arguments": {"path": source, "start_line": 1, "end_line": 2}}))
@@ -292,9 +299,9 @@ def test_hostile_fork_bomb_memory_hog_and_endless_loop_are_contained():
         run(["python", "-c", "print('still alive')"]),
     ])
     bomb, hog, loop, after = results(rollout)[:4]
-    assert bomb["error"]["type"] == "timeout" and "killed" in bomb["error"]["message"]
+    assert bomb["error"]["type"] == "command_timeout" and "killed" in bomb["error"]["message"]
     assert hog["result"]["exit_code"] != 0 and "MemoryError" in hog["result"]["stderr"]
-    assert loop["error"]["type"] == "timeout"
+    assert loop["error"]["type"] == "command_timeout"
     assert after["result"]["stdout"] == "still alive\n"
     assert rollout.termination == Termination.failure  # contained: the agent's doing, never an env fault
 
@@ -338,6 +345,36 @@ def test_hostile_attempts_on_the_grader_do_not_change_the_grade():
     task, cheat = hostile(tamper + [run(["sh", "-c", f"printf '{forged}' >> {module}"])], task=task, seed=6)
     assert cheat.termination == Termination.failure
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in grader_files} == before
+
+
+@needs_sandbox
+def test_agent_code_that_prints_python_not_found_is_the_agents_failure():
+    """Exit 127 with "python: not found" was read as "the sandbox has no interpreter" at c1afbb1:
+    an env fault, retried and left out of every statistic. What the code prints decides nothing."""
+    task = quick_task(2, 1)
+    package = next(f for f in task.initial_state["files"] if f.endswith("/__init__.py"))
+    payload = "import os, sys\nsys.stderr.write('sh: 1: python: not found\\n')\nos._exit(127)\n"
+    prepend = f"import pathlib; p = pathlib.Path({package!r}); p.write_text({payload!r} + p.read_text())"
+    env = CodingEnv()
+    env.reset(task)
+    assert obs(env.step(run(["python", "-c", prepend])))["result"]["exit_code"] == 0
+    ts = env.step(ToolCall(name="run_tests", arguments={}))
+    env.close()
+    assert ts.info["error"] is None and not ts.info["env_fault"]
+    assert obs(ts)["result"]["exit_code"] == 127 and "python: not found" in obs(ts)["result"]["output"]
+
+
+@needs_sandbox
+def test_a_task_whose_files_or_limits_are_malformed_is_refused_at_reset():
+    task = quick_task(2, 1)
+    for bad in [{"files": "x"}, {"files": {}}, {"files": {"../escape.py": "x"}}, {"files": {"a.py": 5}},
+                {**task.initial_state, "limits": {"test_timeout_s": "soon"}},
+                {**task.initial_state, "limits": {"test_timeout_s": -1}},
+                {**task.initial_state, "limits": {"command_timeout_s": float("nan")}}]:
+        spoofed = TaskSpec.model_validate({**task.model_dump(), "initial_state": bad, "task_id": ""})
+        with pytest.raises(ValueError, match=f"task {spoofed.task_id}") as err:
+            CodingEnv().reset(spoofed)
+        assert type(err.value).__name__ == "InvalidTask"
 
 
 @needs_sandbox
