@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from envs.sandbox.base import (WORKSPACE, CommandResult, Limits, PathError, Sandbox, SandboxError,
-                               SandboxUnavailable)
+                               SandboxUnavailable, fault_count, faults_since)
 
 BACKENDS = ("docker", "bubblewrap", "unsafe-local")
 
@@ -81,4 +81,4 @@ def create_sandbox(snapshot: dict[str, bytes | str], support: dict[str, bytes | 
 
 
 __all__ = ["BACKENDS", "WORKSPACE", "CommandResult", "Limits", "PathError", "Sandbox", "SandboxError",
-           "SandboxUnavailable", "backend_status", "create_sandbox", "select_backend"]
+           "SandboxUnavailable", "backend_status", "create_sandbox", "fault_count", "faults_since", "select_backend"]

