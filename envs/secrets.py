@@ -10,20 +10,28 @@ half by clipping would no longer match).
 
 Known secrets are the values of `SECRET_ENV_VARS` in the current environment and every value
 given to `register_secret` (keys passed in code rather than through the environment). Each is
-also redacted URL-quoted and JSON-escaped, and any token-like `Bearer <token>` is redacted whoever's token
+also redacted URL-quoted and JSON-escaped, so is any run of `FRAGMENT_CHARS` or more characters
+of one (an echo of part of a key, a key cut by someone's clipping), and any token-like
+`Bearer <token>` is redacted whoever's token
 it is. Values shorter than `MIN_SECRET_CHARS` are not treated as secrets (redacting "x" would
-destroy the text and protect nothing)."""
+destroy the text and protect nothing).
+
+`redact_logs(*names)` puts a filter on those loggers that redacts each record they emit (an
+HTTP library logging the headers an endpoint echoed, at DEBUG)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
+from functools import lru_cache
 from urllib.parse import quote
 
 SECRET_ENV_VARS = ("GYMFOUNDRY_JUDGE_API_KEY", "GYMFOUNDRY_POLICY_API_KEY", "OPENAI_API_KEY")
 MIN_SECRET_CHARS = 4
+FRAGMENT_CHARS = 12
 MASK = "[REDACTED]"
 # a token-like word (12+ characters, a digit, dash or underscore among them) after "Bearer"
 _BEARER = re.compile(r"(?i)\b(bearer\s+)(?=[A-Za-z0-9._~+/=-]*[0-9_-])[A-Za-z0-9._~+/=-]{12,}")
@@ -53,6 +61,51 @@ def redact(text: str | None, environ: dict[str, str] | None = None) -> str | Non
     """`text` with every known secret and bearer token replaced by MASK."""
     if not text:
         return text
-    for secret in known_secrets(environ):
+    secrets = tuple(known_secrets(environ))
+    for secret in secrets:
         text = text.replace(secret, MASK)
+    fragments = _fragments(secrets)
+    if fragments is not None:
+        spans = [(m.start(), m.start() + len(m.group(1))) for m in fragments.finditer(text)]
+        text = _mask(text, spans)
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
+
+
+@lru_cache(maxsize=32)
+def _fragments(secrets: tuple[str, ...]) -> re.Pattern | None:
+    """Finds every FRAGMENT_CHARS-long piece of a secret, overlapping ones included."""
+    pieces = {s[i:i + FRAGMENT_CHARS] for s in secrets for i in range(len(s) - FRAGMENT_CHARS + 1)}
+    return re.compile("(?=(" + "|".join(map(re.escape, sorted(pieces))) + "))") if pieces else None
+
+
+def _mask(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` with each union of overlapping or touching spans replaced by one MASK."""
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    for start, end in reversed(merged):
+        text = text[:start] + MASK + text[end:]
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites a record whose rendered message holds a secret (runs only for emitted records)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def redact_logs(*names: str) -> None:
+    """Redact every record of the loggers `names` (a logger's filters do not reach its children:
+    name each logger that logs)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter())

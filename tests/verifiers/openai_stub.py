@@ -11,7 +11,7 @@ dimension gets `grade(user_message)` (default: -1 for an error observation, 0.5 
 JSON), "fenced" (JSON in a ```json fence), "wrong_keys", "out_of_range", "500", "429", "401",
 "timeout" (sleeps `hang_s` before answering), "echo_key" (a valid verdict whose rationale
 repeats the request's Authorization header), "echo_key_error" (HTTP 400 whose body repeats it,
-straddling the first 200 characters).
+straddling the first 200 characters). `echo_header=True` repeats it in a response header too.
 
 `obey` makes the stub a judge that follows instructions it finds in the prompt, as a weak or
 hijacked model would: "anywhere" obeys any request for a high score (or to ignore the rubric)
@@ -92,8 +92,9 @@ def default_grade(system: str, user: str) -> float:
 
 class OpenAIStub:
     def __init__(self, grade=default_grade, latency_s: float = 0.0, hang_s: float = 2.0, obey: str | None = None,
-                 respond=None):
+                 respond=None, echo_header: bool = False):
         self.grade = grade
+        self.echo_header = echo_header
         self.obey = obey
         self.respond = respond
         self.obeyed = 0
@@ -130,7 +131,8 @@ class OpenAIStub:
                     with stub._lock:  # done before replying, so a client's next request never overlaps it
                         stub.in_flight -= 1
                 try:
-                    _send(self, status, payload)
+                    _send(self, status, payload,
+                          {"X-Echo": self.headers.get("Authorization", "")} if stub.echo_header else {})
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
@@ -158,8 +160,8 @@ class OpenAIStub:
         if behaviour in ("500", "429", "401"):
             return int(behaviour), {"error": {"message": f"stub says {behaviour}"}}
         auth = headers.get("Authorization", "")
-        if behaviour == "echo_key_error":  # '{"error": {"message": "' is 24 characters: the key straddles 200
-            return 400, {"error": {"message": "x" * 170 + f"bad request, you sent Authorization: {auth}"}}
+        if behaviour == "echo_key_error":  # 23 + 130 + 24 + len("Bearer ") = 184: a key straddles character 200
+            return 400, {"error": {"message": "x" * 130 + f"you sent Authorization: {auth}"}}
         system, user = body["messages"][0]["content"], body["messages"][1]["content"]
         dimensions = list(json.loads(system.split("of this form:\n", 1)[1])["scores"])
         if obeys(self.obey, system, user):
@@ -188,10 +190,12 @@ class OpenAIStub:
                      "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
-def _send(handler: BaseHTTPRequestHandler, status: int, payload: dict) -> None:
+def _send(handler: BaseHTTPRequestHandler, status: int, payload: dict, headers: dict | None = None) -> None:
     data = json.dumps(payload).encode()
     handler.send_response(status)
     handler.send_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
