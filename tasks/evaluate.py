@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from envs.records import MODEL_OUTCOMES, Rollout, TaskSpec, rollout_identity
+from envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
 from tasks.policies import Policy
 from tasks.rollout import policy_params, rollout_seed, run_episode
 
@@ -31,15 +31,14 @@ def heldout_tasks(data_dir: str, family: str, splits: tuple[str, ...] = HELDOUT_
     return tasks[:limit] if limit else tasks
 
 
-def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> TaskSpec:
-    """The task with at most `len(reference) + slack_steps` turns (never more than its own
-    budget): a stuck model cannot spend the whole budget, which on a CPU takes minutes. The
-    task id and everything the agent sees stay the same; only the runtime's limit changes."""
+def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> Budget | None:
+    """The runtime limits of at most `len(reference) + slack_steps` turns (never more than the
+    task's budget): a stuck model cannot spend the whole budget, which on a CPU takes minutes.
+    The task, its id and everything the agent sees stay the same (`run_episode(limits=...)`)."""
     if slack_steps is None:
-        return task
+        return None
     cap = min(task.budget.max_steps, len(task.hidden.reference) + slack_steps)
-    budget = task.budget.model_copy(update={"max_steps": cap, "max_tool_calls": min(task.budget.max_tool_calls, cap)})
-    return task.model_copy(update={"budget": budget})
+    return task.budget.model_copy(update={"max_steps": cap, "max_tool_calls": min(task.budget.max_tool_calls, cap)})
 
 
 def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0) -> str:
@@ -52,7 +51,7 @@ def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int =
 
 def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
                     slack_steps: int | None = 4) -> list[Rollout]:
-    return [run_episode(evaluation_budget(task, slack_steps), policy, rollout_seed(seed, task, k))
+    return [run_episode(task, policy, rollout_seed(seed, task, k), limits=evaluation_budget(task, slack_steps))
             for task in tasks for k in range(samples_per_task)]
 
 

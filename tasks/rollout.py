@@ -9,7 +9,7 @@ import traceback
 
 from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
-from envs.records import Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec, content_hash
+from envs.records import Budget, Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec, content_hash
 from envs.registry import make, spec, verifier_for
 from envs.wrappers import standard_stack
 from tasks.classify import classify
@@ -35,15 +35,16 @@ def policy_params(policy: Policy) -> dict | None:
 
 
 def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
-                faults: FaultConfig | None = None) -> Rollout:
+                faults: FaultConfig | None = None, limits: Budget | None = None) -> Rollout:
     """One attempt from a clean state: a fresh env, the policy reset with `seed`. `faults`
     injects environment faults (envs/faults.py), drawn anew for each attempt; an attempt they
-    never hit is exactly the fault-free episode."""
+    never hit is exactly the fault-free episode. `limits` replaces the task's budget in the
+    runtime (an evaluation's cap); the task itself is never edited (reset refuses that)."""
     faults = faults if faults is not None and faults.rate > 0 else None
     base = make(task.env_id)
     if faults is not None:
         base = FaultInjection(base, faults, seed=seed * 1009 + attempt)
-    env = standard_stack(base)
+    env = standard_stack(base, limits=limits)
     started = time.perf_counter()
     ts, policy_error, env_error, env_bug = _play(env, task, policy, seed)
     steps = list(getattr(env, "steps", []))

@@ -170,8 +170,8 @@ class LiveEpisodes:
         played, contexts = [], []
         for i, task_id in enumerate(prompts):
             task = self.tasks[task_id]
-            played.append(run_episode(evaluation_budget(task, hp.slack_steps), policy,
-                                      rollout_seed(hp.seed + step, task, i % n)))
+            played.append(run_episode(task, policy, rollout_seed(hp.seed + step, task, i % n),
+                                      limits=evaluation_budget(task, hp.slack_steps)))
             contexts.append((list(policy.context), list(policy.sampled_spans)))
         model.train(was_training)
         rewards = step_rewards_of(played, [self.tasks[task_id] for task_id in set(prompts)])
