@@ -198,6 +198,12 @@ def test_denial_says_only_insufficient_credit():
     ('{"name": "find_items", "arguments": {"query": "' + "x" * 1_000_000 + '"}}', "action_too_large"),
     ({"name": "find_items", "arguments": {"query": "y" * 1_000_000}}, "action_too_large"),
     (ToolCall(name="find_items", arguments={"query": "z" * 1_000_000}), "action_too_large"),
+    # at c1afbb1: NaN reached the tool and was stored as null; the deep one was an env fault
+    ('{"name": "get_stock", "arguments": {"sku": NaN}}', "invalid_json"),
+    ({"name": "get_stock", "arguments": {"sku": float("nan")}}, "invalid_json"),
+    (ToolCall(name="get_stock", arguments={"sku": float("inf")}), "invalid_json"),
+    ('{"name": "get_stock", "arguments": ' + "[" * 1500 + "]" * 1500 + "}", "action_too_deep"),
+    ('{"name": "reserve", "arguments": {"sku": "SKU-1", "quantity": 2.0, "auth_token": "x"}}', "invalid_arguments"),
 ])
 def test_malformed_actions_become_error_observations_and_the_episode_goes_on(action, kind):
     task = approved_task()
@@ -207,6 +213,7 @@ def test_malformed_actions_become_error_observations_and_the_episode_goes_on(act
     body = obs(ts.observation)
     assert not ts.done and body["ok"] is False and body["error"]["type"] == kind
     assert env.steps[-1].error == kind
+    assert env.state()["events"] == []  # refused before any tool: nothing happened, nothing logged
     ts = env.step({"name": "find_items", "arguments": {"query": "a"}})
     assert obs(ts.observation)["ok"] is True and not ts.done
 
