@@ -63,7 +63,9 @@ class ToolEnv(AgentEnv):
     handlers (methods named `tool_<name>` taking the state and the arguments) and
     `is_finished`. This class parses actions, enforces the task's allowed tools and the
     profile's argument schemas, turns every bad action into an error observation, and
-    keeps the episode's own step list for the outcome function."""
+    keeps the episode's own step list for the outcome function. What goes wrong in a step is
+    attributed by the boundary it escaped (envs/errors.py): a crash inside a tool is `env_bug`,
+    only an `EnvFault` is `env_fault`; both roll the state back and keep the action."""
 
     profile: ClassVar[DomainProfile]
     family: ClassVar[str]
