@@ -210,9 +210,10 @@ class FaultConfig(Record):
 
 def rollout_identity(task_id: str, env_id: str, env_version: str, policy_id: str, policy_version: str, seed: int,
                      attempt: int, policy_params: dict[str, Any] | None = None,
-                     faults: FaultConfig | None = None) -> str:
+                     faults: FaultConfig | None = None, limits: Budget | None = None) -> str:
     """A rollout's id, from everything that changes its episode: the task (its budget included),
-    the env, the policy and its knobs, the seed, the attempt and the faults injected into it.
+    the runtime limits that replaced that budget, the env, the policy and its knobs, the seed,
+    the attempt and the faults injected into it.
     The same inputs are the same rollout, so re-running a flow with them lands nothing new;
     other inputs (another fault config, temperature, ...) are other rollouts and land. Knobs and
     faults join the key only when set, so a clean run keeps the ids it always had."""
@@ -221,6 +222,8 @@ def rollout_identity(task_id: str, env_id: str, env_version: str, policy_id: str
         key.append({"policy_params": policy_params})
     if faults is not None and faults.rate > 0:
         key.append({"faults": faults.model_dump(mode="json")})
+    if limits is not None:
+        key.append({"limits": limits.model_dump(mode="json")})
     return "r-" + content_hash(key)
 
 
@@ -246,6 +249,8 @@ class Rollout(Record):
     policy_params: dict[str, Any] | None = None
     # The fault injection this attempt ran under (None: none; a zero rate injects nothing).
     faults: FaultConfig | None = None
+    # The runtime limits that replaced the task's budget (an evaluation's step cap), or None.
+    limits: Budget | None = None
 
     @model_validator(mode="after")
     def _fill_rollout_id(self) -> Rollout:
@@ -257,7 +262,7 @@ class Rollout(Record):
 
     def compute_id(self) -> str:
         return rollout_identity(self.task_id, self.env_id, self.env_version, self.policy_id, self.policy_version,
-                                self.seed, self.attempt, self.policy_params, self.faults)
+                                self.seed, self.attempt, self.policy_params, self.faults, self.limits)
 
     @property
     def success(self) -> bool:

@@ -15,6 +15,7 @@ from tasks.policies import Policy
 from tasks.rollout import policy_params, rollout_seed, run_episode
 
 HELDOUT_SPLITS = ("test", "val")
+SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may take
 
 
 def heldout_tasks(data_dir: str, family: str, splits: tuple[str, ...] = HELDOUT_SPLITS, limit: int | None = None,
@@ -41,16 +42,18 @@ def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> Budget | None:
     return task.budget.model_copy(update={"max_steps": cap, "max_tool_calls": min(task.budget.max_tool_calls, cap)})
 
 
-def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0) -> str:
-    """The id `run_episode` gives this episode's first attempt, with no faults injected."""
+def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0,
+                        slack_steps: int | None = SLACK_STEPS) -> str:
+    """The id `evaluate_policy` gives this episode (its first attempt, no faults injected)."""
     from envs.registry import spec
 
     return rollout_identity(task.task_id, task.env_id, spec(task.env_id).version, policy.policy_id, policy.version,
-                            rollout_seed(seed, task, sample), 0, policy_params(policy))
+                            rollout_seed(seed, task, sample), 0, policy_params(policy),
+                            limits=evaluation_budget(task, slack_steps))
 
 
 def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
-                    slack_steps: int | None = 4) -> list[Rollout]:
+                    slack_steps: int | None = SLACK_STEPS) -> list[Rollout]:
     return [run_episode(task, policy, rollout_seed(seed, task, k), limits=evaluation_budget(task, slack_steps))
             for task in tasks for k in range(samples_per_task)]
 

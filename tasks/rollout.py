@@ -62,7 +62,7 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
                    env_version=spec(task.env_id).version, policy_id=policy.policy_id,
                    policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
                    termination=termination, termination_reason=reason[:2000], outcome=outcome, cost=cost,
-                   env_info=env_info, policy_params=policy_params(policy), faults=faults)
+                   env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
 
 
 def _play(env, task: TaskSpec, policy: Policy, seed: int):

@@ -9,7 +9,7 @@ import pytest
 import envs
 from envs.base import AgentEnv
 from envs.faults import FaultInjection
-from envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Rollout, Run, Termination, ToolCall, content_hash
+from envs.records import MODEL_OUTCOMES, Budget, FaultConfig, RetryPolicy, Rollout, Run, Termination, ToolCall, content_hash
 from envs.registry import register
 from envs.timestep import TimeStep
 from envs.wrappers import standard_stack
@@ -99,7 +99,7 @@ def test_everything_that_changes_an_episode_is_in_its_identity():
               rollout(faults=FaultConfig(rate=0.5, timeout_s=2)), rollout(faults=FaultConfig(rate=0.2)),
               rollout(faults=FaultConfig(rate=0.5, kinds={"unavailable": 1.0})),
               rollout(policy_params={"temperature": 0.7}), rollout(policy_params={"max_new_tokens": 32}),
-              rollout(attempt=1), rollout(seed=8), rollout(policy_version="2")]
+              rollout(limits=Budget(max_steps=5)), rollout(attempt=1), rollout(seed=8), rollout(policy_version="2")]
     ids = [r.rollout_id for r in others]
     assert plain not in ids and len(set(ids)) == len(ids)
     # what changes nothing is no new identity: a zero rate injects no fault, an outcome is content
