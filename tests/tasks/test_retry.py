@@ -9,7 +9,8 @@ import pytest
 import envs
 from envs.base import AgentEnv
 from envs.faults import FaultInjection
-from envs.records import MODEL_OUTCOMES, Budget, FaultConfig, RetryPolicy, Rollout, Run, Termination, ToolCall, content_hash
+from envs.records import (MODEL_OUTCOMES, Budget, FaultConfig, RetryPolicy, Rollout, Run, Termination, ToolCall,
+                          content_hash)
 from envs.registry import register
 from envs.timestep import TimeStep
 from envs.wrappers import standard_stack
