@@ -10,7 +10,8 @@ every 2 s kept a 5 s-timeout request alive for ~40 s. Here each socket operation
 the request's deadline, and none once it has passed, so the request ends within the deadline
 plus one system call, with httpx's own timeout exceptions. Each redirect and retry is a request of
 its own with a fresh deadline only when the caller sends it; `send` covers redirects it follows.
-Streaming responses (`stream=True`) are not covered after `send` returns: don't stream.
+Streaming responses (`stream=True`) are not covered after `send` returns: don't stream. Name
+resolution (getaddrinfo) has no timeout in Python at all and is not covered either.
 
 `EndpointError` is a failure of the endpoint (no answer in time, no connection, an HTTP error, an
 unreadable reply): never the model's output, never a score."""

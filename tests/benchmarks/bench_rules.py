@@ -26,7 +26,6 @@ import re
 import statistics
 import sys
 import time
-import unicodedata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -166,8 +165,7 @@ def score_loop(rows: list[dict], profiles: dict[str, DomainProfile]) -> list[dic
             "no_undo": -1.0 if undo and not fault else 0.0,
             "information_use": 0.0 if fault else information,
             "progress": 0.0 if fault else row["phi_after"] - row["phi_before"],
-            "injection_attempt": -1.0 if re.search(INJECTION, unicodedata.normalize("NFKC", row["agent_text"] or ""))
-            else 0.0,
+            "injection_attempt": -1.0 if re.search(INJECTION, row["agent_text"] or "") else 0.0,
         }
         weights = profile.score_weights.rules
         total = sum(weights.get(c, 0.0) * components[c] for c in COMPONENTS)
