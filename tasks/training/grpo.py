@@ -203,14 +203,15 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     """On-policy step-level GRPO with TRL: `max_steps` updates, each on `num_generations`
     episodes of one training task (tasks in order). Returns metrics and, under `rollouts`, every
     episode played (with token ids, logprobs and policy version) for landing. `trainer_class=GRPOTrainer`
-    gives plain TRL GRPO (sequence-level advantages) on the same episodes, for comparison."""
+    gives plain TRL GRPO (sequence-level advantages) on the same episodes, for comparison.
+    The tasks (the dataset's, else `train_tasks`) pass the split authority with the splits
+    recorded under `hp.data_dir`."""
     from datasets import Dataset
     from trl import GRPOConfig
 
+    from tasks.isolate import landed_splits
     from tasks.training.base_model import load_model
     from tasks.training.runners import TimeLimit
-
-    from tasks.isolate import landed_splits
 
     model, tokenizer = load_model(base_model)
     known = landed_splits(hp.data_dir)  # the splits recorded where the factory landed its tasks
