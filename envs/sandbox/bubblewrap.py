@@ -157,10 +157,11 @@ _TAKEN_UIDS: set[int] = set()
 _UID_LOCK = threading.Lock()
 
 
-def _allocate_uid() -> int:
+def _allocate_uid(base: str) -> int:
     """A fresh uid per sandbox, so rlimits counted per uid (processes) are per sandbox and one
-    sandbox can never signal another."""
-    alive = _alive_uids()
+    sandbox can never signal another: none that a process runs as, this process took, or another
+    sandbox's lock file records."""
+    alive = _alive_uids() | set(stale.recorded_uids(base))
     with _UID_LOCK:
         while True:
             uid = random.randrange(*UID_RANGE)
@@ -220,7 +221,7 @@ class BubblewrapSandbox(Sandbox):
         if self.root and self.bwrap:  # the unprivileged uid execs it: it must be able to reach it
             self.bwrap = _staged(os.path.realpath(self.bwrap), base)
         sweep_stale(base)
-        self.uid = _allocate_uid() if self.root else os.getuid()
+        self.uid = _allocate_uid(base) if self.root else os.getuid()
         self.gid = self.uid if self.root else os.getgid()
         self.cgroups = cgroups.detect()
         self._initial = {k: (v.encode() if isinstance(v, str) else v) for k, v in snapshot.items()}

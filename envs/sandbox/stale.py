@@ -6,8 +6,10 @@ whatever killed it. The lock file is created under a temporary name, locked, the
 place, so a sweeper that finds the lock file unlocked knows its owner is gone (a pid can be
 reused; a lock cannot outlive its holder). A directory still without a lock file belongs to a
 process in the middle of creating it: it is left alone while the pid in its name is alive.
-Sweeping a stale directory kills what is left of its uid, detaches its workspace mount and
-removes it; another live process's sandbox is never touched."""
+Sweeping a stale directory kills what is left of its uid (unless another lock file records the
+same uid), detaches its workspace mount and removes it; another live process's sandbox is never
+touched. The uids recorded in lock files are also never handed to a new sandbox
+(`recorded_uids`), so two processes do not share a sandbox uid."""
 
 from __future__ import annotations
 
@@ -30,6 +32,28 @@ def take_ownership(directory: str, uid: int | None) -> int:
     os.write(fd, json.dumps({"pid": os.getpid(), "uid": uid}).encode())
     os.rename(tmp, os.path.join(directory, LOCK))
     return fd
+
+
+def recorded_uids(base: str) -> list[int]:
+    """The sandbox uids recorded in every lock file under `base` (live or stale: a uid stays
+    reserved until its directory is swept), with repeats."""
+    uids = []
+    for entry in _entries(base):
+        try:
+            with open(os.path.join(entry.path, LOCK), "rb") as fh:
+                uid = json.loads(fh.read(4096) or b"{}").get("uid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(uid, int):
+            uids.append(uid)
+    return uids
+
+
+def _entries(base: str) -> list[os.DirEntry]:
+    try:
+        return [e for e in os.scandir(base) if e.name.startswith(DIR_PREFIX)]
+    except OSError:
+        return []
 
 
 def _pid_alive(pid: int) -> bool:
@@ -66,12 +90,8 @@ def _claim(path: str) -> tuple[int, dict] | None:
 
 def sweep(base: str, kill_uid) -> list[str]:
     """Remove every stale sandbox directory under `base` owned by our euid; returns their paths."""
-    removed = []
-    try:
-        entries = [e for e in os.scandir(base) if e.name.startswith(DIR_PREFIX)]
-    except OSError:
-        return removed
-    for entry in entries:
+    removed, uids = [], recorded_uids(base)
+    for entry in _entries(base):
         try:
             if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
                 continue
@@ -82,7 +102,7 @@ def sweep(base: str, kill_uid) -> list[str]:
             continue
         fd, record = claimed
         uid = record.get("uid")
-        if isinstance(uid, int) and uid > 0:
+        if isinstance(uid, int) and uid > 0 and uids.count(uid) == 1:  # never a uid another sandbox holds
             kill_uid(uid)
         workspace = os.path.join(entry.path, "workspace")
         if quota.is_mount(workspace):

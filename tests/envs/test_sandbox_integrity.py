@@ -288,3 +288,33 @@ def test_state_of_a_killed_host_is_swept_at_the_next_start_and_a_live_one_is_kep
         for proc in (live, killed):
             proc.kill()
             proc.wait()
+
+
+@as_root
+def test_a_stale_record_naming_a_live_sandbox_s_uid_kills_nothing_of_it(box, monkeypatch):
+    """A stale lock file may record a uid that a live sandbox holds: the sweep removes the stale
+    directory but leaves that uid's processes alone, and no new sandbox is given a recorded uid."""
+    import threading
+
+    from envs.sandbox import stale
+
+    base = os.path.dirname(box.dir)
+    fake = Path(base, f"{stale.DIR_PREFIX}{os.getpid()}-stale{marker()}")
+    fake.mkdir()
+    (fake / stale.LOCK).write_text(json.dumps({"pid": 1, "uid": box.uid}))  # unlocked: its owner is gone
+    mark = marker()
+    worker = threading.Thread(target=box.run, args=(["sleep", mark],))
+    worker.start()
+    try:
+        time.sleep(0.5)
+        assert str(fake) in stale.sweep(base, bubblewrap._kill_uid) and not fake.exists()
+        assert sleeping(mark) != []  # the live sandbox's command survived
+        choices = iter([box.uid, box.uid + 1 if box.uid + 1 < bubblewrap.UID_RANGE[1] else box.uid - 1])
+        monkeypatch.setattr(bubblewrap.random, "randrange", lambda *a: next(choices))
+        bubblewrap._TAKEN_UIDS.discard(box.uid)  # as if another process held it
+        assert bubblewrap._allocate_uid(base) != box.uid
+    finally:
+        bubblewrap._TAKEN_UIDS.add(box.uid)
+        for pid in sleeping(mark):
+            os.kill(pid, signal.SIGKILL)
+        worker.join(10)
