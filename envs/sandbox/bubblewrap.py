@@ -23,11 +23,11 @@ file holds its network namespace, so the counters stay readable after the comman
 only then lets the command start. What the command exits with is its own exit code, never a
 sandbox fault: "the sandbox failed" means bwrap never reported a child.
 
-As root, the bwrap binary and the libraries it bundles are staged into a root-owned,
-world-readable directory first (`staging.py`), the workspace is its own size- and
-inode-capped tmpfs (`quota.py`), and sandbox directories and cgroups left behind by a killed
-host process are swept when the first sandbox of a process starts (`stale.py`,
-`cgroups.sweep_stale`)."""
+As root, a bwrap binary the sandbox uid cannot reach (a clone under a 0700 directory) is
+staged with the libraries it bundles into a root-owned, world-readable directory
+(`staging.py`), the workspace is its own size- and inode-capped tmpfs (`quota.py`), and
+sandbox directories and cgroups left behind by a killed host process are swept when the first
+sandbox of a process starts (`stale.py`, `cgroups.sweep_stale`)."""
 
 from __future__ import annotations
 
@@ -218,7 +218,8 @@ class BubblewrapSandbox(Sandbox):
         if self.root and not (shutil.which("setpriv") and shutil.which("prlimit")):
             raise SandboxUnavailable("running as root needs setpriv and prlimit (util-linux) to drop privileges")
         base = staging.sandbox_base()
-        if self.root and self.bwrap:  # the unprivileged uid execs it: it must be able to reach it
+        if self.root and self.bwrap and not _world_traversable(self.bwrap):
+            # the unprivileged uid execs it (and loads its bundled libcap): it must reach them
             self.bwrap = _staged(os.path.realpath(self.bwrap), base)
         sweep_stale(base)
         self.uid = _allocate_uid(base) if self.root else os.getuid()

@@ -40,7 +40,8 @@ def marker() -> str:
 
 # -- no descriptor, no text channel --------------------------------------------------------
 FSTAT_FDS = ("import os\n"
-             "def ok(fd):\n    try:\n        os.fstat(fd)\n        return True\n    except OSError:\n        return False\n"
+             "def ok(fd):\n    try:\n        os.fstat(fd)\n        return True\n"
+             "    except OSError:\n        return False\n"
              "print([fd for fd in range(4096) if ok(fd)])")
 
 
@@ -63,7 +64,8 @@ FORGE = ("import os, socket\n"
          "for fd in range(3, 65):\n"
          "    for data in junk:\n"
          "        try:\n            os.write(fd, data)\n        except OSError:\n            pass\n"
-         "try:\n    socket.create_connection(('10.255.255.1', 80), 1)\nexcept OSError as exc:\n    print(exc, flush=True)\n"
+         "try:\n    socket.create_connection(('10.255.255.1', 80), 1)\n"
+         "except OSError as exc:\n    print(exc, flush=True)\n"
          "os._exit(int(os.environ.get('RC', '7')))")
 
 
