@@ -4,7 +4,9 @@ and the same run re-landing exactly the rows that were lost."""
 
 from __future__ import annotations
 
+import io
 import json
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
@@ -21,14 +23,22 @@ def counts(data_dir) -> dict[str, int]:
         return {name: wh.count(name) for name in TABLES}
 
 
-def check(data_dir, capsys) -> tuple[int, dict]:
+def cli(*argv: str) -> tuple[int, str]:
+    """`main` with its stderr, for commands that run no flow. (capsys would hand Prefect's log handler
+    a stream that closes with this test, breaking every later flow test of the session.)"""
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        code = main(list(argv))
+    return code, err.getvalue()
+
+
+def check(data_dir) -> tuple[int, dict]:
     out = data_dir / "check.json"
-    code = main(["warehouse", "check", "--data-dir", str(data_dir), "--report", str(out)])
-    capsys.readouterr()
+    code, _ = cli("warehouse", "check", "--data-dir", str(data_dir), "--report", str(out))
     return code, json.loads(out.read_text())
 
 
-def test_factory_run_survives_a_deleted_lake_file_and_relands_it(tmp_path, capsys):
+def test_factory_run_survives_a_deleted_lake_file_and_relands_it(tmp_path):
     data_dir = tmp_path / "data"
     assert main([*RUN, "--data-dir", str(data_dir)]) == 0
     before = counts(data_dir)
@@ -36,26 +46,24 @@ def test_factory_run_survives_a_deleted_lake_file_and_relands_it(tmp_path, capsy
     [victim] = (data_dir / "lake" / "steps" / "task_family=inventory").glob("*.parquet")
     relative = victim.relative_to(data_dir).as_posix()
     [rollouts] = (data_dir / "lake" / "rollouts" / "task_family=inventory").glob("*.parquet")
-    capsys.readouterr()
 
-    assert main(["sql", "--data-dir", str(data_dir), f"COPY (SELECT 1) TO '{rollouts}'"]) == 1
-    assert "ConsoleRefused" in capsys.readouterr().err
+    code, err = cli("sql", "--data-dir", str(data_dir), f"COPY (SELECT 1) TO '{rollouts}'")
+    assert code == 1 and "ConsoleRefused" in err
     victim.unlink()
-    assert main(["sql", "--data-dir", str(data_dir), "select count(*) from rollouts"]) == 0
-    assert main(["sql", "--data-dir", str(data_dir), "select count(*) from steps"]) == 1
-    assert f"{relative}" in capsys.readouterr().err
-    assert main([*RUN, "--data-dir", str(data_dir)]) == 1  # refuses before any episode
-    err = capsys.readouterr().err
-    assert relative in err and "gymfoundry warehouse repair" in err
+    assert cli("sql", "--data-dir", str(data_dir), "select count(*) from rollouts") == (0, "")
+    code, err = cli("sql", "--data-dir", str(data_dir), "select count(*) from steps")
+    assert code == 1 and relative in err
+    code, err = cli(*RUN, "--data-dir", str(data_dir))  # refuses before any episode (no flow starts)
+    assert code == 1 and relative in err and "gymfoundry warehouse repair" in err
 
-    code, report = check(data_dir, capsys)
+    code, report = check(data_dir)
     assert code == 1 and [(f["path"], f["kind"]) for f in report["files"]] == [(relative, "missing")]
-    assert main(["warehouse", "repair", "--data-dir", str(data_dir)]) == 0
-    code, report = check(data_dir, capsys)
+    assert cli("warehouse", "repair", "--data-dir", str(data_dir))[0] == 0
+    code, report = check(data_dir)
     assert code == 0 and report["files"] == []
     repaired = counts(data_dir)
     assert repaired["runs"] == 1 and repaired["steps"] == 0 and repaired["dataset_rows"] == 0
 
     assert main([*RUN, "--data-dir", str(data_dir)]) == 0  # the same run lands the lost rows again
     assert counts(data_dir) == before
-    assert victim.exists() and check(data_dir, capsys)[0] == 0
+    assert victim.exists() and check(data_dir)[0] == 0
