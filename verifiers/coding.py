@@ -179,6 +179,10 @@ class CodingVerifier(OutcomeVerifier):
     def precondition(self, task: TaskSpec) -> str | None:
         """A task is an exercise only if every test runs cleanly on the original files and its
         bugs make a hidden test fail on the initial snapshot."""
+        try:
+            original_files(task)
+        except ValueError as exc:
+            return str(exc)
         ready = exam(task, self.backend, self.allow_unsafe)
         if isinstance(ready, str):
             return f"could not run the tests on the original files: {ready}"

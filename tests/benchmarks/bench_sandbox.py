@@ -1,12 +1,18 @@
 """Benchmark: the sandbox's overhead per command, and coding-family episodes per minute.
 Not a test (pytest collects test_*.py only).
 
-    .venv/bin/python tests/benchmarks/bench_sandbox.py [--commands 40] [--episodes 20] [--json out.json]
+    .venv/bin/python tests/benchmarks/bench_sandbox.py [--commands 40] [--episodes 20] [--grades 10]
+        [--root CHECKOUT] [--json out.json]
 
 Overhead: the same argument vector run as a bare subprocess and in one bubblewrap sandbox
 (A, B, A, B ... so both share the machine's noise; one unmeasured warm-up each); medians.
 Episodes: the scripted policy (mistake rate 0.25) on generated tasks of levels 1-5 through
 the real env stack, grading included; task validation is timed on its own line.
+Grading: the outcome verifier on the reference solution of each task, cold (the grader's
+per-task caches cleared: reference and baseline runs included) and warm (what each later
+episode of the task pays); medians. `--root` imports another checkout (e.g. a `git worktree`
+of an older commit) so before and after run the same measurement; `--commands 0` skips the
+overhead part.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = sys.argv[sys.argv.index("--root") + 1] if "--root" in sys.argv[:-1] else str(Path(__file__).resolve().parents[2])
+sys.path.insert(0, ROOT)
 
 
 def overhead(n: int) -> dict:
@@ -74,18 +81,47 @@ def episodes(n: int, mistake_rate: float) -> dict:
             "validated_tasks_per_min": round(len(tasks) / validate_s * 60, 1), "rejected": len(rejected)}
 
 
+def grading(n: int) -> dict:
+    import verifiers.coding as grader
+    from envs.coding import CodingEnv, generate_task
+
+    cold, warm = [], []
+    for seed in range(n):
+        task = generate_task(1000 + seed, 1 + seed % 5)
+        env = CodingEnv()
+        env.reset(task)
+        for call in task.hidden.reference:
+            env.step(call)
+        steps, state = env.steps, env.state()
+        env.close()
+        for cache in ("_BASELINES", "_EXAMS"):
+            getattr(grader, cache, {}).clear()
+        for times in (cold, warm):
+            started = time.perf_counter()
+            assert grader.CodingVerifier().verify(task, steps, state).success
+            times.append(time.perf_counter() - started)
+    return {"tasks": n, "cold_ms": round(statistics.median(cold) * 1000, 1),
+            "warm_ms": round(statistics.median(warm) * 1000, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--commands", type=int, default=40)
     parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--grades", type=int, default=10)
     parser.add_argument("--mistake-rate", type=float, default=0.25)
+    parser.add_argument("--root", help="the checkout whose code is measured (default: this one)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    result = {"overhead": overhead(args.commands), "coding": episodes(args.episodes, args.mistake_rate)}
+    result = {"root": ROOT, "overhead": overhead(args.commands) if args.commands else {},
+              "grading": grading(args.grades), "coding": episodes(args.episodes, args.mistake_rate)}
     for label, figures in result["overhead"].items():
         if label != "cgroup":
             print(f"{label:>16}: bare {figures['bare_ms']} ms, sandboxed {figures['sandboxed_ms']} ms, "
                   f"overhead {figures['overhead_ms']} ms (median of {args.commands})")
+    grade = result["grading"]
+    print(f"grading per coding task ({ROOT}): {grade['cold_ms']} ms cold (first of the task), "
+          f"{grade['warm_ms']} ms warm (median of {grade['tasks']})")
     coding = result["coding"]
     print(f"coding family, scripted policy (mistake rate {args.mistake_rate:g}): {coding['episodes_per_min']} "
           f"episodes/min over {coding['episodes']} episodes, {coding['mean_steps']} steps each; "

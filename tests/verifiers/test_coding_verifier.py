@@ -207,6 +207,15 @@ def test_precondition_accepts_a_real_bug_and_verify_replays_without_a_final_stat
     assert verifier.verify(task, steps).success  # replayed in a fresh env and sandbox
 
 
+def test_a_task_whose_bug_sites_do_not_invert_is_refused_with_the_reason(task):
+    data = task.model_dump(mode="json")
+    data["hidden"]["checks"]["bugs"][0]["buggy"] = "text that is nowhere in the file"
+    data["task_id"] = ""
+    broken = TaskSpec.model_validate(data)
+    assert CodingVerifier().precondition(broken) == \
+        f"task {broken.task_id}: the bug sites do not invert to the original files"
+
+
 def test_never_submitting_is_reported_without_running_tests(task):
     steps, state = play(task, fixes(task))
     report = CodingVerifier().verify(task, steps, state)
