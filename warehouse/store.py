@@ -274,7 +274,7 @@ class Warehouse:
         if self.read_only:
             raise PermissionError("this warehouse was opened read-only")
         problems = damage.inspect(self.con, self.data_dir)
-        entries = {e.landing_id: [] for e in catalog.entries(self.con)}
+        entries: dict[str, list[catalog.Entry]] = defaultdict(list)
         for entry in catalog.entries(self.con):
             entries[entry.landing_id].append(entry)
         created = _utcnow()
