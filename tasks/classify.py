@@ -53,8 +53,8 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
 
 def _verdict(outcome: OutcomeReport) -> tuple[Termination, str]:
     # A verifier attributes the attempt to the environment or to time with a failed check of that
-    # name (e.g. the coding grader's sandbox crashed, or the submitted code hung the hidden tests);
-    # an environment fault outranks even a success.
+    # name (e.g. the coding grader's sandbox could not run the original files either); an
+    # environment fault outranks even a success.
     if _failed(outcome, "env_fault"):
         return Termination.env_fault, "; ".join(outcome.checks["env_fault"].reasons)
     if outcome.success:

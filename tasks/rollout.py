@@ -11,6 +11,7 @@ from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
 from envs.records import Budget, Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec, content_hash
 from envs.registry import make, spec, verifier_for
+from envs.secrets import redact
 from envs.wrappers import standard_stack
 from tasks.classify import classify
 from tasks.policies import Policy, PolicyOutput
@@ -61,7 +62,7 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
                    env_version=spec(task.env_id).version, policy_id=policy.policy_id,
                    policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
-                   termination=termination, termination_reason=reason[:2000], outcome=outcome, cost=cost,
+                   termination=termination, termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
                    env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
 
 

@@ -23,6 +23,7 @@ ANALYSIS_VIEWS: dict[str, str] = {
                count(*) FILTER (WHERE r.success)
                    / nullif(count(*) FILTER (WHERE r.termination IN ({_MODEL})), 0) AS success_rate,
                count(*) FILTER (WHERE r.termination = 'env_fault') AS env_faults,
+               count(*) FILTER (WHERE r.termination = 'env_bug') AS env_bugs,
                count(DISTINCT r.task_id) AS tasks
         FROM rollouts r JOIN tasks t USING (task_id)
         GROUP BY 1, 2, 3, 4""",

@@ -115,3 +115,21 @@ def test_a_key_echoed_in_a_response_header_stays_out_of_the_debug_log(keys, capl
         OpenAIPolicy("echo", base_url=server.base_url, timeout_s=5).act("hi")
     assert any("X-Echo" in r.getMessage() for r in caplog.records)  # httpcore logged the headers
     assert_nowhere(POLICY_KEY, records=caplog.records)
+
+
+def test_any_exception_text_is_redacted_before_it_becomes_a_termination_reason(keys):
+    """Not only the policy's own errors: whatever a policy raises (a client library quoting the
+    header it sent, say) reaches the stored reason without the key."""
+    class Leaky:
+        policy_id, version = "leaky", "1"
+
+        def reset(self, seed):
+            pass
+
+        def act(self, observation):
+            raise RuntimeError(f"client refused: Authorization: {POLICY_KEY}")
+
+    task = generate_tasks("inventory", 1, 4)[0]
+    r = run_episode(task, Leaky(), seed=1)
+    assert r.termination.value == "policy_error"
+    assert r.termination_reason == f"policy raised RuntimeError: client refused: Authorization: {MASK}"
