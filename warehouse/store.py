@@ -62,6 +62,7 @@ class Warehouse:
             self.con = _connect(path, True, lock_timeout_s)
             # The stored views may name the old location of a moved data dir; temp views shadow them.
             catalog.rebuild_views(self.con, self.data_dir, temporary=True)
+            confine(self.con, self.data_dir)
         else:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self.con = _connect(path, False, lock_timeout_s)
@@ -463,6 +464,18 @@ def _landing_hook() -> None:
     if marker:
         Path(marker).write_text(str(os.getpid()))
         time.sleep(float(os.environ.get("GYMFOUNDRY_PAUSE_LANDING_S", "60")))
+
+
+def confine(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
+    """A reader's connection touches no file but the lake's, and its settings are locked.
+
+    The console's statement check cannot see side effects of functions: `SELECT * FROM
+    enable_logging(storage = 'file', storage_path = ...)` (or `enable_profiling(save_location = ...)`)
+    writes files anywhere, and `read_blob('/etc/shadow')` reads any file. DuckDB itself refuses both
+    once external access is off (but for the lake) and the configuration locked."""
+    con.execute("SET allowed_directories = [?]", [str(data_dir / LAKE_DIR) + os.sep])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckDBPyConnection:

@@ -76,6 +76,34 @@ def test_every_hostile_statement_is_refused_and_nothing_changes(data_dir, build,
     assert json.loads(out.read_text())["files"] == []
 
 
+def test_functions_with_side_effects_and_files_outside_the_lake_are_refused_by_duckdb(data_dir, build, tmp_path):
+    # Queries by the statement check, but they write files anywhere (logging, profiling) or change the
+    # connection; and the console reads no file outside the lake (`/etc/shadow` as root).
+    registered = land(data_dir, build)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.csv").write_text("s3cret")
+    before, outside_before = state(data_dir), sorted(outside.rglob("*"))
+    lake = data_dir / "lake"
+    writes = [f"SELECT * FROM enable_logging(storage = 'file', storage_path = '{outside}/logs')",
+              f"SELECT * FROM enable_logging(storage = 'file', storage_path = '{lake}/steps/logs')",
+              f"SELECT * FROM system.main.\"Enable_Logging\"(storage = 'file', storage_path = '{registered[0]}')",
+              f"SELECT * FROM enable_profiling(save_location = '{outside}/profile.json')",
+              "SELECT * FROM add_grammar_extension('x')"]
+    reads = [f"SELECT * FROM read_text('{outside}/secret.csv')", f"SELECT * FROM read_blob('{outside}/secret.csv')",
+             f"SELECT * FROM read_csv('{outside}/secret.csv')", f"SELECT * FROM '{outside}/secret.csv'",
+             f"SELECT * FROM glob('{outside}/*')", f"SELECT * FROM read_text('{lake}/../../outside/secret.csv')"]
+    for statement in writes + reads:
+        with Warehouse(data_dir, read_only=True) as wh:
+            with pytest.raises(Exception, match="locked|disabled by configuration"):
+                wh.sql(statement)
+            wh.sql("SELECT count(*) FROM steps")  # still a working console
+            assert wh.sql("SELECT count(*) AS n FROM duckdb_logs").to_pylist() == [{"n": 0}], statement
+    assert state(data_dir) == before and sorted(outside.rglob("*")) == outside_before
+    with Warehouse(data_dir, read_only=True) as wh:  # the lake itself still reads, through views and by path
+        assert wh.sql(f"SELECT count(*) AS n FROM read_parquet('{registered[0]}')").num_rows == 1
+
+
 def test_the_message_names_the_refused_statement():
     with pytest.raises(ConsoleRefused, match=r"COPY \(statement 2 of 2\)"):
         check_query("select 1; copy (select 1) to 'x.csv'")
