@@ -24,6 +24,9 @@ from warehouse import catalog
 from warehouse.lake import LAKE_DIR, TEMP_SUFFIX, file_sha256
 from warehouse.tables import PARTITION, TABLES, Table
 
+# List columns naming rows of another table (not gate references: `check`'s integrity checks them).
+# Repair follows them too, so no dataset row is left naming a rollout that left with a damaged landing.
+LINEAGE = {"dataset_rows": (("rollout_ids", "rollouts"),)}
 DAMAGE = ("missing", "changed")  # the kinds `check` fails on and `repair` quarantines
 # The other kinds are reported, not damage: `unknown_checksum` (registered before checksums were
 # kept, seen read-only), `unregistered` (invisible to every view; a writer killed after writing
@@ -123,17 +126,23 @@ def dangling(con: duckdb.DuckDBPyConnection, data_dir: Path) -> dict[str, list[d
     out: dict[str, list[dict[str, Any]]] = {}
     for table in TABLES.values():
         files = [data_dir / e.path for e in landing_of.values() if e.table_name == table.name]
-        for ref in table.references if files else ():
-            parent = TABLES[ref.table]
+        refs = [(ref.columns, ref.table, False) for ref in table.references]
+        refs += [((column,), parent, True) for column, parent in LINEAGE.get(table.name, ())]
+        for columns, parent_name, many in refs if files else ():
+            parent = TABLES[parent_name]
+            rows = _with_filenames(table, files)
+            if many:  # one list column whose every element names a parent row (a dataset row's rollouts)
+                column = catalog.quote_ident(columns[0])
+                rows = f"SELECT filename, unnest({column}) AS {column} FROM ({rows})"
             on = " AND ".join(f"c.{catalog.quote_ident(c)} = p.{catalog.quote_ident(k)}"
-                              for c, k in zip(ref.columns, parent.key))
-            present = " AND ".join(f"c.{catalog.quote_ident(c)} IS NOT NULL" for c in ref.columns)
-            query = (f"SELECT c.filename, count(*) FROM ({_with_filenames(table, files)}) c "
+                              for c, k in zip(columns, parent.key))
+            present = " AND ".join(f"c.{catalog.quote_ident(c)} IS NOT NULL" for c in columns)
+            query = (f"SELECT c.filename, count(*) FROM ({rows}) c "
                      f"ANTI JOIN {parent.name} p ON {on} WHERE {present} GROUP BY 1")
             for filename, n in con.execute(query).fetchall():
                 entry = landing_of[Path(filename).relative_to(data_dir).as_posix()]
-                reason = (f"{n} rows reference {ref.table} rows that were quarantined with a damaged landing "
-                          f"({', '.join(ref.columns)} -> {ref.table})")
+                reason = (f"{n} rows reference {parent_name} rows that were quarantined with a damaged landing "
+                          f"({', '.join(columns)} -> {parent_name})")
                 problem = FileProblem(entry.path, "dangling", reason, table.name, entry.batch_id, entry.landing_id)
                 out.setdefault(entry.landing_id, []).append(failure(problem, "references_quarantined_rows"))
     return out

@@ -203,6 +203,36 @@ def test_repair_follows_references_into_later_landings(data_dir, build, capsys):
         assert counts(wh) == before
 
 
+def test_repair_follows_dataset_lineage_to_rollouts_of_a_later_landing(data_dir, build, capsys):
+    # The task landed earlier; a later landing adds a second sample's rollout, and a dataset names both.
+    # Damage to the later landing must take the dataset with it: none of its rows may name a lost rollout.
+    from envs.records import DatasetManifest, DatasetRow
+
+    land_all(data_dir, build)
+    task, first, _ = records(build, "inventory", 0)
+    second = build.rollout(task, seed=7)
+    manifest = DatasetManifest(dataset_id="sft-x", kind="sft", rows=1, families=["inventory"], learnability="p(1-p)")
+    row = DatasetRow(dataset_id="sft-x", row_id="abc", row_index=0, family="inventory", task_id=task.task_id,
+                     difficulty=2, rollout_ids=[first.rollout_id, second.rollout_id], weight=1.0)
+    with Warehouse(data_dir) as wh:
+        wh.land(rollouts=[second], scores=[build.score(second, 0)]).checked()
+        wh.land(datasets=[manifest], dataset_rows=[row]).checked()
+        before = counts(wh)
+        [victim] = [f for f in wh.files("rollouts") if second.rollout_id in pq.read_table(f)["rollout_id"].to_pylist()]
+    os.chmod(victim, 0o644)
+    victim.write_bytes(victim.read_bytes()[:-9] + b"x" + victim.read_bytes()[-8:])
+    assert main(["warehouse", "repair", "--data-dir", str(data_dir)]) == 0
+    with Warehouse(data_dir, read_only=True) as wh:
+        assert wh.count("dataset_rows") == 0 and wh.count("datasets") == 0
+        assert wh.count("tasks") == before["tasks"]  # the earlier landing stays
+    code, report, printed = check_json(data_dir, capsys)
+    assert code == 0, printed
+    with Warehouse(data_dir) as wh:  # the same records land again, the dataset with them
+        wh.land(rollouts=[second], scores=[build.score(second, 0)]).checked()
+        wh.land(datasets=[manifest], dataset_rows=[row]).checked()
+        assert counts(wh) == before
+
+
 def test_damage_in_one_table_does_not_stop_landing_in_others(data_dir, build):
     land_all(data_dir, build)
     lake_file(data_dir, "steps").unlink()
