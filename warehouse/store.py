@@ -472,8 +472,12 @@ def confine(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
     The console's statement check cannot see side effects of functions: `SELECT * FROM
     enable_logging(storage = 'file', storage_path = ...)` (or `enable_profiling(save_location = ...)`)
     writes files anywhere, and `read_blob('/etc/shadow')` reads any file. DuckDB itself refuses both
-    once external access is off (but for the lake) and the configuration locked."""
-    con.execute("SET allowed_directories = [?]", [str(data_dir / LAKE_DIR) + os.sep])
+    once external access is off (but for the lake) and the configuration locked. A lake, partition
+    or file symlinked onto another disk stays readable: DuckDB checks the resolved path."""
+    lake = data_dir / LAKE_DIR
+    con.execute("SET allowed_directories = ?", [sorted({str(lake) + os.sep, os.path.realpath(lake) + os.sep})])
+    files = [data_dir / e.path for e in catalog.entries(con)]
+    con.execute("SET allowed_paths = ?", [sorted({str(f) for f in files} | {os.path.realpath(f) for f in files})])
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
 

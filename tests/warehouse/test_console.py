@@ -104,6 +104,19 @@ def test_functions_with_side_effects_and_files_outside_the_lake_are_refused_by_d
         assert wh.sql(f"SELECT count(*) AS n FROM read_parquet('{registered[0]}')").num_rows == 1
 
 
+def test_a_lake_partition_symlinked_onto_another_disk_stays_readable(data_dir, build, tmp_path):
+    registered = land(data_dir, build)
+    partition = [f for f in registered if "/steps/" in f.as_posix()][0].parent
+    moved = tmp_path / "other-disk" / "steps-inventory"
+    moved.parent.mkdir()
+    partition.rename(moved)
+    partition.symlink_to(moved)
+    with Warehouse(data_dir, read_only=True) as wh:
+        assert wh.sql("select count(*) as n from steps").to_pylist() == [{"n": 3}]
+        with pytest.raises(Exception, match="disabled by configuration"):  # its neighbours are not the lake's
+            wh.sql(f"select * from read_text('{moved.parent}/*')")
+
+
 def test_the_message_names_the_refused_statement():
     with pytest.raises(ConsoleRefused, match=r"COPY \(statement 2 of 2\)"):
         check_query("select 1; copy (select 1) to 'x.csv'")
