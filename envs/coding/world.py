@@ -252,7 +252,9 @@ class CodingEnv(ToolEnv):
             files = self.sandbox.snapshot()
         except PathError as exc:
             raise ToolError(exc.kind, str(exc)) from None
-        state["submission"] = {k: v.decode("utf-8", "replace") for k, v in files.items()}
+        # lossless: bytes that are not UTF-8 come back as themselves in the grader's copy (with
+        # "replace" each grew to 3 bytes, and a workspace within its quota overflowed the grader's)
+        state["submission"] = {k: v.decode("utf-8", "surrogateescape") for k, v in files.items()}
         state.update(submitted=True, summary=summary)
         return {"submitted": True, "files": len(files)}
 

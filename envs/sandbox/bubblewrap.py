@@ -225,7 +225,7 @@ class BubblewrapSandbox(Sandbox):
         self.uid = _allocate_uid(base) if self.root else os.getuid()
         self.gid = self.uid if self.root else os.getgid()
         self.cgroups = cgroups.detect()
-        self._initial = {k: (v.encode() if isinstance(v, str) else v) for k, v in snapshot.items()}
+        self._initial = {k: files.as_bytes(v) for k, v in snapshot.items()}
         self.dir = tempfile.mkdtemp(prefix=f"{stale.DIR_PREFIX}{os.getpid()}-", dir=base)
         self.id = os.path.basename(self.dir).removeprefix(stale.DIR_PREFIX)
         self.workspace = os.path.join(self.dir, "workspace")

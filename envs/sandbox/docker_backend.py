@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from envs.sandbox import files
 from envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, Sandbox,
                                SandboxError, check_argv, normalize_path)
 
@@ -80,7 +81,7 @@ class DockerSandbox(Sandbox):
 
         self.limits = limits or Limits()
         self.client = client or docker.from_env(timeout=max(60, int(self.limits.wall_s) + 30))
-        self._initial = {k: (v.encode() if isinstance(v, str) else v) for k, v in snapshot.items()}
+        self._initial = {k: files.as_bytes(v) for k, v in snapshot.items()}
         self._lock = threading.Lock()
         self._destroyed = False
         self._packets = 0

@@ -2,7 +2,13 @@
 
 The host may run as root, and the sandboxed code may have planted symlinks, FIFOs or
 device-like files in the workspace. So every path is opened one component at a time
-relative to the workspace with O_NOFOLLOW, and only regular files are read or written."""
+relative to the workspace with O_NOFOLLOW, and only regular files are read or written.
+
+The tree is the agent's too: directories are walked through directory fds without recursion
+(a chain deeper than Python's stack or longer than PATH_MAX lists like any other), directories
+below MAX_DEPTH and names that are not UTF-8 are not part of the workspace (not listed, not
+submitted: a name that cannot be stored would make every record naming it unstorable), and a
+write refused by the workspace quota is the agent's `workspace_full`, not a crash."""
 
 from __future__ import annotations
 
@@ -14,6 +20,14 @@ import stat
 from envs.sandbox.base import PathError, normalize_path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_DEPTH = 32  # directories below this many levels are not listed (one open fd per level)
+QUOTA_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def as_bytes(data: bytes | str) -> bytes:
+    """A file's bytes; text is encoded losslessly (`surrogateescape` gives back the bytes a
+    submission held that were not UTF-8, so the grader's copy is the agent's, byte for byte)."""
+    return data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
 
 
 def _open_parent(root: str, rel: str, create: bool, owner: tuple[int, int] | None) -> tuple[int, str]:
@@ -27,8 +41,11 @@ def _open_parent(root: str, rel: str, create: bool, owner: tuple[int, int] | Non
             except FileNotFoundError:
                 if not create:
                     raise PathError("not_found", f"no such file: {rel}") from None
-                os.mkdir(part, 0o755, dir_fd=fd)
-                next_fd = os.open(part, DIR_FLAGS, dir_fd=fd)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    next_fd = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    raise _path_error(rel, exc) from None
                 if owner:
                     os.fchown(next_fd, *owner)
             except OSError as exc:
@@ -42,6 +59,9 @@ def _open_parent(root: str, rel: str, create: bool, owner: tuple[int, int] | Non
 
 
 def _path_error(rel: str, exc: OSError) -> PathError:
+    if exc.errno in QUOTA_ERRNOS:
+        return PathError("workspace_full", f"{rel}: the workspace quota is full ({exc.strerror}); the file may be "
+                                           "partly written: remove files to make room")
     if exc.errno == errno.ELOOP:
         return PathError("symlink_refused", f"{rel} goes through a symbolic link; links are not followed")
     if exc.errno == errno.ENOTDIR:
@@ -87,31 +107,71 @@ def write_file(root: str, path: str, data: bytes, owner: tuple[int, int] | None)
             raise _path_error(rel, exc) from None
     finally:
         os.close(parent)
-    with os.fdopen(fd, "wb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise PathError("not_a_regular_file", f"{rel} is not a regular file")
-        fh.truncate(0)
-        fh.write(data)
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
         if owner:
-            os.fchown(fh.fileno(), *owner)
+            os.fchown(fd, *owner)
+    except OSError as exc:
+        if exc.errno not in QUOTA_ERRNOS:
+            raise
+        raise _path_error(rel, exc) from None
+    finally:
+        os.close(fd)
 
 
 def list_files(root: str) -> list[str]:
-    """Regular files under root, workspace-relative; links and special files are skipped."""
+    """Regular files under root, workspace-relative; links, special files, `__pycache__`,
+    directories below MAX_DEPTH and names that are not UTF-8 are skipped."""
     out: list[str] = []
-
-    def walk(directory: str, prefix: str) -> None:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                rel = f"{prefix}{entry.name}"
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name != "__pycache__":
-                        walk(entry.path, rel + "/")
-                elif entry.is_file(follow_symlinks=False):
-                    out.append(rel)
-
-    walk(root, "")
+    top = os.open(root, DIR_FLAGS)
+    try:
+        stack = [(top, "", os.scandir(top))]
+    except BaseException:
+        os.close(top)
+        raise
+    try:
+        while stack:
+            fd, prefix, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                entries.close()
+                os.close(fd)
+                continue
+            if not _storable(entry.name):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name == "__pycache__" or len(stack) > MAX_DEPTH:
+                    continue
+                try:
+                    child = os.open(entry.name, DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue  # replaced by something else since it was listed
+                try:
+                    stack.append((child, f"{prefix}{entry.name}/", os.scandir(child)))
+                except BaseException:
+                    os.close(child)
+                    raise
+            elif entry.is_file(follow_symlinks=False):
+                out.append(prefix + entry.name)
+    finally:
+        for fd, _, entries in stack:
+            entries.close()
+            os.close(fd)
     return sorted(out)
+
+
+def _storable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.fsdecode gave a lone surrogate for a byte that is not UTF-8
+        return False
+    return True
 
 
 def snapshot(root: str, max_total_bytes: int) -> dict[str, bytes]:
@@ -130,7 +190,7 @@ def snapshot(root: str, max_total_bytes: int) -> dict[str, bytes]:
 
 def populate(root: str, files: dict[str, bytes | str], owner: tuple[int, int] | None) -> None:
     for rel, data in sorted(files.items()):
-        write_file(root, rel, data.encode() if isinstance(data, str) else data, owner)
+        write_file(root, rel, as_bytes(data), owner)
 
 
 def clear(root: str) -> None:

@@ -154,3 +154,51 @@ def test_no_hostile_action_text_crashes_the_runtime(env_id):
                 stack.reset(task, seed=3)
     finally:
         stack.close()
+
+
+# -- hostile workspaces: what the agent's own commands leave for the tools to read -----------------
+def _sh(script: str) -> dict:
+    return {"name": "run", "arguments": {"argv": ["python", "-c", script]}}
+
+
+DEEP_TREE = ("import os\nfor i in range(1100):\n    os.mkdir('d'); os.chdir('d')\nopen('x.py', 'w').write('1')\n"
+             "os.chdir('/workspace')\nfor i in range(20):\n    os.mkdir('n' * 250); os.chdir('n' * 250)\n"
+             "open('y.py', 'w').write('2')\nprint('ok')")
+UNDECODABLE_NAMES = ("import os\nopen(b'bad\\xff.py', 'wb').write(b'x = 1\\n')\nos.mkdir(b'\\xfe')\n"
+                     "open(b'\\xfe/ok.py', 'wb').write(b'y = 2\\n')\nprint('ok')")
+FULL_BYTES = ("n = 0\ntry:\n    while True:\n        open(f'f{n}', 'wb').write(b'x' * 8_000_000); n += 1\n"
+              "except OSError:\n    print('full', n)")
+FULL_INODES = ("n = 0\ntry:\n    while True:\n        open(f'n{n}', 'w').close(); n += 1\nexcept OSError:\n"
+               "    print('full', n)")
+WORKSPACES = {"deep_and_long_directories": DEEP_TREE, "undecodable_names": UNDECODABLE_NAMES,
+              "byte_quota_full": FULL_BYTES, "file_quota_full": FULL_INODES}
+
+
+@pytest.mark.parametrize("workspace", sorted(WORKSPACES))
+def test_no_workspace_the_agent_builds_crashes_a_tool_or_the_record(workspace):
+    """Directories past PATH_MAX or Python's recursion limit, names that are not UTF-8 and a full
+    quota are the agent's doing: tools answer or refuse (never env_bug), the attempt is the model's
+    failure, and the rollout stores (no lone surrogate in any reason). On fc25346 the deep tree made
+    list_files and submit env bugs, a full quota made edit_file one, and an undecodable name put a
+    lone surrogate in the side effects, so the batch failed to land."""
+    from tasks.rollout import run_episode
+    from tests.envs.coding_helpers import ScriptPolicy
+
+    needs("gymfoundry/coding-v0")
+    task = quick_task(0, 1)
+    calls = [_sh(WORKSPACES[workspace]), {"name": "list_files", "arguments": {}},
+             {"name": "search", "arguments": {"pattern": "1"}},
+             {"name": "read_file", "arguments": {"path": "d/d/d/d"}},
+             {"name": "edit_file", "arguments": {"path": "new.py", "old": "", "new": "z = 3\n" * 500}},
+             {"name": "edit_file", "arguments": {"path": "sub/dir/new.py", "old": "", "new": "z = 3\n"}}]
+    rollout = run_episode(task, ScriptPolicy(calls), seed=0)
+    assert rollout.steps[0].error is None and "ok" in rollout.steps[0].result or "full" in rollout.steps[0].result
+    assert not [s.error for s in rollout.steps if s.error in ("env_bug", "env_fault")], \
+        [s.result for s in rollout.steps if s.error in ("env_bug", "env_fault")]
+    assert rollout.termination.value == "failure", rollout.termination_reason
+    assert json.loads(rollout.model_dump_json())["termination"] == "failure"
+    if workspace == "undecodable_names":  # the listing is under the observation limit here
+        listed = json.loads(rollout.steps[1].result)["result"]["files"]
+        assert "bad\ufffd.py" not in listed and not [n for n in listed if n.startswith(("bad", "\udcfe"))]
+    if workspace.endswith("quota_full"):
+        assert rollout.steps[4].error == "workspace_full" or rollout.steps[5].error == "workspace_full"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import Limits, SandboxError, SandboxUnavailable, bubblewrap, create_sandbox, quota, staging
+from envs.sandbox import Limits, PathError, SandboxError, SandboxUnavailable, bubblewrap, create_sandbox, files, quota, staging
 from envs.sandbox.base import fault_count
 from tests.envs.coding_helpers import alive_with
 from tests.sandbox_guard import require_sandbox
@@ -142,6 +142,41 @@ def test_100k_files_stop_at_the_file_quota(box):
     box.reset()
     assert box.run(["sh", "-c", "touch a && ls"]).stdout.split() == ["a", "main.py", "pkg"]
     assert box.guarantees()["workspace_quota_mode"] == "enforced"
+
+
+TREE = ("import os\nfor i in range(1100):\n    os.mkdir('d'); os.chdir('d')\n    open('x.py', 'w').write(str(i))\n"
+        "os.chdir('/workspace')\nfor i in range(20):\n    os.mkdir('n' * 250); os.chdir('n' * 250)\n"
+        "open('y.py', 'w').write('2')\nos.chdir('/workspace')\nopen(b'bad\\xff.py', 'wb').write(b'1')\n"
+        "os.mkdir(b'\\xfe')\nopen(b'\\xfe/in.py', 'wb').write(b'1')\nopen('blob.bin', 'wb').write(bytes(range(256)) * 4)")
+
+
+def test_a_tree_past_the_recursion_limit_and_path_max_lists_and_snapshots(box):
+    """Walked through directory fds, never by recursion or by path: down to files.MAX_DEPTH
+    levels, names that are not UTF-8 left out (nothing could store them), bytes kept exactly."""
+    assert box.run(["python", "-c", TREE]).ok
+    listed = box.list_files()
+    assert sorted("d/" * k + "x.py" for k in range(1, files.MAX_DEPTH + 1)) == [n for n in listed if n.endswith("x.py")]
+    long = "/".join(["n" * 250] * 20) + "/y.py"  # 5 KB: past PATH_MAX as one path
+    assert long in listed and box.read_file(long) == b"2"
+    assert all(n.encode("utf-8") for n in listed) and not [n for n in listed if n.startswith("bad") or n.endswith("/in.py")]
+    snap = box.snapshot()
+    assert sorted(snap) == listed and snap["blob.bin"] == bytes(range(256)) * 4
+    text = {k: v.decode("utf-8", "surrogateescape") for k, v in snap.items()}  # what a submission holds
+    with create_sandbox(text, limits=FAST, backend="bubblewrap") as copy:
+        assert copy.snapshot() == snap
+
+
+@as_root
+def test_a_write_the_quota_refuses_is_the_agents_workspace_full_not_a_crash(box):
+    assert box.run(["python", "-c", FILL]).stdout.startswith("28 ")
+    with pytest.raises(PathError) as full:
+        box.write_file("new.py", b"x" * 100_000)
+    assert full.value.kind == "workspace_full"
+    box.run(["sh", "-c", "rm big*"])
+    assert box.run(["python", "-c", MANY], timeout_s=5).stdout.startswith("28 ")
+    with pytest.raises(PathError) as no_inode:
+        box.write_file("sub/dir/new.py", b"x")
+    assert no_inode.value.kind == "workspace_full"
 
 
 def test_without_the_mount_the_quota_is_checked_after_each_command_and_says_so(monkeypatch):
