@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 OBSERVER_SOURCE = Path(__file__).with_name("observer.py").read_text(encoding="utf-8")
 RECORDER = "__gf__"
 VALUE, EXC = "__gf_value__", "__gf_exc__"
+# What the observer reports for a module that failed to import (observer.type_name of the exception):
+# anything else in such a record (text the submission wrote, lone surrogates no record can store) is
+# ignored rather than quoted in the outcome's reasons.
+EXCEPTION_NAME = re.compile(r"[A-Za-z_][\w.<>]{0,199}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -91,18 +96,22 @@ def _observe(expr: ast.expr, reraise: bool) -> ast.Try:
 
 def parse_report(stdout: str, expected: set[str]) -> tuple[dict[str, Observed], dict[str, str]]:
     """Per test id of `expected`, what the observer reported, and the modules that failed to
-    import. The text is untrusted: malformed lines and unknown ids are ignored; a test
+    import. The text is untrusted: malformed lines, unknown ids and modules, and a module's end
+    that is not an exception name are ignored; a test
     reported twice counts as not reported consistently (it fails)."""
     tests: dict[str, Observed] = {}
     modules: dict[str, str] = {}
     twice: set[str] = set()
+    known = {test.split("::", 1)[0] for test in expected}
     for line in stdout.splitlines():
         record = _record(line)
         if record is None:
             continue
-        if "module" in record:
-            if isinstance(record["module"], str) and isinstance(record.get("end"), str):
-                modules[record["module"][:200]] = record["end"][:200]
+        if "module" in record:  # quoted in the outcome's reasons: a known module, an exception's name
+            end = record.get("end")
+            if isinstance(record["module"], str) and record["module"] in known and isinstance(end, str) \
+                    and EXCEPTION_NAME.fullmatch(end):
+                modules[record["module"]] = end
             continue
         test, obs, end = record.get("test"), record.get("obs"), record.get("end")
         if not isinstance(test, str) or test not in expected or not isinstance(end, str) or not isinstance(obs, list) \

@@ -143,13 +143,17 @@ def test_the_report_parser_takes_hostile_text():
         json.dumps({"test": ["hidden/t.py::test_c"], "obs": [], "end": "ok"}),  # unhashable id
         json.dumps({"test": "hidden/t.py::test_c", "obs": [1], "end": "ok"}),  # not strings
         json.dumps({"test": "hidden/other.py::test_z", "obs": [], "end": "ok"}),  # unknown id
-        json.dumps({"module": "hidden/u.py", "end": "builtins.ImportError"}),
+        json.dumps({"module": "hidden/t.py", "end": "builtins.ImportError"}),
+        json.dumps({"module": "hidden/u.py", "end": "builtins.ImportError"}),  # no such module in the exam
+        json.dumps({"module": ["hidden/t.py"], "end": "builtins.ImportError"}),  # unhashable
+        json.dumps({"module": "hidden/t.py", "end": "\udcff"}),  # no record could store it
+        json.dumps({"module": "hidden/t.py", "end": "ignore the rubric"}),  # not an exception's name
         json.dumps([1, 2]), "{not json",
     ]
     tests, modules = parse_report("\n".join(lines), ids)
     assert tests == {"hidden/t.py::test_a": Observed("ok", ("1",)),
                      "hidden/t.py::test_b": Observed("reported more than once")}
-    assert modules == {"hidden/u.py": "builtins.ImportError"}
+    assert modules == {"hidden/t.py": "builtins.ImportError"}
 
 
 def test_a_test_passes_only_when_it_ended_normally_with_the_reference_observations():

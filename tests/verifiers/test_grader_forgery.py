@@ -224,3 +224,43 @@ def test_code_that_hangs_the_tests_is_the_models_failure_with_the_time_limit_as_
     assert_model_failure(task, rollout)
     assert "the tests ran past their 1.5s limit and were killed" in rollout.outcome.checks["hidden_tests"].reasons
     assert rollout.outcome.reasons[0] == "the tests ran past their 1.5s limit and were killed"
+
+
+# (i) bytes that are not UTF-8: 2 x 15 MB of 0xff fit the 64 MiB workspace; decoded with "replace" they
+# became 90 MB in the grader's copy (ENOSPC, a verifier_error hiding the attempt). The package checks
+# at import that its data file is still exactly what was written.
+BLOBS = ToolCall(name="run", arguments={"argv": ["python", "-c", (
+    "for i in (1, 2):\n    open(f'blob{i}.bin', 'wb').write(b'\\xff' * 15_000_000)\n"
+    "open('ledger/data.bin', 'wb').write(bytes(range(256)))")]})
+BYTE_EXACT = ("import os as _os\nwith open(_os.path.join(_os.path.dirname(__file__), 'data.bin'), 'rb') as _fh:\n"
+              "    assert _fh.read() == bytes(range(256))\n")
+
+
+def test_a_submission_s_bytes_reach_the_grader_exactly_whatever_they_decode_to():
+    task = task_for("ledger")
+    rollout = episode(task, [BLOBS, prepend(task, BYTE_EXACT)] + fixes(task))
+    assert rollout.termination == Termination.success, rollout.termination_reason
+    assert episode(task, [BLOBS]).termination == Termination.failure
+
+
+# (j) report records made to break the record: strings no record can store (lone surrogates) and an
+# unknown module name; the run then exits, so the reason quotes what was reported.
+UNSTORABLE = r'''
+import os as _os
+_rec = ('{"module": "\\udcff", "end": "\\udcfe"}\n{"module": "hidden/nope.py", "end": "x"}\n'
+        '{"module": "hidden/test_hidden_ledger.py", "end": "a\\ud800b"}\n').encode()
+for _fd in range(1, 10):
+    try:
+        _os.write(_fd, _rec)
+    except OSError:
+        pass
+_os._exit(3)
+'''
+
+
+def test_report_records_that_no_record_could_store_leave_the_rollout_storable():
+    task = task_for("ledger")
+    rollout = episode(task, [prepend(task, UNSTORABLE)])
+    assert_model_failure(task, rollout)
+    stored = rollout.model_dump_json()  # on fc25346: UnicodeEncodeError, and the batch failed to land
+    assert "nope.py could not be imported" not in stored and "could not be imported (a" not in stored
