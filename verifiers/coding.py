@@ -159,7 +159,7 @@ def _why_incomplete(task: TaskSpec, result: CommandResult, modules: dict[str, st
 
 class CodingVerifier(OutcomeVerifier):
     verifier_id = "coding-outcome"
-    version = "2"  # 2: observations compared with the original files' (no verdict from the examinee)
+    version = "3"  # 2: observations, not verdicts; 3: exception helpers observed as their plain calls
 
     def __init__(self, backend: str | None = None, allow_unsafe: bool | None = None):
         self.backend = backend

@@ -164,3 +164,23 @@ def test_a_test_passes_only_when_it_ended_normally_with_the_reference_observatio
     assert not passes(reference, Observed("builtins.SystemExit", ("1", "True")))
     assert not passes(reference, None) and not passes(None, reference)
     assert not passes(Observed("builtins.KeyError"), Observed("builtins.KeyError"))
+
+
+@pytest.mark.parametrize("template", sorted(load_templates()))
+def test_no_expected_exception_of_a_template_test_reaches_the_examinee(template):
+    """`assert raises(ValueError, fn, *args)` tells whoever reads it which call must raise what;
+    the examinee's copy holds only the plain call, and the observation says what happened."""
+    t = load_templates()[template]
+    for source in list(t.hidden_tests.values()) + [s for p, s in t.files.items() if p.startswith("tests/")]:
+        code, _ = rewrite(source)
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "raises":
+                raise AssertionError(f"{template}: {ast.unparse(node)} reaches the examinee")
+
+
+def test_an_exception_helper_becomes_the_plain_call_it_wraps():
+    source = ("def raises(exc, fn, *args):\n    try:\n        fn(*args)\n    except exc:\n        return True\n"
+              "    return False\n\ndef test_x():\n    assert raises(ValueError, f, 0)\n    assert raises(ValueError, f, 2)\n")
+    code, _ = rewrite(source)
+    assert "ValueError" not in code.split("def test_x", 1)[1]
+    assert run_rewritten(source, {"f": lambda x: 1 / x}) == {"test_x": ["raised builtins.ZeroDivisionError", "0.5"]}
