@@ -45,16 +45,16 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
     of tasks its tokenizer text comes from: those the split authority puts in train with the
     splits recorded in `data_dir`. A template recorded later as held out changes that set, so a
     base whose tokenizer saw it is never reused."""
-    from tasks.isolate import landed_splits
+    from tasks.isolate import landed_holdout_fractions, landed_splits
     from tasks.train import checkpoint_exists
     from tasks.training.base_model import build_base_model, text_tasks
 
     config = {**DEFAULT_BASE, **overrides}
-    known = landed_splits(data_dir)
-    texts_from = [t.task_id for _, t in text_tasks(family, known=known)]
+    known, fractions = landed_splits(data_dir), landed_holdout_fractions(data_dir)
+    texts_from = [t.task_id for _, t in text_tasks(family, known=known, holdout_fraction=fractions)]
     out = Path(data_dir) / "models" / f"base-{family}-{content_hash([config, texts_from], 8)}"
     if not checkpoint_exists(out):
-        build_base_model(out, family=family, known_splits=known, **config)
+        build_base_model(out, family=family, known_splits=known, holdout_fraction=fractions, **config)
     return str(out)
 
 

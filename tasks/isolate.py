@@ -69,11 +69,12 @@ class HoldoutError(ValueError):
     """A training input names a task outside the train split."""
 
 
-def refuse_non_train(tasks: Iterable[TaskSpec], known: Mapping[str, Split] | None, what: str) -> None:
+def refuse_non_train(tasks: Iterable[TaskSpec], known: Mapping[str, Split] | None, what: str,
+                     holdout_fraction: float | Mapping[str, float] = HOLDOUT_FRACTION) -> None:
     """Raise when any of `tasks` is not a train task: a training input must not carry the holdout
     (nor the val/test tasks evaluation uses)."""
     bad = [(t.task_id, t.template_id, split.value) for t in tasks
-           if (split := assign_split(t, known)) != Split.train]
+           if (split := assign_split(t, known, holdout_fraction)) != Split.train]
     if bad:
         raise HoldoutError(f"{what} holds {len(bad)} task(s) outside the train split, refused "
                            f"(task, template, split): {bad[:5]}")
@@ -130,6 +131,41 @@ def recorded_splits(wh, families: list[str] | None = None) -> dict[str, Split]:
     return out
 
 
+def recorded_holdout_fractions(wh) -> dict[str, float]:
+    """family -> the holdout fraction of the factory runs that an open warehouse recorded for it (the
+    largest, where runs differed). A template not landed yet is held out by this fraction wherever
+    training picks tasks or text, so what training saw is never held out by a later run."""
+    out: dict[str, float] = {}
+    for row in wh.sql("SELECT params FROM runs").to_pylist():
+        params = json.loads(row["params"]) if isinstance(row["params"], str) else (row["params"] or {})
+        fraction = params.get("holdout_fraction")
+        if isinstance(fraction, (int, float)) and not isinstance(fraction, bool):
+            for family in params.get("families") or []:
+                out[family] = max(out.get(family, 0.0), float(fraction))
+    return out
+
+
+def landed_holdout_fractions(data_dir: str | Path | None) -> dict[str, float]:
+    """`recorded_holdout_fractions` of the warehouse under `data_dir` (none if it does not exist yet)."""
+    from warehouse import CATALOG_FILE, Warehouse
+
+    if data_dir is None or not (Path(data_dir) / CATALOG_FILE).exists():
+        return {}
+    with Warehouse(data_dir, read_only=True) as wh:
+        return recorded_holdout_fractions(wh)
+
+
+def check_holdout_fraction(data_dir: str | Path | None, families: Iterable[str], fraction: float) -> None:
+    """A warehouse locks each family's holdout fraction with its first run: another fraction would hold
+    out templates that training (the tokenizer text, GRPO's live tasks) already took as train."""
+    locked = landed_holdout_fractions(data_dir)
+    clash = {f: locked[f] for f in families if f in locked and locked[f] != fraction}
+    if clash:
+        raise ValueError(f"holdout fraction {fraction} refused: the warehouse under {data_dir} locked "
+                         f"{', '.join(f'{f}={v}' for f, v in sorted(clash.items()))}; run with that fraction or "
+                         "use a new data dir")
+
+
 def landed_splits(data_dir: str | Path | None, families: list[str] | None = None) -> dict[str, Split]:
     """`recorded_splits` of the warehouse under `data_dir` (none if it does not exist yet)."""
     from warehouse import CATALOG_FILE, Warehouse
@@ -150,8 +186,8 @@ def refuse_non_train_ids(task_ids: Iterable[str], data_dir: str | Path, what: st
         return
     with Warehouse(data_dir, read_only=True) as wh:
         tasks = wh.load_tasks("task_id IN (SELECT unnest(?))", [ids])
-        known = recorded_splits(wh)
-    refuse_non_train(tasks, known, what)
+        known, fractions = recorded_splits(wh), recorded_holdout_fractions(wh)
+    refuse_non_train(tasks, known, what, fractions)
 
 
 def _first_observation(task: TaskSpec) -> str:

@@ -42,21 +42,25 @@ CHAT_TEMPLATE = (
 
 
 def text_tasks(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
-               known: Mapping[str, Any] | None = None) -> list[tuple[int, Any]]:
+               known: Mapping[str, Any] | None = None,
+               holdout_fraction: float | Mapping[str, float] | None = None) -> list[tuple[int, Any]]:
     """(index among the `n_tasks` generated, task) of the tasks whose text `factory_texts` uses:
-    the train tasks, as the split authority decides with the splits a warehouse recorded
-    (`known`, template_id -> split). The holdout never enters training, tokenizer included."""
+    the train tasks, as the split authority decides with the splits and holdout fractions a
+    warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family -> fraction).
+    The holdout never enters training, tokenizer included."""
     from envs.records import Split
     from tasks.generate import generate_tasks
-    from tasks.isolate import tasks_of_split
+    from tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
 
     generated = generate_tasks(family, n_tasks, seed)
-    train = {t.task_id for t in tasks_of_split(generated, Split.train, known)}
+    fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
+    train = {t.task_id for t in tasks_of_split(generated, Split.train, known, fraction)}
     return [(i, t) for i, t in enumerate(generated) if t.task_id in train]
 
 
 def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
-                  known: Mapping[str, Any] | None = None) -> list[str]:
+                  known: Mapping[str, Any] | None = None,
+                  holdout_fraction: float | Mapping[str, float] | None = None) -> list[str]:
     """Text the factory produces for `family`: goals, tool schemas, and what the family's
     scripted policy writes (thoughts and calls) with the observations it gets back, for the
     `text_tasks` only."""
@@ -65,7 +69,7 @@ def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
 
     policy = make_policy("scripted", family, mistake_rate=0.1)
     texts = []
-    for i, task in text_tasks(family, n_tasks, seed, known):
+    for i, task in text_tasks(family, n_tasks, seed, known, holdout_fraction):
         texts.append(task.goal)
         texts.append(json.dumps(task.allowed_tools))
         for step in run_episode(task, policy, seed=seed + i).steps:
@@ -105,9 +109,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048):
 def build_base_model(out_dir: str | Path, texts: Iterable[str] | None = None, *, family: str = "inventory",
                      vocab_size: int = 2048, hidden_size: int = 128, layers: int = 4, heads: int = 4,
                      intermediate_size: int | None = None, max_positions: int = 4096, copy_steps: int = 0,
-                     seed: int = 0, known_splits: Mapping[str, Any] | None = None) -> Path:
+                     seed: int = 0, known_splits: Mapping[str, Any] | None = None,
+                     holdout_fraction: float | Mapping[str, float] | None = None) -> Path:
     """Train the tokenizer (on `texts`, else on `factory_texts` of `family` with the recorded
-    `known_splits`, so on no holdout task's text), create a randomly initialised Qwen3 causal LM,
+    `known_splits` and `holdout_fraction`, so on no holdout task's text), create a randomly initialised Qwen3 causal LM,
     give it `copy_steps` of copy pretraining (`tasks/training/copy_pretraining.py`) and save both
     with `save_pretrained` under `out_dir` (the pretraining metrics in `copy_pretraining.json`).
     Returns the directory."""
@@ -115,7 +120,9 @@ def build_base_model(out_dir: str | Path, texts: Iterable[str] | None = None, *,
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     out = Path(out_dir)
-    tokenizer = train_tokenizer(texts if texts is not None else factory_texts(family, known=known_splits), vocab_size)
+    if texts is None:
+        texts = factory_texts(family, known=known_splits, holdout_fraction=holdout_fraction)
+    tokenizer = train_tokenizer(texts, vocab_size)
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size or 3 * hidden_size,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,

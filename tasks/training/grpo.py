@@ -58,17 +58,19 @@ def token_advantages(length: int, spans: list[tuple[int, int]], advantages: list
     return values, mask
 
 
-def train_tasks(family: str, n: int, seed: int, known=None):
-    """`n` train tasks of a family, as the split authority decides with the splits a warehouse
-    recorded (`known`, template_id -> split): never a holdout, val or test task."""
+def train_tasks(family: str, n: int, seed: int, known=None, holdout_fraction=None):
+    """`n` train tasks of a family, as the split authority decides with the splits and holdout
+    fractions a warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family ->
+    fraction): never a holdout, val or test task."""
     from envs.records import Split
     from tasks.generate import generate_tasks
-    from tasks.isolate import tasks_of_split
+    from tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
 
-    return tasks_of_split(generate_tasks(family, n * 4, seed), Split.train, known)[:n]
+    fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
+    return tasks_of_split(generate_tasks(family, n * 4, seed), Split.train, known, fraction)[:n]
 
 
-def dataset_tasks(dataset: str, steps: int, seed: int, known=None):
+def dataset_tasks(dataset: str, steps: int, seed: int, known=None, holdout_fraction=None):
     """The tasks of a GRPO dataset, regenerated from their generator, seed and level (and
     checked against the stored task id), in curriculum order following the stored weights.
     A dataset naming a task the split authority puts outside train (with `known`, the splits a
@@ -76,7 +78,7 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None):
     from datasets import Dataset
 
     from tasks.generate import family_env_class
-    from tasks.isolate import refuse_non_train
+    from tasks.isolate import HOLDOUT_FRACTION, refuse_non_train
     from tasks.training.curriculum import curriculum_order, row_weight
 
     rows = Dataset.from_parquet(str(dataset)).to_list()
@@ -86,7 +88,8 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None):
         if task.task_id != row["task_id"]:
             raise ValueError(f"task {row['task_id']} does not regenerate from its seed and level")
         tasks.append(task)
-    refuse_non_train(tasks, known, f"GRPO dataset {dataset}")
+    refuse_non_train(tasks, known, f"GRPO dataset {dataset}",
+                     HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction)
     order = curriculum_order([row_weight(r) for r in rows], [int(r["difficulty"]) for r in rows], steps, seed)
     return [tasks[i] for i in order]
 
@@ -209,14 +212,15 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from tasks.isolate import landed_splits
+    from tasks.isolate import landed_holdout_fractions, landed_splits
     from tasks.training.base_model import load_model
     from tasks.training.runners import TimeLimit
 
     model, tokenizer = load_model(base_model)
     known = landed_splits(hp.data_dir)  # the splits recorded where the factory landed its tasks
-    tasks = dataset_tasks(dataset, hp.max_steps if hp.max_steps < 10_000 else 1000, hp.seed, known) if dataset \
-        else train_tasks(hp.family, hp.tasks, hp.seed, known)
+    fractions = landed_holdout_fractions(hp.data_dir)  # and the holdout fractions its runs locked
+    tasks = dataset_tasks(dataset, hp.max_steps if hp.max_steps < 10_000 else 1000, hp.seed, known, fractions) \
+        if dataset else train_tasks(hp.family, hp.tasks, hp.seed, known, fractions)
     episodes = LiveEpisodes(tasks, base_model, hp, policy_id=f"grpo:{output_dir.rstrip('/').rsplit('/', 1)[-1]}")
     args = GRPOConfig(output_dir=output_dir, max_steps=hp.max_steps, learning_rate=hp.learning_rate,
                       lr_scheduler_type="constant", per_device_train_batch_size=hp.num_generations,

@@ -218,3 +218,54 @@ def test_a_grpo_dataset_naming_a_holdout_task_is_refused(tmp_path, monkeypatch):
     pq.write_table(pa.Table.from_pylist(rows[:1]), path)  # the train task alone is fine
     assert {t.task_id for t in grpo_tasks(monkeypatch, {"max_steps": 4, "data_dir": str(tmp_path / "wh")},
                                           dataset=str(path))} == {train_task.task_id}
+
+
+# --- the holdout fraction a warehouse locked --------------------------------------------------
+
+def record_run(data_dir, families, holdout_fraction) -> None:
+    from envs.records import RetryPolicy, Run
+
+    run = Run(params={"families": families, "holdout_fraction": holdout_fraction, "seed": holdout_fraction},
+              retry_policy=RetryPolicy(), attempted=0, by_class={})
+    with Warehouse(data_dir) as wh:
+        wh.land(runs=[run]).checked()
+
+
+def test_training_holds_out_unlanded_templates_by_the_fraction_the_factory_ran_with(tmp_path, monkeypatch):
+    # The factory ran at holdout fraction 0.5 and landed a few tasks. Templates it has not landed yet
+    # are held out at 0.5 by its next run; training must not take them as train by the default 0.1,
+    # or the next run's held-out evaluation measures tasks the tokenizer and GRPO already saw.
+    from envs.records import Split
+    from flows.factory import factory
+    from tasks.isolate import in_holdout, landed_holdout_fractions
+    from tasks.training.base_model import text_tasks
+
+    record(tmp_path, generate_tasks("inventory", 3, seed=9), Split.train)
+    record_run(tmp_path, ["inventory"], 0.5)
+    assert landed_holdout_fractions(tmp_path) == {"inventory": 0.5}
+    known = landed_splits(tmp_path)
+
+    def later_holdout(t):  # what a factory run at 0.5 would hold out on landing it
+        return t.template_id not in known and in_holdout("inventory", t.template_id, 0.5)
+
+    pool = generate_tasks("inventory", 200, seed=0)
+    assert any(later_holdout(t) for t in hash_train(pool))  # the default rule alone trains on them
+    chosen = grpo_tasks(monkeypatch, {"tasks": 12, "family": "inventory", "data_dir": str(tmp_path)})
+    assert chosen and not any(later_holdout(t) for t in chosen)
+    from flows.training import default_base_model
+    import tasks.training.base_model as base_model
+
+    seen: list[str] = []
+
+    def spy(texts, vocab_size=2048):
+        seen.extend(texts)
+        raise Stop
+
+    monkeypatch.setattr(base_model, "train_tokenizer", spy)
+    with pytest.raises(Stop):
+        default_base_model(str(tmp_path), "inventory")
+    assert not [t.task_id for t in pool if later_holdout(t) and t.goal in seen]
+    assert not any(later_holdout(t) for _, t in text_tasks("inventory", known=known, holdout_fraction={"inventory": 0.5}))
+    # and the factory keeps the fraction it locked: another one is refused before any episode
+    with pytest.raises(ValueError, match="holdout fraction 0.1 refused.*inventory=0.5"):
+        factory.fn(families=["inventory"], tasks_per_family=2, data_dir=str(tmp_path), holdout_fraction=0.1)
