@@ -13,8 +13,9 @@ given to `register_secret` (keys passed in code rather than through the environm
 also redacted URL-quoted and JSON-escaped, so is any run of `FRAGMENT_CHARS` or more characters
 of one (an echo of part of a key, a key cut by someone's clipping), and any token-like
 `Bearer <token>` is redacted whoever's token
-it is. Values shorter than `MIN_SECRET_CHARS` are not treated as secrets (redacting "x" would
-destroy the text and protect nothing).
+it is. Values shorter than `MIN_SECRET_CHARS`, and the `PLACEHOLDERS` local servers take in
+place of a key (`OPENAI_API_KEY=EMPTY` for vLLM), are not treated as secrets: redacting "EMPTY"
+everywhere would destroy ordinary text and protect nothing.
 
 `redact_logs(*names)` puts a filter on those loggers that redacts each record they emit (an
 HTTP library logging the headers an endpoint echoed, at DEBUG)."""
@@ -30,7 +31,11 @@ from functools import lru_cache
 from urllib.parse import quote
 
 SECRET_ENV_VARS = ("GYMFOUNDRY_JUDGE_API_KEY", "GYMFOUNDRY_POLICY_API_KEY", "OPENAI_API_KEY")
-MIN_SECRET_CHARS = 4
+MIN_SECRET_CHARS = 8
+# What local servers take in place of a key (vLLM's EMPTY, llama.cpp's sk-no-key-required, ...):
+# redacting them would destroy ordinary text and protect nothing.
+PLACEHOLDERS = frozenset({"empty", "none", "null", "dummy", "ollama", "token", "not-needed", "no-key",
+                          "sk-no-key-required", "placeholder", "changeme"})
 FRAGMENT_CHARS = 12
 MASK = "[REDACTED]"
 # a token-like word (12+ characters, a digit, dash or underscore among them) after "Bearer"
@@ -41,9 +46,13 @@ _lock = threading.Lock()
 
 def register_secret(value: str | None) -> None:
     """Treat `value` as a secret from now on, in this process."""
-    if value and len(value) >= MIN_SECRET_CHARS:
+    if _is_secret(value):
         with _lock:
             _registered.add(value)
+
+
+def _is_secret(value: str | None) -> bool:
+    return bool(value) and len(value) >= MIN_SECRET_CHARS and value.strip().lower() not in PLACEHOLDERS
 
 
 def known_secrets(environ: dict[str, str] | None = None) -> list[str]:
@@ -52,7 +61,7 @@ def known_secrets(environ: dict[str, str] | None = None) -> list[str]:
     environ = os.environ if environ is None else environ
     with _lock:
         values = set(_registered)
-    values |= {v for name in SECRET_ENV_VARS if len(v := environ.get(name) or "") >= MIN_SECRET_CHARS}
+    values |= {v for name in SECRET_ENV_VARS if _is_secret(v := environ.get(name) or "")}
     forms = {form for v in values for form in (v, quote(v, safe=""), json.dumps(v)[1:-1])}
     return sorted(forms, key=lambda s: (-len(s), s))
 

@@ -26,13 +26,20 @@ def test_redact_replaces_every_form_of_every_known_secret():
     env = {"GYMFOUNDRY_JUDGE_API_KEY": "sk-a/b+c=d&e", "OPENAI_API_KEY": "abc", "GYMFOUNDRY_POLICY_API_KEY": ""}
     text = 'raw sk-a/b+c=d&e, quoted sk-a%2Fb%2Bc%3Dd%26e, json "sk-a/b+c=d&e", short abc'
     assert redact(text, env) == f'raw {MASK}, quoted {MASK}, json "{MASK}", short abc'
-    assert known_secrets({"GYMFOUNDRY_JUDGE_API_KEY": "k" * 3}) == known_secrets({})  # too short to be a secret
+    assert known_secrets({"GYMFOUNDRY_JUDGE_API_KEY": "k" * 7}) == known_secrets({})  # too short to be a secret
     # a bearer token is redacted whoever's it is; the English word is left alone
     assert redact("Authorization: Bearer tok_live_ABCDEF123456", {}) == f"Authorization: Bearer {MASK}"
     assert redact("the bearer token is sent by the client", {}) == "the bearer token is sent by the client"
     register_secret("passed-in-code-key-42")
     assert redact("x passed-in-code-key-42 y", {}) == f"x {MASK} y"
     assert redact(None) is None and redact("") == ""
+
+
+@pytest.mark.parametrize("placeholder", ["EMPTY", "sk-no-key-required", "dummy", "not-needed"])
+def test_a_placeholder_key_of_a_local_server_redacts_nothing(placeholder):
+    text = f"EMPTY cart; no-key mode; {placeholder.lower()} and {placeholder} stay as written"
+    assert known_secrets({"OPENAI_API_KEY": placeholder}) == known_secrets({})
+    assert redact(text, {"OPENAI_API_KEY": placeholder}) == text
 
 
 def test_a_fragment_of_a_key_is_redacted_down_to_twelve_characters():
