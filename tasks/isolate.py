@@ -157,7 +157,10 @@ def landed_holdout_fractions(data_dir: str | Path | None) -> dict[str, float]:
 
 def check_holdout_fraction(data_dir: str | Path | None, families: Iterable[str], fraction: float) -> None:
     """A warehouse locks each family's holdout fraction with its first run: another fraction would hold
-    out templates that training (the tokenizer text, GRPO's live tasks) already took as train."""
+    out templates that training (the tokenizer text, GRPO's live tasks) already took as train. A
+    fraction outside [0, 1] (NaN, negative: no holdout at all, silently) is refused too."""
+    if not (isinstance(fraction, (int, float)) and 0.0 <= fraction <= 1.0):
+        raise ValueError(f"holdout fraction {fraction!r} refused: it must be a number in [0, 1]")
     locked = landed_holdout_fractions(data_dir)
     clash = {f: locked[f] for f in families if f in locked and locked[f] != fraction}
     if clash:

@@ -269,3 +269,13 @@ def test_training_holds_out_unlanded_templates_by_the_fraction_the_factory_ran_w
     # and the factory keeps the fraction it locked: another one is refused before any episode
     with pytest.raises(ValueError, match="holdout fraction 0.1 refused.*inventory=0.5"):
         factory.fn(families=["inventory"], tasks_per_family=2, data_dir=str(tmp_path), holdout_fraction=0.1)
+
+
+@pytest.mark.parametrize("fraction", [float("nan"), -0.1, 1.5])
+def test_a_holdout_fraction_outside_0_1_is_refused_before_any_episode(tmp_path, fraction):
+    # NaN or a negative fraction held out nothing, silently; the lock could never match NaN either.
+    from flows.factory import factory
+
+    with pytest.raises(ValueError, match=r"must be a number in \[0, 1\]"):
+        factory.fn(families=["inventory"], tasks_per_family=2, data_dir=str(tmp_path), holdout_fraction=fraction)
+    assert not (tmp_path / "catalog.duckdb").exists()
