@@ -63,6 +63,14 @@ AGENT_INPUT = frozenset({
 # Step error kinds after which the state was rolled back: the call did nothing, replays skip it,
 # and the step is nobody's mistake in a score.
 ROLLED_BACK = frozenset({ErrorKind.env_fault.value, ErrorKind.env_bug.value})
+
+
+def rolled_back(kind: str | None) -> bool:
+    """Whether a step with this error kind was rolled back (an env fault or bug): it did nothing,
+    replays skip it, no score or statistic holds it against the agent."""
+    return kind in ROLLED_BACK
+
+
 # Kinds only the runtime may give; a tool refusing with one would forge an attribution.
 RESERVED = frozenset(k.value for k in ErrorKind) - {ErrorKind.invalid_arguments.value,
                                                       ErrorKind.permission_denied.value}

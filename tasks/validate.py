@@ -4,18 +4,18 @@ under the outcome verifier, and the verifier's precondition must hold before any
 fails either is rejected with the reason.
 
 An environment that fails while checking (a sandbox that cannot start, an environment fault
-during the replay) says nothing about the task: it is never recorded as a rejection.
+or bug during the replay) says nothing about the task: it is never recorded as a rejection.
 `validate_tasks` raises `ReplayEnvFault` instead, so the run stops with the environment's
-problem named. The fault is recognised by where it happened — an `EnvFault` raised, a step
-or outcome the env marked `env_fault`, or a `SandboxError` made by the sandbox layer while
-this task was being checked (`envs.sandbox.fault_count`) — never by the text of a reason."""
+problem named. The failure is recognised by where it happened — an `EnvFault` raised (the
+sandbox's `SandboxError`, a verifier's precondition that could not run), a step the env rolled
+back (`env_fault`, `env_bug`), or an outcome with a failed `env_fault` check — never by the
+text of a reason."""
 
 from __future__ import annotations
 
-from envs.base import EnvFault
+from envs.errors import EnvFault, rolled_back
 from envs.records import TaskRejection, TaskSpec
 from envs.registry import make, verifier_for
-from envs.sandbox.base import fault_count, faults_since
 
 
 class ReplayEnvFault(EnvFault):
@@ -31,17 +31,12 @@ class ReplayEnvFault(EnvFault):
 def check_reference(task: TaskSpec) -> str | None:
     """None when the reference proves the task solvable, else why not. Raises ReplayEnvFault
     when the environment failed during the check."""
-    mark = fault_count()
     try:
-        reason = _replay(task)
+        return _replay(task)
     except ReplayEnvFault:
         raise
     except EnvFault as exc:
         raise ReplayEnvFault(task, f"{type(exc).__name__}: {exc}") from exc
-    faults = faults_since(mark)
-    if reason is not None and faults:  # the check failed while the sandbox was failing
-        raise ReplayEnvFault(task, f"sandbox fault: {faults[-1]}")
-    return reason
 
 
 def _replay(task: TaskSpec) -> str | None:
@@ -62,14 +57,16 @@ def _replay(task: TaskSpec) -> str | None:
         for i, call in enumerate(reference):
             ts = env.step(call)
             error = ts.info.get("error") or {}
-            if ts.info.get("env_fault") or error.get("kind") == "env_fault":
-                raise ReplayEnvFault(task, f"reference step {i} ({call.name}): {error.get('message', 'env fault')}")
+            if rolled_back(error.get("kind")):
+                raise ReplayEnvFault(task, f"reference step {i} ({call.name}): {error['kind']}: {error.get('message')}")
             if error:
                 return f"reference step {i} ({call.name}) failed: {error['message']}"
             if ts.done and i < len(reference) - 1:
                 return f"episode ended at reference step {i} of {len(reference)}"
         if ts is None or not ts.terminated:
             return "reference trajectory does not end the episode"
+        if "verifier_error" in ts.info:  # the grader crashed: nothing learnt about the task
+            raise ReplayEnvFault(task, f"the outcome verifier raised {ts.info['verifier_error']}")
         outcome = ts.info.get("outcome") or {}
         fault = (outcome.get("checks") or {}).get("env_fault")
         if fault and not fault.get("passed", True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from envs.errors import rolled_back
 from envs.records import OutcomeReport, Step, TaskSpec, ToolCall
 
 
@@ -30,5 +31,5 @@ class OutcomeVerifier(ABC):
 
 def calls_of(steps: list[Step]) -> list[ToolCall | None]:
     """The calls to replay, aligned with the steps: None where nothing reached a tool or the
-    environment faulted (a crashed call leaves the state as it was, so the replay skips it)."""
-    return [None if s.error == "env_fault" else s.tool_call for s in steps]
+    step was rolled back (an env fault or bug leaves the state as it was, so the replay skips it)."""
+    return [None if rolled_back(s.error) else s.tool_call for s in steps]

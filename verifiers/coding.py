@@ -30,6 +30,7 @@ from envs.coding import examiner
 from envs.coding.examiner import Observed
 from envs.coding.generator import apply_edits
 from envs.coding.world import CodingEnv, sandbox_limits
+from envs.errors import EnvFault
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from envs.sandbox import CommandResult, SandboxError, create_sandbox
 from verifiers.base import OutcomeVerifier, calls_of
@@ -178,20 +179,21 @@ class CodingVerifier(OutcomeVerifier):
 
     def precondition(self, task: TaskSpec) -> str | None:
         """A task is an exercise only if every test runs cleanly on the original files and its
-        bugs make a hidden test fail on the initial snapshot."""
+        bugs make a hidden test fail on the initial snapshot; why not, else None. Raises EnvFault
+        when the grading sandbox cannot run the tests at all: that says nothing about the task."""
         try:
             original_files(task)
         except ValueError as exc:
             return str(exc)
         ready = exam(task, self.backend, self.allow_unsafe)
         if isinstance(ready, str):
-            return f"could not run the tests on the original files: {ready}"
+            raise EnvFault(f"could not run the tests on the original files: {ready}")
         unclean = sorted(t for t, seen in ready.reference.items() if seen.end != "ok")
         if unclean:
             return f"tests end with an exception on the original files: {', '.join(unclean[:5])}"
         base = self.baseline(task)
         if base.env_fault:
-            return f"could not run the hidden tests on the initial snapshot: {base.env_fault}"
+            raise EnvFault(f"could not run the hidden tests on the initial snapshot: {base.env_fault}")
         if base.problem:
             return f"the hidden tests do not run cleanly on the initial snapshot: {base.problem}"
         if not base.failing("hidden/"):

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from envs.errors import rolled_back
 from envs.profile import DomainProfile, JudgeRubric, RubricDimension
 from envs.records import Rollout, Step, StepScore, TaskSpec, content_hash
 from envs.secrets import redact, register_secret
@@ -352,7 +353,7 @@ class Judge:
         goal = task.goal if task else (rollout.steps[0].observation if rollout.steps else "")
         jobs = []
         for position, step in enumerate(rollout.steps):
-            if step.error == "env_fault":
+            if rolled_back(step.error):  # the environment's doing: nothing of the agent's to judge
                 continue
             messages = judge_messages(goal, rollout.steps, position, rubric, self.settings)
             jobs.append(_Job(rollout.rollout_id, step.index, rubric, version, messages,

@@ -52,7 +52,7 @@ COMPONENTS = ("valid_call", "permitted", "non_redundant", "no_undo", "informatio
 # a rolled-back step (env_fault, env_bug) is nobody's mistake in a score.
 REFUSED_KINDS = ["permission_denied", "tool_not_allowed"]
 INVALID_KINDS = sorted(k.value for k in AGENT_INPUT if k.value not in REFUSED_KINDS)
-FAULT_KINDS = sorted(ROLLED_BACK)
+FAULT_KINDS = sorted(ROLLED_BACK)  # the polars spelling of errors.rolled_back
 PotentialFn = Callable[[TaskSpec, list[Step]], list[float]]
 STEP_SCHEMA = {"rollout_id": pl.String, "family": pl.String, "step_index": pl.Int64, "order": pl.Int64,
                "error": pl.String, "tool": pl.String, "args": pl.String, "category": pl.String,

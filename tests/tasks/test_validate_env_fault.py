@@ -66,3 +66,25 @@ def test_an_invalid_coding_task_is_still_rejected_when_the_sandbox_works():
     valid, rejected = validate_tasks([task, unfixed])
     assert [t.task_id for t in valid] == [task.task_id]
     assert len(rejected) == 1 and rejected[0].reason.startswith("reference fails its verifier")
+
+
+def test_an_env_bug_or_a_crashing_grader_during_the_replay_is_no_verdict_on_the_task(monkeypatch):
+    """An env crashing on the reference's call, or the outcome verifier crashing, says nothing
+    about the task: the stage stops naming it instead of filing the task as invalid."""
+    from envs.inventory import InventoryEnv
+    from verifiers.inventory import InventoryVerifier
+
+    task = inventory_task(3, 2)
+    assert check_reference(task) is None
+
+    def crash(self, state, **arguments):
+        raise KeyError("sku")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(InventoryEnv, "tool_request_authorization", crash)
+        with pytest.raises(ReplayEnvFault, match=r"reference step 2 \(request_authorization\): env_bug: environment bug in tool request_authorization: KeyError"):
+            check_reference(task)
+    with monkeypatch.context() as patch:
+        patch.setattr(InventoryVerifier, "verify", lambda *a, **k: 1 / 0)
+        with pytest.raises(ReplayEnvFault, match="the outcome verifier raised ZeroDivisionError"):
+            check_reference(task)

@@ -5,6 +5,7 @@ import pytest
 
 import verifiers.coding as grader
 from envs.coding import CodingEnv
+from envs.errors import EnvFault
 from envs.records import Step, TaskSpec, Termination, ToolCall
 from envs.sandbox import SandboxError, bubblewrap
 from tasks.classify import classify
@@ -122,7 +123,8 @@ def test_a_sandbox_without_python_is_an_environment_fault_found_without_the_subm
     assert why.startswith("the grading sandbox could not run the tests on the task's original files: "
                           "the test run ended without a complete report (exit code 127")
     assert not report.success and termination(steps, report) == Termination.env_fault
-    assert CodingVerifier().precondition(task).startswith("could not run the tests on the original files")
+    with pytest.raises(EnvFault, match="^could not run the tests on the original files"):
+        CodingVerifier().precondition(task)
 
 
 def test_the_reference_runs_once_per_task_and_again_only_to_attribute_an_incomplete_run(task, monkeypatch):
