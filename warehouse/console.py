@@ -33,7 +33,10 @@ def check_query(text: str) -> None:
 
 def _refusal(statement) -> str | None:
     """None when the statement only reads, else its kind, for the message."""
-    kind = statement.type
+    try:
+        kind = statement.type
+    except ValueError:  # a kind this DuckDB's Python API has no name for (`UPDATE EXTENSIONS`)
+        return "a statement of a kind the console does not know"
     if kind == QUERY:
         return None
     words = _keywords(statement.query)

@@ -58,6 +58,7 @@ def hostile(data_dir, registered):
         "use another catalog": "USE memory",
         "begin": "BEGIN TRANSACTION",
         "vacuum": "VACUUM",
+        "a kind the Python API cannot name": "UPDATE EXTENSIONS",
     }
 
 
