@@ -47,11 +47,13 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
         base = FaultInjection(base, faults, seed=seed * 1009 + attempt)
     env = standard_stack(base, limits=limits)
     started = time.perf_counter()
-    ts, policy_error, env_error, env_bug = _play(env, task, policy, seed)
-    steps = list(getattr(env, "steps", []))
-    env_info = env.unwrapped.runtime_info()
-    outcome, verifier_error = _outcome(task, ts, steps, env)
-    env.close()
+    try:  # the env (a coding sandbox) is closed whatever is raised
+        ts, policy_error, env_error, env_bug = _play(env, task, policy, seed)
+        steps = list(getattr(env, "steps", []))
+        env_info = env.unwrapped.runtime_info()
+        outcome, verifier_error = _outcome(task, ts, steps, env)
+    finally:
+        env.close()
     termination, reason = classify(
         steps, terminated=bool(ts and ts.terminated), truncated=bool(ts and ts.truncated),
         end_info=ts.info if ts else {}, outcome=outcome, policy_error=policy_error,
