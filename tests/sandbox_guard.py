@@ -1,6 +1,6 @@
 """One rule for every test that needs the sandbox: where the bubblewrap sandbox cannot run, the
-test is skipped on a developer's machine, but under CI (the environment variable CI is "true")
-it FAILS with the reason: a guarantee that cannot be tested is not a passed one.
+test is skipped on a developer's machine, but under CI (the environment variable CI is "true",
+"1" or "yes", as CI services set it) it FAILS with the reason: a guarantee that cannot be tested is not a passed one.
 
     from tests.sandbox_guard import needs_sandbox
 
@@ -19,12 +19,11 @@ import pytest
 
 from envs.sandbox import bubblewrap
 
-ISOLATED, WHY = bubblewrap.probe()
-REASON = f"the bubblewrap sandbox cannot run here: {WHY}"
+REASON = "the bubblewrap sandbox cannot run here"
 
 
 def under_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() == "true"
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 
 
 def require_sandbox() -> None:

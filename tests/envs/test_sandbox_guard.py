@@ -45,7 +45,7 @@ def run_cases(tmp_path, **env) -> subprocess.CompletedProcess:
                           cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("ci", ["true", "TRUE"])
+@pytest.mark.parametrize("ci", ["true", "TRUE", "1", "yes"])
 def test_under_ci_a_sandbox_test_that_cannot_run_fails_with_the_reason(tmp_path, ci):
     done = run_cases(tmp_path, CI=ci)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -54,7 +54,7 @@ def test_under_ci_a_sandbox_test_that_cannot_run_fails_with_the_reason(tmp_path,
     assert "CI=true: a sandbox test that cannot run fails instead of skipping" in done.stdout
 
 
-@pytest.mark.parametrize("ci", [None, "false", "1"])
+@pytest.mark.parametrize("ci", [None, "false", "0", ""])
 def test_outside_ci_it_skips_with_the_reason(tmp_path, ci):
     done = run_cases(tmp_path, **({"CI": ci} if ci is not None else {}))
     assert done.returncode == 0, done.stdout + done.stderr
