@@ -195,7 +195,7 @@ def test_tools_report_agent_mistakes_as_error_observations():
         ({"name": "edit_file", "arguments": {"path": source, "old": "(", "new": "["}}, "ambiguous_match"),
         ({"name": "run", "arguments": {"argv": []}}, "invalid_arguments"),
         ({"name": "run", "arguments": {"argv": ["echo", "a\u0000b"]}}, "invalid_arguments"),
-        # each of these was an env fault at c1afbb1 (IsADirectoryError, UnicodeEncodeError, RecursionError)
+        # each of these must not be an env fault (IsADirectoryError, UnicodeEncodeError, RecursionError)
         ({"name": "read_file", "arguments": {"path": source.rsplit("/", 1)[0]}}, "is_a_directory"),
         ({"name": "read_file", "arguments": {"path": "tests"}}, "is_a_directory"),
         ({"name": "edit_file", "arguments": {"path": source, "old": "def ", "new": "\ud800"}}, "invalid_arguments"),
@@ -349,8 +349,9 @@ def test_hostile_attempts_on_the_grader_do_not_change_the_grade():
 
 @needs_sandbox
 def test_agent_code_that_prints_python_not_found_is_the_agents_failure():
-    """Exit 127 with "python: not found" was read as "the sandbox has no interpreter" at c1afbb1:
-    an env fault, retried and left out of every statistic. What the code prints decides nothing."""
+    """Exit 127 with "python: not found" is what the agent's code did, not "the sandbox has no
+    interpreter" (an env fault, retried and left out of every statistic): what it prints decides
+    nothing."""
     task = quick_task(2, 1)
     package = next(f for f in task.initial_state["files"] if f.endswith("/__init__.py"))
     payload = "import os, sys\nsys.stderr.write('sh: 1: python: not found\\n')\nos._exit(127)\n"

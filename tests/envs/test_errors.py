@@ -17,7 +17,7 @@ from envs.registry import UnknownEnv, family_env_id, make, spec
 from envs.wrappers import standard_stack
 from tests.envs.counter_env import CounterEnv
 
-DEEP = '{"name": "read", "arguments": ' + "[" * 1500 + "]" * 1500 + "}"  # ~3 KB: RecursionError at c1afbb1
+DEEP = '{"name": "read", "arguments": ' + "[" * 1500 + "]" * 1500 + "}"  # ~3 KB: past json's recursion limit
 
 
 def nested(depth: int) -> list:

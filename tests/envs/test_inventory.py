@@ -198,7 +198,7 @@ def test_denial_says_only_insufficient_credit():
     ('{"name": "find_items", "arguments": {"query": "' + "x" * 1_000_000 + '"}}', "action_too_large"),
     ({"name": "find_items", "arguments": {"query": "y" * 1_000_000}}, "action_too_large"),
     (ToolCall(name="find_items", arguments={"query": "z" * 1_000_000}), "action_too_large"),
-    # at c1afbb1: NaN reached the tool and was stored as null; the deep one was an env fault
+    # NaN must not reach the tool (it would be stored as null), nor the deep one make an env fault
     ('{"name": "get_stock", "arguments": {"sku": NaN}}', "invalid_json"),
     ({"name": "get_stock", "arguments": {"sku": float("nan")}}, "invalid_json"),
     (ToolCall(name="get_stock", arguments={"sku": float("inf")}), "invalid_json"),

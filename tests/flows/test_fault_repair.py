@@ -1,9 +1,7 @@
-"""Identity and repair (issue 12, item 5), through the factory flow and the CLI.
-
-On c1afbb1 a rollout's id ignored the fault config: a clean run after a `--fault-rate 0.5` run on
-the same data dir landed none of its rollouts (the faulted rows stayed, their successes were
-lost, the run exited 2 on quarantined step scores), and `--on-exhausted fail` landed nothing of
-what had completed and recorded no run."""
+"""Identity and repair, through the factory flow and the CLI: the fault config is part of a
+rollout's id, so a clean run after a `--fault-rate 0.5` run on the same data dir lands its own
+rollouts (were it not, the faulted rows would stand in for them and their successes be lost),
+and `--on-exhausted fail` lands what completed and records the failed run."""
 
 from __future__ import annotations
 

@@ -3,10 +3,7 @@
 that imports the package, the grader's examinee included), then `submit`. None of them fixes
 the bug, so none may succeed; each must end as the model's failure with the hidden tests
 reported failing, never as an environment fault or a timeout. The genuine reference fix, with
-and without the same harmless edit, still succeeds.
-
-On c1afbb1 the json.dumps and frame-walk payloads forged success, the `python: not found`
-exit was an env_fault and the hang a timeout."""
+and without the same harmless edit, still succeeds."""
 
 import pytest
 

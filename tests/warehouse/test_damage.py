@@ -270,7 +270,7 @@ def test_temp_and_unregistered_files_are_reported_not_damage(data_dir, build, ca
 
 def test_a_catalog_from_before_checksums_keeps_working(data_dir, build, capsys, caplog):
     before = land_all(data_dir, build)
-    con = duckdb.connect(str(data_dir / "catalog.duckdb"))  # the manifest as c1afbb1 made it
+    con = duckdb.connect(str(data_dir / "catalog.duckdb"))  # a manifest from before checksums
     con.execute("ALTER TABLE manifest DROP COLUMN sha256")
     con.execute("ALTER TABLE manifest DROP COLUMN landing_id")
     con.close()
