@@ -178,24 +178,9 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     retry = retry or RetryPolicy()
     policy_kwargs = {"mistake_rate": mistake_rate} if policy == "scripted" else {}
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(task_runner))
-    landed: dict[str, int] = {}
-    rollouts: list[Rollout] = []
-    quarantined: list[str] = []
-    error = None
-    for family in families:
-        out = pipeline(family, tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size,
-                       data_dir, holdout_fraction, retry, faults)
-        landing = land(data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"])
-        for table, n in landing["counts"].items():
-            landed[table] = landed.get(table, 0) + n
-        if landing["quarantine"]:
-            quarantined.append(landing["quarantine"])
-        rollouts += out["rollouts"]
-        logger.info("%s: %d tasks kept, %d rejected, %d rollouts", family, len(out["tasks"]),
-                    len(out["rejections"]), len(out["rollouts"]))
-        if out["error"]:  # the retry policy says fail: what completed has landed; stop here
-            error = f"{family}: {out['error']}"
-            break
+    landed, rollouts, quarantined, error = _run_families(
+        pipeline, families, data_dir, (tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size,
+                             data_dir, holdout_fraction, retry, faults))
     params = {"families": families, "tasks_per_family": tasks_per_family, "seed": seed, "policy": policy,
               "policy_kwargs": policy_kwargs, "samples_per_task": samples_per_task,
               "holdout_fraction": holdout_fraction, "learnability": learnability, "min_margin": min_margin}
@@ -230,6 +215,30 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     create_markdown_artifact(key="factory-report", markdown=render_report(report),
                              description="Factory run: landed rows, datasets and outcomes")
     return report
+
+
+def _run_families(pipeline, families: list[str], data_dir: str, args: tuple,
+                  ) -> tuple[dict[str, int], list[Rollout], list[str], str | None]:
+    """Each family's subflow (`pipeline(family, *args)`), landed as it ends: (rows landed per table, rollouts, quarantined
+    batches, the error that stopped the run or None). The retry policy saying fail stops the
+    run after landing what completed."""
+    logger = get_run_logger()
+    landed: dict[str, int] = {}
+    rollouts: list[Rollout] = []
+    quarantined: list[str] = []
+    for family in families:
+        out = pipeline(family, *args)
+        landing = land(data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"])
+        for table, n in landing["counts"].items():
+            landed[table] = landed.get(table, 0) + n
+        if landing["quarantine"]:
+            quarantined.append(landing["quarantine"])
+        rollouts += out["rollouts"]
+        logger.info("%s: %d tasks kept, %d rejected, %d rollouts", family, len(out["tasks"]),
+                    len(out["rejections"]), len(out["rollouts"]))
+        if out["error"]:
+            return landed, rollouts, quarantined, f"{family}: {out['error']}"
+    return landed, rollouts, quarantined, None
 
 
 DATASET_READY = "gymfoundry.dataset.ready"
