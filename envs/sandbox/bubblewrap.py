@@ -21,7 +21,18 @@ user namespace) writes the child's pid and, at the end, its exit code; the host,
 child is still blocked on `--block-fd`, opens `/proc/<child>/net/snmp{,6}` (an open proc-net
 file holds its network namespace, so the counters stay readable after the command is gone) and
 only then lets the command start. What the command exits with is its own exit code, never a
-sandbox fault: "the sandbox failed" means bwrap never reported a child.
+sandbox fault: "the sandbox failed" means bwrap never reported a child, or its child never took
+the release byte from `--block-fd`.
+
+bwrap's child sets up all its mounts *before* it blocks on `--block-fd`, so a setup failure (a
+bind source the sandbox uid cannot reach, a refused mount) ends it while the host may still be
+about to open its counters: how far the host got is a race that load (another process's
+sandboxes on the same machine) decides. Neither outcome may decide the verdict. The host opens
+`/proc/<child>` as a directory first (it pins that process: a reused pid is another directory)
+and checks the child is still the outer bwrap's; a child that is gone has not run the command,
+which only starts once it reads the release byte. After the launch chain has exited, the byte
+still unread in the pipe (only the host holds that end by then) says the command never started:
+a sandbox fault with bwrap's own message, whichever way the race went.
 
 As root, a bwrap binary the sandbox uid cannot reach (a clone under a 0700 directory) is
 staged with the libraries it bundles into a root-owned, world-readable directory
@@ -31,6 +42,7 @@ sandbox of a process starts (`stale.py`, `cgroups.sweep_stale`)."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -41,6 +53,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 import weakref
@@ -155,19 +168,29 @@ def _alive_uids() -> set[int]:
 
 _TAKEN_UIDS: set[int] = set()
 _UID_LOCK = threading.Lock()
+# not the module-level generator: a program that seeds it (training does) would hand two host
+# processes the same sequence of uids
+_RNG = random.SystemRandom()
 
 
 def _allocate_uid(base: str) -> int:
     """A fresh uid per sandbox, so rlimits counted per uid (processes) are per sandbox and one
     sandbox can never signal another: none that a process runs as, this process took, or another
-    sandbox's lock file records."""
+    sandbox's lock file records. Two processes choosing at the same moment are told apart once
+    both have recorded their choice (`_uid_is_ours`)."""
     alive = _alive_uids() | set(stale.recorded_uids(base))
     with _UID_LOCK:
         while True:
-            uid = random.randrange(*UID_RANGE)
+            uid = _RNG.randrange(*UID_RANGE)
             if uid not in _TAKEN_UIDS and uid not in alive:
                 _TAKEN_UIDS.add(uid)
                 return uid
+
+
+def _uid_is_ours(base: str, uid: int) -> bool:
+    """Checked after our lock file records `uid`: if another sandbox's records it too, both
+    were chosen at once, and whichever checks later (at least one) sees both and chooses again."""
+    return stale.recorded_uids(base).count(uid) == 1
 
 
 def _kill_uid(uid: int) -> None:
@@ -222,11 +245,24 @@ class BubblewrapSandbox(Sandbox):
             # the unprivileged uid execs it (and loads its bundled libcap): it must reach them
             self.bwrap = _staged(os.path.realpath(self.bwrap), base)
         sweep_stale(base)
-        self.uid = _allocate_uid(base) if self.root else os.getuid()
-        self.gid = self.uid if self.root else os.getgid()
         self.cgroups = cgroups.detect()
         self._initial = {k: files.as_bytes(v) for k, v in snapshot.items()}
-        self.dir = tempfile.mkdtemp(prefix=f"{stale.DIR_PREFIX}{os.getpid()}-", dir=base)
+        while True:
+            self.uid = _allocate_uid(base) if self.root else os.getuid()
+            self.dir = tempfile.mkdtemp(prefix=f"{stale.DIR_PREFIX}{os.getpid()}-", dir=base)
+            try:
+                os.chmod(self.dir, 0o711)  # the sandbox uid may pass through, not list
+                owner_fd = stale.take_ownership(self.dir, self.uid if self.root else None)
+            except BaseException:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
+            if not self.root or _uid_is_ours(base, self.uid):
+                break
+            shutil.rmtree(self.dir, ignore_errors=True)  # nothing runs as it yet: nothing to kill
+            os.close(owner_fd)
+            with _UID_LOCK:
+                _TAKEN_UIDS.discard(self.uid)
+        self.gid = self.uid if self.root else os.getgid()
         self.id = os.path.basename(self.dir).removeprefix(stale.DIR_PREFIX)
         self.workspace = os.path.join(self.dir, "workspace")
         self.support_host = os.path.join(self.dir, "support")
@@ -236,12 +272,6 @@ class BubblewrapSandbox(Sandbox):
         self._running: set[subprocess.Popen] = set()
         self._commands = 0
         self._destroyed = False
-        try:
-            os.chmod(self.dir, 0o711)  # the sandbox uid may pass through, not list
-            owner_fd = stale.take_ownership(self.dir, self.uid if self.root else None)
-        except BaseException:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            raise
         self._finalizer = weakref.finalize(self, _cleanup, self.dir, self.uid if self.root else None, owner_fd)
         try:
             self._make_dirs(support or {})
@@ -318,12 +348,33 @@ class BubblewrapSandbox(Sandbox):
                      "--inh-caps=-all", "--bounding-set=-all", "--"]
         return args
 
-    def _observe(self, child: int) -> list:
-        """Open the child's network counters before it may start (see the module docstring)."""
+    def _observe(self, child: int, parent: int) -> list:
+        """Open the child's network counters before it may start (see the module docstring);
+        [] when the child is already gone (it died setting up: the command never started)."""
         try:
-            return [open(f"/proc/{child}/net/{name}", "rb", buffering=0) for name in ("snmp", "snmp6")]
+            proc_dir = os.open(f"/proc/{child}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return []  # exited and reaped
         except OSError as exc:
             raise SandboxError(f"the sandbox's network namespace could not be observed: {exc}") from None
+        opened: list = []
+        try:
+            for name in ("snmp", "snmp6"):
+                fd = os.open(f"net/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_dir)
+                opened.append(open(fd, "rb", buffering=0))
+            if _parent_pid(proc_dir) != parent:  # the pid was reused: not our child's namespace
+                raise FileNotFoundError(f"/proc/{child} is no longer the sandbox's child")
+            return opened
+        except (FileNotFoundError, ProcessLookupError):  # exiting (its namespaces already released)
+            for f in opened:
+                f.close()
+            return []
+        except OSError as exc:
+            for f in opened:
+                f.close()
+            raise SandboxError(f"the sandbox's network namespace could not be observed: {exc}") from None
+        finally:
+            os.close(proc_dir)
 
     def run(self, argv: list[str], timeout_s: float | None = None, stdin: bytes | None = None,
             limits: Limits | None = None) -> CommandResult:
@@ -354,7 +405,8 @@ class BubblewrapSandbox(Sandbox):
                         cgroup.kill()
                     hits = cgroup.stats()
                 report = _Report(child, status + _drain(io.status_r) if self.requires_bwrap else b"",
-                                 _read_all(io.net))
+                                 _read_all(io.net), started=child is not None and (not self.requires_bwrap
+                                                                                   or io.released()))
                 return self._result(returncode, io, timed_out, duration, hits, limits, timeout, report)
             finally:
                 if cgroup is not None:
@@ -393,7 +445,7 @@ class BubblewrapSandbox(Sandbox):
             if child is None:
                 return proc.poll() is None, None, status
             if self.requires_bwrap:
-                net += self._observe(child)
+                net += self._observe(child, proc.pid)  # [] if it is gone: the byte stays unread
             os.write(block_w, b"\0")
             return not _await_exit(proc, pidfd, deadline), child, status
         finally:
@@ -418,7 +470,7 @@ class BubblewrapSandbox(Sandbox):
 
         stdout, cut_out = text("out")
         stderr, cut_err = text("err")
-        if report.child is None and not timed_out:
+        if not report.started and not timed_out:
             detail = stderr.strip()[-500:] or f"exit status {returncode}"
             if returncode == 125:
                 detail = "could not join the command's cgroups"
@@ -484,6 +536,12 @@ class _Channels:
     def __enter__(self) -> _Channels:
         return self
 
+    def released(self) -> bool:
+        """Did bwrap's child take the release byte (and so go on to start the command)? Asked
+        once the launch chain has exited: this process then holds the pipe's only read end."""
+        unread = fcntl.ioctl(self.block_r, termios.FIONREAD, b"\0\0\0\0")  # a peek: nothing is taken
+        return int.from_bytes(unread, sys.byteorder) == 0
+
     def __exit__(self, *exc: object) -> None:
         for f in self.net:
             f.close()
@@ -502,8 +560,8 @@ class _Report:
     """What processes outside the command's reach said about one command (for the local
     backend, no status beyond its start mark is trusted: its exit code is the return code)."""
 
-    def __init__(self, child: int | None, status: bytes, net: bytes):
-        self.child, self.net = child, net.decode("ascii", "replace")
+    def __init__(self, child: int | None, status: bytes, net: bytes, started: bool):
+        self.child, self.net, self.started = child, net.decode("ascii", "replace"), started
         self.status = [_json_line(line) for line in status.splitlines()]
 
     def exit_code(self, returncode: int) -> int:
@@ -519,6 +577,17 @@ def _json_line(line: bytes) -> dict:
     except ValueError:
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def _parent_pid(proc_dir: int) -> int | None:
+    """The parent pid from a /proc/<pid> directory fd (ENOENT/ESRCH once that process is gone)."""
+    fd = os.open("stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_dir)
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    fields = data.rpartition(b")")[2].split()  # after "pid (comm)": state, ppid, ...
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
 def _feed(proc: subprocess.Popen, stdin: bytes | None) -> None:

@@ -90,7 +90,7 @@ def _claim(path: str) -> tuple[int, dict] | None:
 
 def sweep(base: str, kill_uid) -> list[str]:
     """Remove every stale sandbox directory under `base` owned by our euid; returns their paths."""
-    removed, uids = [], recorded_uids(base)
+    removed = []
     for entry in _entries(base):
         try:
             if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
@@ -102,7 +102,8 @@ def sweep(base: str, kill_uid) -> list[str]:
             continue
         fd, record = claimed
         uid = record.get("uid")
-        if isinstance(uid, int) and uid > 0 and uids.count(uid) == 1:  # never a uid another sandbox holds
+        # never a uid another sandbox holds (read now, not before the loop: one may have started since)
+        if isinstance(uid, int) and uid > 0 and recorded_uids(base).count(uid) == 1:
             kill_uid(uid)
         workspace = os.path.join(entry.path, "workspace")
         if quota.is_mount(workspace):

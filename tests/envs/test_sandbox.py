@@ -2,7 +2,9 @@
 
 import os
 import random
+import shutil
 import socket
+import tempfile
 import time
 
 import pytest
@@ -302,13 +304,30 @@ def test_docker_backend_logic_against_a_stand_in_engine(tmp_path):
     assert "container.remove" in fake.calls and "volume.remove" in fake.calls
 
 
-def test_project_packages_under_a_bound_dir_are_masked(monkeypatch, tmp_path):
+def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
     here = os.path.dirname(os.path.dirname(bubblewrap.__file__))
     assert bubblewrap.masked_dirs(["/usr"]) == [] or here.startswith("/usr")
     assert bubblewrap.masked_dirs([os.path.dirname(here)]) == [here, os.path.join(os.path.dirname(here), "verifiers")]
     require_sandbox()
-    # pretend the project lives under a bound system dir: its files must not be visible inside
-    monkeypatch.setattr(bubblewrap, "SYSTEM_DIRS", bubblewrap.SYSTEM_DIRS + (os.path.dirname(here),))
-    with create_sandbox({}, limits=FAST, backend="bubblewrap") as box:
-        listing = box.run(["ls", os.path.join(here, "coding", "templates"), here])
-    assert "textkit" not in listing.stdout and "sandbox" not in listing.stdout
+    # pretend the project lives under a bound system dir: its files must not be visible inside.
+    # A stand-in project: the clone itself may sit where the sandbox uid cannot bind it (under a
+    # 0700 dir) or under /tmp (the sandbox's own /tmp hides it), and then nothing would be listed
+    # for the wrong reason; /var/tmp is reachable and not shadowed.
+    root = tempfile.mkdtemp(prefix="gymfoundry-mask-", dir="/var/tmp")
+    try:
+        os.chmod(root, 0o755)
+        project = os.path.join(root, "project")
+        for rel in ("envs/sandbox/bubblewrap.py", "envs/coding/templates/textkit/core.py", "verifiers/grader.py",
+                    "visible.txt"):
+            os.makedirs(os.path.dirname(os.path.join(project, rel)), mode=0o755, exist_ok=True)
+            with open(os.path.join(project, rel), "w") as fh:
+                fh.write("x\n")
+            os.chmod(os.path.join(project, rel), 0o644)
+        monkeypatch.setattr(bubblewrap, "__file__", os.path.join(project, "envs", "sandbox", "bubblewrap.py"))
+        monkeypatch.setattr(bubblewrap, "SYSTEM_DIRS", bubblewrap.SYSTEM_DIRS + (project,))
+        with create_sandbox({}, limits=FAST, backend="bubblewrap") as box:
+            listing = box.run(["ls", "-R", project])
+        assert listing.ok and "visible.txt" in listing.stdout  # the bound dir is really there
+        assert "textkit" not in listing.stdout and "sandbox" not in listing.stdout and "grader" not in listing.stdout
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -93,7 +93,7 @@ def test_a_launcher_that_fails_before_the_sandbox_starts_is_a_sandbox_fault(box,
 
 
 def test_a_namespace_that_cannot_be_observed_is_a_sandbox_fault_that_leaves_nothing_running(box, monkeypatch):
-    def blind(child):
+    def blind(child, parent):
         raise SandboxError("the sandbox's network namespace could not be observed: test")
 
     monkeypatch.setattr(box, "_observe", blind)
@@ -328,14 +328,20 @@ def test_state_of_a_killed_host_is_swept_at_the_next_start_and_a_live_one_is_kep
 
 
 @as_root
-def test_a_stale_record_naming_a_live_sandbox_s_uid_kills_nothing_of_it(box, monkeypatch):
+def test_a_stale_record_naming_a_live_sandbox_s_uid_kills_nothing_of_it(monkeypatch):
     """A stale lock file may record a uid that a live sandbox holds: the sweep removes the stale
-    directory but leaves that uid's processes alone, and no new sandbox is given a recorded uid."""
+    directory but leaves that uid's processes alone, and no new sandbox is given a recorded uid.
+    In a sandbox dir of its own: a record planted in the shared one would be another process's to
+    sweep (its first sandbox sweeps), racing this test's own sweep."""
     import threading
 
     from envs.sandbox import stale
 
-    base = os.path.dirname(box.dir)
+    require_sandbox()
+    base = tempfile.mkdtemp(prefix="gymfoundry-test-base-")
+    os.chmod(base, 0o711)
+    monkeypatch.setenv("GYMFOUNDRY_SANDBOX_DIR", base)
+    box = create_sandbox({}, limits=FAST, backend="bubblewrap")
     fake = Path(base, f"{stale.DIR_PREFIX}{os.getpid()}-stale{marker()}")
     fake.mkdir()
     (fake / stale.LOCK).write_text(json.dumps({"pid": 1, "uid": box.uid}))  # unlocked: its owner is gone
@@ -347,7 +353,7 @@ def test_a_stale_record_naming_a_live_sandbox_s_uid_kills_nothing_of_it(box, mon
         assert str(fake) in stale.sweep(base, bubblewrap._kill_uid) and not fake.exists()
         assert sleeping(mark) != []  # the live sandbox's command survived
         choices = iter([box.uid, box.uid + 1 if box.uid + 1 < bubblewrap.UID_RANGE[1] else box.uid - 1])
-        monkeypatch.setattr(bubblewrap.random, "randrange", lambda *a: next(choices))
+        monkeypatch.setattr(bubblewrap._RNG, "randrange", lambda *a: next(choices))
         bubblewrap._TAKEN_UIDS.discard(box.uid)  # as if another process held it
         assert bubblewrap._allocate_uid(base) != box.uid
     finally:
@@ -355,3 +361,104 @@ def test_a_stale_record_naming_a_live_sandbox_s_uid_kills_nothing_of_it(box, mon
         for pid in sleeping(mark):
             os.kill(pid, signal.SIGKILL)
         worker.join(10)
+        box.destroy()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- two host processes' sandboxes at once --------------------------------------------------
+UNREACHABLE = "/nonexistent-gymfoundry-bind-source"
+
+
+def _failing_setup(box) -> None:
+    """Make bwrap's child fail while it sets up (before it blocks on --block-fd): a bind whose
+    source does not exist."""
+    real = type(box)._inner_args
+
+    def inner(argv, limits, status_fd, block_fd):
+        args = real(box, argv, limits, status_fd, block_fd)
+        return args[:1] + ["--ro-bind", UNREACHABLE, "/nonexistent-target"] + args[1:]
+
+    box._inner_args = inner
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_a_child_that_dies_setting_up_is_a_sandbox_fault_however_the_race_with_its_observer_goes(box, monkeypatch,
+                                                                                                 delay):
+    """bwrap's child does its mounts before it blocks: a setup failure may end it before or after
+    the host opens its counters (load decides). Both are "the sandbox failed to start" with
+    bwrap's reason, never the command's exit code nor "could not be observed"."""
+    real = type(box)._observe
+
+    def late(child, parent):
+        time.sleep(delay)  # as a host under load: the child is gone by now
+        return real(box, child, parent)
+
+    monkeypatch.setattr(box, "_observe", late)
+    _failing_setup(box)
+    with pytest.raises(SandboxError, match=f"failed to start: .*{UNREACHABLE}"):
+        box.run(["echo", "never"])
+    del box._inner_args
+    assert box.run(["echo", "fine"]).stdout == "fine\n"  # the sandbox itself is intact
+
+
+PEER = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from envs.sandbox import Limits, SandboxError, create_sandbox
+from tests.envs.test_sandbox_integrity import UNREACHABLE, _failing_setup
+problems, rounds, deadline = [], 0, time.monotonic() + {seconds}
+while time.monotonic() < deadline:
+    rounds += 1
+    try:
+        with create_sandbox({{"n.txt": str(rounds)}}, limits=Limits(wall_s=20), backend="bubblewrap") as box:
+            result = box.run(["sh", "-c", "cat n.txt; sleep 0.02"])
+            if (result.exit_code, result.stdout) != (0, str(rounds)):
+                problems.append(f"ok command: exit {{result.exit_code}} {{result.stdout!r}} {{result.stderr[-300:]!r}}")
+            _failing_setup(box)
+            try:
+                result = box.run(["echo", "never"])
+                problems.append(f"setup failure taken for the command's exit {{result.exit_code}}")
+            except SandboxError as exc:
+                if "failed to start" not in str(exc) or UNREACHABLE not in str(exc):
+                    problems.append(f"setup failure: {{exc}}")
+    except Exception as exc:
+        problems.append(f"{{type(exc).__name__}}: {{exc}}")
+print(json.dumps({{"rounds": rounds, "problems": problems[:5], "count": len(problems)}}), flush=True)
+"""
+
+
+def test_two_processes_sandboxes_at_once_never_disturb_each_other():
+    """Another host process (a second factory, an evaluation) creates, runs and destroys
+    sandboxes in a loop, including ones whose setup fails, while this one does the same and
+    sweeps the shared sandbox dir: every command of both gets its own result, every setup
+    failure is a sandbox fault, and nothing of either is killed or swept by the other."""
+    require_sandbox()
+    from envs.sandbox import stale
+
+    peer = subprocess.Popen([sys.executable, "-c", PEER.format(root=str(ROOT), seconds=6)], cwd=str(ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    problems, rounds = [], 0
+    base = staging.sandbox_base()
+    try:
+        while peer.poll() is None and rounds < 200:
+            rounds += 1
+            with create_sandbox({}, limits=Limits(wall_s=20), backend="bubblewrap") as mine:
+                result = mine.run(["sh", "-c", f"echo {rounds}; sleep 0.02"])
+                if (result.exit_code, result.stdout) != (0, f"{rounds}\n"):
+                    problems.append(f"ok command: exit {result.exit_code} {result.stdout!r} {result.stderr[-300:]!r}")
+                stale.sweep(base, bubblewrap._kill_uid)  # what any process's first sandbox does
+                _failing_setup(mine)
+                try:
+                    mine.run(["echo", "never"])
+                    problems.append("setup failure taken for the command's exit code")
+                except SandboxError as exc:
+                    if "failed to start" not in str(exc):
+                        problems.append(f"setup failure: {exc}")
+        out, err = peer.communicate(timeout=60)
+    finally:
+        peer.kill()
+        peer.wait()
+    assert peer.returncode == 0, err[-2000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["rounds"] >= 3 and report["count"] == 0, report
+    assert rounds >= 3 and problems == [], problems[:5]
