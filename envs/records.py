@@ -269,6 +269,39 @@ class Rollout(Record):
         return self.termination == Termination.success
 
 
+class Verdict(Record):
+    """One outcome verifier's verdict on a stored rollout, and the class it implies. The factory's
+    own (`source="factory"`: the rollout's `outcome` and `termination` as they landed) and each
+    re-verification under a later verifier version (`source="reverify"`: the stored calls replayed
+    under the current verifier, never the policy; tasks/reverify.py) are kept side by side, keyed
+    by (rollout_id, verifier_id, verifier_version). `termination` is decided by tasks.classify
+    from the episode's end and this verdict; a verifier that raised has no `outcome`, its `error`,
+    and (for an episode that ended normally) `verifier_error`, never a model failure."""
+
+    rollout_id: str
+    task_id: str
+    family: str = Field(pattern=FAMILY_NAME)
+    verifier_id: str
+    verifier_version: str
+    source: Literal["factory", "reverify"]
+    outcome: OutcomeReport | None = None
+    termination: Termination
+    termination_reason: str = ""
+    error: str | None = None
+    verified_at: str = ""  # UTC, ISO 8601: when the verdict was recorded (the factory's: when it landed)
+
+    @classmethod
+    def of_rollout(cls, rollout: Rollout, verified_at: str = "") -> Verdict | None:
+        """The factory's verdict, as the rollout carries it; None for a rollout without an outcome
+        (its verifier raised, or never ran): no version to key it by."""
+        if rollout.outcome is None:
+            return None
+        return cls(rollout_id=rollout.rollout_id, task_id=rollout.task_id, family=rollout.family,
+                   verifier_id=rollout.outcome.verifier_id, verifier_version=rollout.outcome.verifier_version,
+                   source="factory", outcome=rollout.outcome, termination=rollout.termination,
+                   termination_reason=rollout.termination_reason, verified_at=verified_at)
+
+
 class StepScore(Record):
     """One layer's score of one step, with the scorer's identity and version."""
 

@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     repair.set_defaults(func=cmd_warehouse_repair)
     add_prm_commands(sub)
+    from flows.reverify_cli import add_reverify_command
+
+    add_reverify_command(sub, DEFAULT_DATA_DIR)
     from flows.training_cli import add_training_commands
 
     add_training_commands(sub)

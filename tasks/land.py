@@ -12,7 +12,8 @@ from warehouse import Landing, Warehouse
 def land_records(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
                  scores: list[StepScore]) -> Landing:
     with Warehouse(data_dir) as wh:
-        return wh.land(tasks=tasks, rejections=rejections, rollouts=rollouts, scores=scores)
+        # each new rollout's own outcome also lands in `outcomes`, the first of its verdicts (see tasks/reverify.py)
+        return wh.land(tasks=tasks, rejections=rejections, rollouts=rollouts, scores=scores, rollout_outcomes=True)
 
 
 def land_batch(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],

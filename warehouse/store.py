@@ -26,7 +26,7 @@ import polars as pl
 import pyarrow as pa
 
 from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection, TaskSpec,
-                          content_hash)
+                          Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
 from warehouse.lake import LAKE_DIR, check_family, write_batch
 from warehouse.schema import to_row
@@ -91,13 +91,17 @@ class Warehouse:
              rollouts: Iterable[Rollout] | None = None, scores: Iterable[StepScore] | None = None,
              runs: Iterable[Run] | None = None, datasets: Iterable[DatasetManifest] | None = None,
              dataset_rows: Iterable[DatasetRow] | None = None, family_of: Mapping[str, str] | None = None,
+             outcomes: Iterable[Verdict] | None = None, rollout_outcomes: bool = False,
              gate: bool = True) -> Landing:
         """Land one batch: every table given, in one transaction, after the quality gates.
 
         Only rows with new keys land (a rollout already landed is skipped with all its steps).
         A score's family is that of its rollout: from `family_of` (rollout_id -> family), the
         rollouts of this batch, or the rollouts already landed. A batch that fails a gate goes
-        to quarantine whole (`Landing.quarantine`) and nothing of it reaches the tables."""
+        to quarantine whole (`Landing.quarantine`) and nothing of it reaches the tables.
+
+        `outcomes` are verdicts to land in `outcomes`; with `rollout_outcomes`, each rollout new in
+        this batch also lands its own outcome there as the factory's verdict (`Verdict.of_rollout`)."""
         rows: dict[str, list[dict[str, Any]]] = {}
         if tasks is not None:
             rows["tasks"] = [_row(TABLES["tasks"], t) for t in tasks]
@@ -113,6 +117,12 @@ class Warehouse:
             rows["rollouts"] = new
             rows["steps"] = [_row(TABLES["steps"], step, rollout_id=row["rollout_id"], task_family=row[PARTITION])
                              for row in new for step in by_id[row["rollout_id"]].steps]
+            if rollout_outcomes:
+                now = _utcnow().isoformat(timespec="seconds") + "Z"
+                verdicts = [Verdict.of_rollout(by_id[row["rollout_id"]], now) for row in new]
+                rows["outcomes"] = [_row(TABLES["outcomes"], v) for v in verdicts if v is not None]
+        if outcomes is not None:
+            rows.setdefault("outcomes", []).extend(_row(TABLES["outcomes"], v) for v in outcomes)
         if scores is not None:
             rows["step_scores"] = self._score_rows(list(scores), families)
         for name, records in (("runs", runs), ("datasets", datasets), ("dataset_rows", dataset_rows)):

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection,
-                          TaskSpec, TrainingRun)
+                          TaskSpec, TrainingRun, Verdict)
 from warehouse.schema import Column, arrow_schema, from_row, model_columns
 
 PARTITION = "task_family"
@@ -94,4 +94,8 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("dataset_rows", DatasetRow, key=("dataset_id", "row_id"),
           references=(Reference(("dataset_id",), "datasets"), Reference(("task_id",), "tasks"))),
     Table("training_runs", TrainingRun, key=("run_id",), family_field=None, partitioned=False),
+    # Every verifier version's verdict on a rollout, side by side: the factory's own and re-verifications.
+    Table("outcomes", Verdict, key=("rollout_id", "verifier_id", "verifier_version"),
+          derived=("termination = 'success' AS success",),
+          references=(Reference(("rollout_id",), "rollouts"),)),
 ]}
