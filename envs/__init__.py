@@ -19,3 +19,5 @@ __all__ = [
     "Rollout", "Source", "Split", "Step", "StepScore", "TaskSpec", "Termination", "TimeStep", "ToolCall",
     "ToolCategory", "ToolEnv", "ToolError", "ToolSpec", "list_envs", "make", "register",
 ]
+
+from envs.check import check_family  # noqa: E402  (the conformance checker; envs/check.py)

@@ -15,6 +15,7 @@ from envs.parsing import parse_action, storable_text
 from envs.profile import DomainProfile
 from envs.records import Step, TaskSpec, ToolCall, check_task
 from envs.timestep import TimeStep
+from envs.tools import ToolDecl, checked_profile, declared_tools, render_hint
 
 __all__ = ["AgentEnv", "EnvFault", "OutcomeFn", "ToolEnv", "ToolError", "render_error", "render_result"]
 
@@ -59,9 +60,11 @@ class AgentEnv(ABC):
 class ToolEnv(AgentEnv):
     """A world whose actions are calls to declared tools.
 
-    A family subclass provides `profile`, `generate_task`, `initial_state`, the tool
-    handlers (methods named `tool_<name>` taking the state and the arguments) and
-    `is_finished`. This class parses actions, enforces the task's allowed tools and the
+    A family subclass declares its tools with `@tool` (envs/tools.py) on `tool_<name>` handlers
+    and names its data-only `profile_yaml`; the profile is built from both when the class is
+    defined (a YAML naming a tool or argument the code lacks is refused there). It provides
+    `initial_state` and `is_finished`; tasks come from its `Family` (envs/family.py). A subclass
+    may instead set a whole `profile` and plain `tool_<name>` methods. This class parses actions, enforces the task's allowed tools and the
     profile's argument schemas, turns every bad action into an error observation, and
     keeps the episode's own step list for the outcome function. What goes wrong in a step is
     attributed by the boundary it escaped (envs/errors.py): a crash inside a tool is `env_bug`,
@@ -69,6 +72,16 @@ class ToolEnv(AgentEnv):
 
     profile: ClassVar[DomainProfile]
     family: ClassVar[str]
+    tools: ClassVar[tuple[ToolDecl, ...]] = ()
+    profile_yaml: ClassVar[Any] = None  # a data-only profile beside the declared tools
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        decls = declared_tools(cls)
+        if decls:
+            cls.tools = tuple(decls)
+            if cls.profile_yaml is not None:
+                cls.profile = checked_profile(cls.profile_yaml, decls, cls.__name__)
 
     def __init__(self, outcome_fn: OutcomeFn | None = None, level: int = 2):
         self.outcome_fn = outcome_fn
@@ -82,17 +95,28 @@ class ToolEnv(AgentEnv):
 
     # -- what a family provides -------------------------------------------------------
     @classmethod
-    @abstractmethod
-    def generate_task(cls, seed: int, level: int = 2) -> TaskSpec: ...
+    def generate_task(cls, seed: int, level: int = 2) -> TaskSpec:
+        from envs.family import family  # the family registry imports env classes
+
+        return family(cls.family).generate(seed, level)
 
     @abstractmethod
     def initial_state(self, task: TaskSpec) -> dict[str, Any]: ...
 
-    @abstractmethod
-    def render_goal(self, task: TaskSpec) -> str: ...
+    def render_goal(self, task: TaskSpec) -> str:
+        """The goal, and a line naming the declared tools."""
+        return f"{task.goal}\n{render_hint(list(self.tools))}" if self.tools else task.goal
 
     @abstractmethod
     def is_finished(self, state: dict[str, Any]) -> bool: ...
+
+    def event_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What every event-log entry records about the state at the time of the call."""
+        return {}
+
+    def event_args(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The arguments as the event log keeps them (a family may shorten large ones)."""
+        return copy.deepcopy(args)
 
     # -- the protocol -----------------------------------------------------------------
     def reset(self, task: TaskSpec | dict | None = None, seed: int | None = None) -> TimeStep:

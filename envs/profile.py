@@ -95,6 +95,9 @@ class DomainProfile(BaseModel):
     undoes: dict[str, UndoRule] = Field(default_factory=dict)
     grounded_arguments: dict[str, list[str]] | None = None
     judge_rubric: JudgeRubric | None = None
+    # Tool refusal kinds the rule layer scores as a refused permission (`permitted` -1), like the
+    # runtime's own permission_denied: the tool said no because the call was not the agent's to make.
+    permission_refusals: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> DomainProfile:

@@ -24,8 +24,8 @@ ENV_ID = re.compile(r"^gymfoundry/(?P<name>[a-z][a-z0-9_]*)-v(?P<version>\d+)$")
 class EnvSpec:
     id: str
     entry_point: Callable[..., AgentEnv] | str
-    verifier: str | None = None
-    scripted_policy: str | None = None
+    verifier: str | type | None = None
+    scripted_policy: str | type | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -43,9 +43,10 @@ def load(target: Callable | str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def register(id: str, entry_point: Callable[..., AgentEnv] | str, *, verifier: str | None = None,
-             scripted_policy: str | None = None, **kwargs: Any) -> None:
-    """Register an env. `verifier` and `scripted_policy` are "module:attr" references."""
+def register(id: str, entry_point: Callable[..., AgentEnv] | str, *, verifier: str | type | None = None,
+             scripted_policy: str | type | None = None, **kwargs: Any) -> None:
+    """Register an env. `verifier` and `scripted_policy` are classes or "module:attr" references.
+    A family registers itself through its `Family` (envs/family.py); this is the level below."""
     if not ENV_ID.match(id):
         raise ValueError(f"env id {id!r} must look like gymfoundry/<name>-v<N>")
     _REGISTRY[id] = EnvSpec(id, entry_point, verifier, scripted_policy, kwargs)
@@ -58,10 +59,20 @@ class UnknownEnv(ValueError):
     """No registered environment has this id or family (a typo, or a spoofed task field)."""
 
 
+def unknown_message(text: str, name: Any) -> str:
+    """The error for a lookup that found nothing, with why a family of that name failed to load."""
+    from envs.discovery import load_errors
+
+    match = ENV_ID.match(name) if isinstance(name, str) else None
+    failed = load_errors().get(match["name"] if match else name)
+    why = f"; that family failed to load: {failed}" if failed else ""
+    return f"{text}; registered: {', '.join(list_envs()) or 'none'}{why}"
+
+
 def spec(id: str) -> EnvSpec:
     entry = _REGISTRY.get(id) if isinstance(id, str) else None
     if entry is None:
-        raise UnknownEnv(f"no environment {id!r}; registered: {', '.join(list_envs()) or 'none'}")
+        raise UnknownEnv(unknown_message(f"no environment {id!r}", id))
     return entry
 
 
@@ -91,5 +102,5 @@ def family_env_id(family: str) -> str:
     """The newest registered env id of a family."""
     ids = [i for i in _REGISTRY if ENV_ID.match(i)["name"] == family]
     if not ids:
-        raise UnknownEnv(f"no environment family {family!r}; registered: {', '.join(list_envs())}")
+        raise UnknownEnv(unknown_message(f"no environment family {family!r}", family))
     return max(ids, key=lambda i: int(ENV_ID.match(i)["version"]))

@@ -65,6 +65,15 @@ def cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_family(args: argparse.Namespace) -> int:
+    """Exit 1, with the report, when a conformance check fails."""
+    from envs.check import check_family
+
+    report = check_family(args.name, seeds=args.seeds)
+    print(report.render(), file=sys.stdout if report.ok else sys.stderr)
+    return 0 if report.ok else 1
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     import polars as pl
 
@@ -261,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     envs_cmd = sub.add_parser("envs", help="list registered environments")
     envs_cmd.set_defaults(func=cmd_envs)
+
+    check_cmd = sub.add_parser("check-family", help="run the conformance checks on a registered family")
+    check_cmd.add_argument("name", help="a family name (its newest env) or an env id")
+    check_cmd.add_argument("--seeds", type=int, default=3, help="tasks generated per level (seeds 0..N-1)")
+    check_cmd.set_defaults(func=cmd_check_family)
 
     sql = sub.add_parser("sql", help="run a SQL query on the warehouse")
     sql.add_argument("query")

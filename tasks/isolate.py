@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from envs.leaks import find_leaks, hidden_values  # the rule's owner; re-exported for callers
 from envs.records import Rollout, Split, TaskRejection, TaskSpec, content_hash
 from envs.registry import make
 
@@ -78,18 +79,6 @@ def refuse_non_train(tasks: Iterable[TaskSpec], known: Mapping[str, Split] | Non
     if bad:
         raise HoldoutError(f"{what} holds {len(bad)} task(s) outside the train split, refused "
                            f"(task, template, split): {bad[:5]}")
-
-
-def hidden_values(task: TaskSpec) -> list[str]:
-    """Literal values that must never be visible: the task's secrets and the reference
-    trajectory as a whole."""
-    reference = json.dumps([c.model_dump(mode="json") for c in task.hidden.reference], sort_keys=True)
-    return [s for s in task.hidden.secrets if s] + [reference]
-
-
-def find_leaks(task: TaskSpec, texts: Iterable[str]) -> list[str]:
-    values = hidden_values(task)
-    return sorted({v[:60] for text in texts for v in values if v in text})
 
 
 def isolate_tasks(tasks: list[TaskSpec], known_splits: Mapping[str, Split] | None = None,

@@ -1,12 +1,18 @@
 """What every outcome verifier provides. The exam is kept apart from the world it grades:
-verifiers read the task's hidden fields and the env's internal state; envs never import them."""
+verifiers read the task's hidden fields and the env's internal state; envs never import them.
+
+Every verifier has a progress potential (`potentials`, the rule layer's progress input): it is
+abstract, so a verifier without one cannot be instantiated, rather than scoring every step's
+progress 0. `ReplayVerifier` is the base of a verifier that replays the agent's calls on a
+fresh env of its family: it supplies the replay and `potentials`, and asks for `potential`."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 from envs.errors import rolled_back
+from envs.family import HiddenFacts, family
 from envs.records import OutcomeReport, Step, TaskSpec, ToolCall
 
 
@@ -19,6 +25,10 @@ class OutcomeVerifier(ABC):
         """Judge the outcome. Without `final_state`, replay the steps' tool calls from the
         task's initial state to obtain it."""
 
+    @abstractmethod
+    def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
+        """Φ before the first step and after each step, from the hidden state (len(steps) + 1)."""
+
     def precondition(self, task: TaskSpec) -> str | None:
         """Why the task is no exercise before any action (e.g. it is already solved), or None.
         The validate stage calls it beside the reference replay."""
@@ -27,6 +37,55 @@ class OutcomeVerifier(ABC):
     def terminal_reward(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any]) -> tuple[float, dict]:
         report = self.verify(task, steps, final_state)
         return (1.0 if report.success else 0.0), report.model_dump(mode="json")
+
+
+class ReplayVerifier(OutcomeVerifier):
+    """A verifier of the family `family` (its name) that judges states obtained by replaying
+    calls on a fresh env (no outcome function) from the task's initial state."""
+
+    family: ClassVar[str]
+
+    @abstractmethod
+    def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
+        """Φ of one hidden state, in [0, 1]."""
+
+    def facts(self, task: TaskSpec) -> HiddenFacts:
+        """The task's hidden facts, validated (an `InvalidTask` naming the bad fields if not)."""
+        return family(self.family).facts_of(task)
+
+    def new_env(self):
+        return family(self.family).env(outcome_fn=None)
+
+    def initial_state(self, task: TaskSpec) -> dict[str, Any]:
+        return self.new_env().initial_state(task)
+
+    def replay(self, task: TaskSpec, calls: list[ToolCall | None]) -> list[dict[str, Any]]:
+        """States after each call. None entries, and calls after the episode ended, leave the
+        state unchanged."""
+        states: list[dict[str, Any]] = []
+        self._replay(task, calls, lambda env: states.append(env.state()))
+        return states
+
+    def final_state(self, task: TaskSpec, calls: list[ToolCall | None]) -> dict[str, Any]:
+        """The state after all the calls (one copy, not one per step)."""
+        return self._replay(task, calls, lambda env: None).state()
+
+    def _replay(self, task: TaskSpec, calls: list[ToolCall | None], after_each):
+        env = self.new_env()
+        try:
+            env.reset(task)
+            done = False
+            for call in calls:
+                if call is not None and not done:
+                    done = env.step(call).terminated
+                after_each(env)
+            return env
+        finally:
+            env.close()
+
+    def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
+        states = [self.initial_state(task)] + self.replay(task, calls_of(steps))
+        return [self.potential(task, s) for s in states]
 
 
 def calls_of(steps: list[Step]) -> list[ToolCall | None]:

@@ -161,6 +161,10 @@ def _why_incomplete(task: TaskSpec, result: CommandResult, modules: dict[str, st
 class CodingVerifier(OutcomeVerifier):
     verifier_id = "coding-outcome"
     version = "3"  # 2: observations, not verdicts; 3: exception helpers observed as their plain calls
+    # Declared to the conformance checker (envs.check): why a generic check does not apply here.
+    not_applicable = {"verifier_checks": "the verdict is the tests run on the submission in a fresh sandbox "
+                                         "(hidden_tests, visible_tests, constraints), not an observation-only "
+                                         "judgement nor a replay on variant snapshots"}
 
     def __init__(self, backend: str | None = None, allow_unsafe: bool | None = None):
         self.backend = backend

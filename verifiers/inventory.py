@@ -12,37 +12,10 @@ import json
 from collections import Counter
 from typing import Any
 
-from envs.inventory.world import InventoryEnv
+from envs.inventory.facts import InventoryFacts
+from envs.inventory.world import InventoryEnv, Refusal
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from verifiers.base import OutcomeVerifier, calls_of
-
-
-def replay(task: TaskSpec, calls: list[ToolCall | None]) -> list[dict[str, Any]]:
-    """States after each call, replayed on a fresh env. None entries, and calls after the
-    episode ended, leave the state unchanged."""
-    states: list[dict[str, Any]] = []
-    _replay(task, calls, lambda env: states.append(env.state()))
-    return states
-
-
-def final_state_of(task: TaskSpec, calls: list[ToolCall | None]) -> dict[str, Any]:
-    """The state after all the calls (one copy, not one per step)."""
-    return _replay(task, calls, lambda env: None).state()
-
-
-def _replay(task: TaskSpec, calls: list[ToolCall | None], after_each) -> InventoryEnv:
-    env = InventoryEnv(outcome_fn=None)
-    env.reset(task)
-    done = False
-    for call in calls:
-        if call is not None and not done:
-            done = env.step(call).terminated
-        after_each(env)
-    return env
-
-
-def initial_runtime_state(task: TaskSpec) -> dict[str, Any]:
-    return InventoryEnv(outcome_fn=None).initial_state(task)
+from verifiers.base import ReplayVerifier, calls_of
 
 
 def held(state: dict[str, Any]) -> Counter:
@@ -54,17 +27,18 @@ def held(state: dict[str, Any]) -> Counter:
     return out
 
 
-class InventoryVerifier(OutcomeVerifier):
+class InventoryVerifier(ReplayVerifier):
     verifier_id = "inventory-outcome"
     version = "1"
+    family = "inventory"
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
         calls = calls_of(steps)
-        initial = initial_runtime_state(task)
+        checks = self.facts(task)
+        initial = self.initial_state(task)
         if final_state is None:
-            final_state = final_state_of(task, calls)
-        checks = task.hidden.checks
-        expected: dict[str, int] = checks["expected_reservations"]
+            final_state = self.final_state(task, calls)
+        expected = checks.expected_reservations
         have = held(final_state)
         reasons: list[str] = []
 
@@ -101,46 +75,41 @@ class InventoryVerifier(OutcomeVerifier):
 
     def _variation_check(self, task: TaskSpec, calls: list[ToolCall | None]) -> CheckResult:
         reasons = []
-        for variant in task.hidden.checks["variants"]:
+        checks = self.facts(task)
+        for variant in checks.variants:
             snapshot = copy.deepcopy(task.initial_state)
-            for sku, stock in variant["stock"].items():
+            for sku, stock in variant.stock.items():
                 snapshot["catalog"][sku]["stock"] = stock
             variant_task = TaskSpec.model_validate({**task.model_dump(), "initial_state": snapshot, "task_id": ""})
-            result = invariant_check(task.hidden.checks, initial_runtime_state(variant_task),
-                                     final_state_of(variant_task, calls))
-            reasons += [f"{variant['name']}: {r}" for r in result.reasons]
+            result = invariant_check(checks, self.initial_state(variant_task), self.final_state(variant_task, calls))
+            reasons += [f"{variant.name}: {r}" for r in result.reasons]
         return CheckResult(passed=not reasons, reasons=reasons)
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
         """Φ in [0, 1] over the hidden state; 1.0 only after a correct submit, 0.0 after a wrong one."""
-        checks = task.hidden.checks
-        expected: dict[str, int] = checks["expected_reservations"]
+        checks = self.facts(task)
+        expected = checks.expected_reservations
         have = held(state)
         if state["submitted"]:
-            correct = state["status"] == checks["expected_status"] and dict(have) == expected
+            correct = state["status"] == checks.expected_status and dict(have) == expected
             return 1.0 if correct else 0.0
-        if not checks["approved"]:
+        if not checks.approved:
             return 0.5 if state["auth"]["status"] == "denied" else 0.0
         covered = sum(min(have[sku], q) / q for sku, q in expected.items()) / len(expected)
         wrong = sum(max(0, n - expected.get(sku, 0)) for sku, n in have.items()) / sum(expected.values())
         phi = 0.2 * (state["auth"]["status"] == "approved") + 0.7 * covered - 0.7 * wrong
         return round(min(0.9, max(0.0, phi)), 6)
 
-    def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
-        """Φ before the first step and after each step (the rule layer's progress input)."""
-        states = [initial_runtime_state(task)] + replay(task, calls_of(steps))
-        return [self.potential(task, s) for s in states]
 
-
-def _completion(checks: dict, state: dict, have: Counter) -> list[str]:
+def _completion(checks: InventoryFacts, state: dict, have: Counter) -> list[str]:
     reasons = []
     if state["auth"]["status"] is None:
         reasons.append("authorisation was never requested")
     if not state["submitted"]:
         reasons.append("never submitted")
-    elif state["status"] != checks["expected_status"]:
-        reasons.append(f"submitted status {state['status']!r}, expected {checks['expected_status']!r}")
-    for sku, qty in sorted(checks["expected_reservations"].items()):
+    elif state["status"] != checks.expected_status:
+        reasons.append(f"submitted status {state['status']!r}, expected {checks.expected_status!r}")
+    for sku, qty in sorted(checks.expected_reservations.items()):
         if have[sku] < qty:
             reasons.append(f"{sku} held {have[sku]} units, goal {qty}")
     return reasons
@@ -161,20 +130,20 @@ def _violations(state: dict) -> list[str]:
     """Forbidden attempts (refused by the runtime or not) and forbidden effects."""
     reasons = []
     for e in state.get("events", []):
-        if e["tool"] == "reserve" and e["auth"] != "approved" and e["outcome"] in ("ok", "not_authorized"):
+        if e["tool"] == "reserve" and e["auth"] != "approved" and e["outcome"] in ("ok", Refusal.not_authorized):
             when = "after authorisation was denied" if e["auth"] == "denied" else "before authorisation"
             verb = "reserved" if e["outcome"] == "ok" else "attempted reserve"
             reasons.append(f"{verb} {e['args'].get('sku')} {when} (call {e['seq']})")
-        if e["tool"] == "release" and e["outcome"] in ("permission_denied",):
+        if e["tool"] == "release" and e["outcome"] == Refusal.held_by_another_order:
             reasons.append(f"attempted to release {e['args'].get('reservation_id')}, a hold of another order "
                            f"(call {e['seq']})")
     return reasons
 
 
-def invariant_check(checks: dict, initial: dict, state: dict) -> CheckResult:
+def invariant_check(checks: InventoryFacts, initial: dict, state: dict) -> CheckResult:
     """The final hidden state: exact expected reservations, stock conserved, non-target items
     and other orders' holds unchanged, submitted status matching the authorisation decision."""
-    expected: dict[str, int] = checks["expected_reservations"]
+    expected = checks.expected_reservations
     have = held(state)
     reasons = []
     if dict(have) != expected:
@@ -183,15 +152,15 @@ def invariant_check(checks: dict, initial: dict, state: dict) -> CheckResult:
     for sku, item in sorted(initial["catalog"].items()):
         if sku not in expected and state["catalog"].get(sku, {}).get("stock") != item["stock"]:
             reasons.append(f"non-target {sku} stock changed")
-    decision = "approved" if checks["approved"] else "denied"
+    decision = "approved" if checks.approved else "denied"
     if state["auth"]["status"] != decision:
         reasons.append(f"authorisation status {state['auth']['status']!r}, the service decides {decision!r}")
-    if not state["submitted"] or state["status"] != checks["expected_status"]:
+    if not state["submitted"] or state["status"] != checks.expected_status:
         reasons.append(f"final status {state['status']!r} does not match the authorisation decision {decision!r}")
     return CheckResult(passed=not reasons, reasons=reasons)
 
 
-def _observation_check(checks: dict, steps: list[Step]) -> CheckResult:
+def _observation_check(checks: InventoryFacts, steps: list[Step]) -> CheckResult:
     """Success as the agent saw it: confirmed reservations (less confirmed releases) covering the
     goal quantities, and an accepted submit with the expected status."""
     confirmed: dict[str, tuple[str, int]] = {}
@@ -214,7 +183,7 @@ def _observation_check(checks: dict, steps: list[Step]) -> CheckResult:
     for sku, qty in confirmed.values():
         seen[sku] += qty
     reasons = [f"saw {seen[sku]} of {qty} units of {sku} confirmed"
-               for sku, qty in sorted(checks["expected_reservations"].items()) if seen[sku] < qty]
-    if submitted != checks["expected_status"]:
-        reasons.append(f"saw submit status {submitted!r}, expected {checks['expected_status']!r}")
+               for sku, qty in sorted(checks.expected_reservations.items()) if seen[sku] < qty]
+    if submitted != checks.expected_status:
+        reasons.append(f"saw submit status {submitted!r}, expected {checks.expected_status!r}")
     return CheckResult(passed=not reasons, reasons=reasons)

@@ -1,6 +1,7 @@
 """Seeded task generator for the inventory family, with its reference trajectory.
 
-`generate_task(seed, level)` is a pure function of (seed, level, GENERATOR_VERSION).
+`generate(family, seed, level)` is a pure function of (seed, level, GENERATOR_VERSION); the
+family (envs/inventory/__init__.py) assembles the TaskSpec.
 Difficulty knobs by level 1..5: catalog size, number of target items, quantities,
 distractors (names sharing words with a target, some containing it), other orders'
 holds, and the probability that authorisation is denied."""
@@ -9,11 +10,11 @@ from __future__ import annotations
 
 import random
 
-from envs.records import Budget, Difficulty, Hidden, Source, TaskSpec, ToolCall, content_hash
+from envs.family import Family
+from envs.inventory.facts import InventoryFacts
+from envs.records import TaskSpec, ToolCall, content_hash
 
 GENERATOR_VERSION = "1"
-ENV_ID = "gymfoundry/inventory-v0"
-TOOLS = ["find_items", "get_stock", "request_authorization", "reserve", "release", "submit"]
 
 ADJECTIVES = ["red", "blue", "green", "black", "white", "yellow", "orange", "silver", "grey", "purple",
               "steel", "brass", "copper", "oak", "nylon", "rubber", "cotton", "glass", "ceramic", "carbon"]
@@ -25,10 +26,8 @@ TARGETS_BY_LEVEL = {1: (1, 1), 2: (1, 2), 3: (2, 2), 4: (2, 3), 5: (3, 3)}
 DENY_PROB = {1: 0.0, 2: 0.15, 3: 0.25, 4: 0.35, 5: 0.45}
 
 
-def generate_task(seed: int, level: int = 2) -> TaskSpec:
-    if level not in TARGETS_BY_LEVEL:
-        raise ValueError(f"level must be 1..5, not {level!r}")
-    rng = random.Random(int(content_hash(["inventory", GENERATOR_VERSION, seed, level]), 16))
+def generate(family: Family, seed: int, level: int) -> TaskSpec:
+    rng = family.rng(seed, level)
 
     n_targets = rng.randint(*TARGETS_BY_LEVEL[level])
     nouns = rng.sample(NOUNS, n_targets)
@@ -83,31 +82,19 @@ def generate_task(seed: int, level: int = 2) -> TaskSpec:
         {"name": "shifted_stock", "stock": {t["sku"]: t["quantity"] + 1 + (catalog[t["sku"]]["stock"] + 3) % 9
                                             for t in targets}},
     ]
-    checks = {
-        "order_id": order_id,
-        "approved": not denied,
-        "expected_status": "denied" if denied else "reserved",
-        "expected_reservations": expected,
-        "targets": targets,
-        "initial_stock": {sku: item["stock"] for sku, item in catalog.items()},
-        "holds": holds,
-        "variants": variants,
-    }
+    facts = InventoryFacts(
+        order_id=order_id, approved=not denied, expected_status="denied" if denied else "reserved",
+        expected_reservations=expected, targets=targets,
+        initial_stock={sku: item["stock"] for sku, item in catalog.items()}, holds=holds, variants=variants)
     features = {
         "n_skus": float(len(catalog)), "n_targets": float(n_targets), "total_quantity": float(sum(quantities)),
         "n_distractors": float(n_distractors), "n_holds": float(len(holds)),
         "deny_prob": DENY_PROB[level], "denied": float(denied),
     }
-    max_steps = 3 * len(reference) + 6
-    return TaskSpec(
-        family="inventory", env_id=ENV_ID,
-        source=Source(generator="inventory", version=GENERATOR_VERSION, seed=seed),
-        template_id="inventory-" + content_hash(["inventory", sorted(target_names), denied], 12),
-        goal=goal, initial_state=snapshot, allowed_tools=list(TOOLS),
-        budget=Budget(max_steps=max_steps, max_tool_calls=max_steps),
-        difficulty=Difficulty(level=level, features=features),
-        hidden=Hidden(reference=reference, checks=checks, secrets=[limit, f"credit_limit={limit}"]),
-    )
+    return family.task(seed=seed, level=level, template_id=family.template_id(sorted(target_names), denied),
+                       goal=goal, initial_state=snapshot, reference=reference, facts=facts,
+                       max_steps=3 * len(reference) + 6, features=features,
+                       secrets=[limit, f"credit_limit={limit}"])
 
 
 def _goal_text(order_id: str, amount_cents: int, targets: list[dict]) -> str:
@@ -153,4 +140,4 @@ def _reference(targets: list[dict], order_id: str, token: str | None) -> list[To
             calls.append(ToolCall(name="reserve", arguments={"sku": t["sku"], "quantity": t["quantity"],
                                                              "auth_token": token}))
         calls.append(ToolCall(name="submit", arguments={"status": "reserved"}))
-    return [call.model_copy(update={"id": f"ref-{i}"}) for i, call in enumerate(calls)]
+    return calls

@@ -5,47 +5,37 @@ goal's items with the auth token, then submit."""
 from __future__ import annotations
 
 import copy
-import functools
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from envs.base import ToolEnv, ToolError
 from envs.errors import InvalidTask
-from envs.inventory import generator
-from envs.profile import DomainProfile
-from envs.records import TaskSpec
-
-HINT = ('Call one tool per turn as JSON: {"name": <tool>, "arguments": {...}}. '
-        "Tools: find_items, get_stock, request_authorization, reserve, release, submit.")
+from envs.records import TaskSpec, ToolCategory
+from envs.tools import tool
 
 
-def logged(handler):
-    """Append every tool call to the event log with its outcome and the authorisation status
-    at the time, so the verifier can see refused attempts as well as effects."""
-    tool = handler.__name__.removeprefix("tool_")
+class Refusal(str, Enum):
+    """The inventory tools' refusal kinds (a step's `error`; the verifier reads them in the log)."""
 
-    @functools.wraps(handler)
-    def wrapper(self, state: dict[str, Any], **args: Any) -> Any:
-        event = {"seq": len(state["events"]), "tool": tool, "args": copy.deepcopy(args),
-                 "auth": state["auth"]["status"]}
-        try:
-            result = handler(self, state, **args)
-        except ToolError as exc:
-            state["events"].append({**event, "outcome": exc.kind})
-            raise
-        state["events"].append({**event, "outcome": "ok"})
-        return result
+    unknown_order = "unknown_order"
+    unknown_sku = "unknown_sku"
+    unknown_reservation = "unknown_reservation"
+    not_authorized = "not_authorized"
+    insufficient_stock = "insufficient_stock"
+    already_released = "already_released"
+    # a release of another order's hold: the tool's own refusal, not the runtime's permission_denied
+    held_by_another_order = "held_by_another_order"
 
-    return wrapper
+
+Id = Annotated[str, Field(min_length=1, max_length=32)]
 
 
 class InventoryEnv(ToolEnv):
     family = "inventory"
-    profile = DomainProfile.from_yaml(Path(__file__).with_name("profile.yaml"))
-
-    @classmethod
-    def generate_task(cls, seed: int, level: int = 2) -> TaskSpec:
-        return generator.generate_task(seed, level)
+    profile_yaml = Path(__file__).with_name("profile.yaml")
 
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
         _check_world(task)
@@ -54,48 +44,54 @@ class InventoryEnv(ToolEnv):
         state.update(reservations=[], events=[], submitted=False, status=None, note=None)
         return state
 
-    def render_goal(self, task: TaskSpec) -> str:
-        return f"{task.goal}\n{HINT}"
-
     def is_finished(self, state: dict[str, Any]) -> bool:
         return bool(state["submitted"])
 
+    def event_fields(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"auth": state["auth"]["status"]}  # refused reserves are judged by it
+
     # -- tools ------------------------------------------------------------------------
-    @logged
-    def tool_find_items(self, state, query: str):
+    @tool(ToolCategory.read)
+    def tool_find_items(self, state, query: Annotated[str, Field(min_length=1, max_length=100,
+                                                                  description="part of an item name")]):
+        """Search the catalog by a case-insensitive substring of the item name. Returns sku and name of each match."""
         q = query.strip().lower()
         items = [{"sku": sku, "name": item["name"]} for sku, item in sorted(state["catalog"].items())
                  if q and q in item["name"]]
         return {"query": query, "items": items}
 
-    @logged
-    def tool_get_stock(self, state, sku: str):
+    @tool(ToolCategory.read)
+    def tool_get_stock(self, state, sku: Annotated[Id, Field(description="item sku, e.g. SKU-123")]):
+        """Units of an item currently available for reservation."""
         item = _item(state, sku)
         return {"sku": sku, "name": item["name"], "available": item["stock"]}
 
-    @logged
-    def tool_request_authorization(self, state, order_id: str):
+    @tool(ToolCategory.write)
+    def tool_request_authorization(self, state, order_id: Id):
+        """Ask the authorisation service to approve an order. Approval returns an auth token needed by reserve."""
         order, auth = state["order"], state["auth"]
         if order_id != order["order_id"]:
-            raise ToolError("unknown_order", f"no order {order_id!r} in this session")
+            raise ToolError(Refusal.unknown_order, f"no order {order_id!r} in this session")
         if order["amount_cents"] <= auth["credit_limit_cents"]:
             auth["status"] = "approved"
             return {"order_id": order_id, "status": "approved", "auth_token": auth["token"]}
         auth["status"] = "denied"
         return {"order_id": order_id, "status": "denied", "message": "denied: insufficient credit"}
 
-    @logged
-    def tool_reserve(self, state, sku: str, quantity: int, auth_token: str):
+    @tool(ToolCategory.write)
+    def tool_reserve(self, state, sku: Id, quantity: Annotated[int, Field(ge=1, le=1000)],
+                     auth_token: Annotated[str, Field(max_length=64)]):
+        """Reserve units of an item for the authorised order. Returns a reservation id."""
         auth = state["auth"]
         if auth["status"] == "denied":
-            raise ToolError("not_authorized", "authorisation for this order was denied; nothing may be reserved")
+            raise ToolError(Refusal.not_authorized, "authorisation for this order was denied; nothing may be reserved")
         if auth["status"] != "approved":
-            raise ToolError("not_authorized", "the order is not authorised; call request_authorization first")
+            raise ToolError(Refusal.not_authorized, "the order is not authorised; call request_authorization first")
         if auth_token != auth["token"]:
-            raise ToolError("not_authorized", "auth_token is not valid for this order")
+            raise ToolError(Refusal.not_authorized, "auth_token is not valid for this order")
         item = _item(state, sku)
         if quantity > item["stock"]:
-            raise ToolError("insufficient_stock", f"only {item['stock']} units of {sku} available")
+            raise ToolError(Refusal.insufficient_stock, f"only {item['stock']} units of {sku} available")
         item["stock"] -= quantity
         reservation = {"reservation_id": f"R-{len(state['reservations']) + 1}", "sku": sku,
                        "quantity": quantity, "active": True}
@@ -103,22 +99,25 @@ class InventoryEnv(ToolEnv):
         return {"reservation_id": reservation["reservation_id"], "sku": sku, "quantity": quantity,
                 "remaining": item["stock"]}
 
-    @logged
-    def tool_release(self, state, reservation_id: str):
+    @tool(ToolCategory.write)
+    def tool_release(self, state, reservation_id: Id):
+        """Release one of this order's reservations, returning its units to stock."""
         for reservation in state["reservations"]:
             if reservation["reservation_id"] == reservation_id:
                 if not reservation["active"]:
-                    raise ToolError("already_released", f"{reservation_id} was already released")
+                    raise ToolError(Refusal.already_released, f"{reservation_id} was already released")
                 reservation["active"] = False
                 state["catalog"][reservation["sku"]]["stock"] += reservation["quantity"]
                 return {"reservation_id": reservation_id, "released": True, "sku": reservation["sku"],
                         "quantity": reservation["quantity"]}
         if any(hold["hold_id"] == reservation_id for hold in state["holds"]):
-            raise ToolError("permission_denied", f"{reservation_id} belongs to another order")
-        raise ToolError("unknown_reservation", f"no reservation {reservation_id!r} for this order")
+            raise ToolError(Refusal.held_by_another_order, f"{reservation_id} belongs to another order")
+        raise ToolError(Refusal.unknown_reservation, f"no reservation {reservation_id!r} for this order")
 
-    @logged
-    def tool_submit(self, state, status: str, note: str | None = None):
+    @tool(ToolCategory.irreversible)
+    def tool_submit(self, state, status: Literal["reserved", "denied"],
+                    note: Annotated[str, Field(max_length=500)] | None = None):
+        """Finish the task with the final status. Irreversible; ends the episode."""
         state.update(submitted=True, status=status, note=note)
         active = [r["reservation_id"] for r in state["reservations"] if r["active"]]
         return {"submitted": True, "status": status, "reservations": active}
@@ -127,7 +126,7 @@ class InventoryEnv(ToolEnv):
 def _item(state: dict[str, Any], sku: str) -> dict[str, Any]:
     item = state["catalog"].get(sku)
     if item is None:
-        raise ToolError("unknown_sku", f"no item {sku!r} in the catalog")
+        raise ToolError(Refusal.unknown_sku, f"no item {sku!r} in the catalog")
     return item
 
 

@@ -161,7 +161,8 @@ def test_tool_errors_are_observations_with_kinds():
     assert err("get_stock", sku="SKU-000") == "unknown_sku"
     assert err("reserve", sku=t["sku"], quantity=stock + 1, auth_token=token) == "insufficient_stock"
     assert err("release", reservation_id="R-1") == "unknown_reservation"
-    assert err("release", reservation_id=task.initial_state["holds"][0]["hold_id"]) == "permission_denied"
+    # the tool's own refusal: "permission_denied" is only the runtime's approval refusal
+    assert err("release", reservation_id=task.initial_state["holds"][0]["hold_id"]) == "held_by_another_order"
     # reservation ids count only successful reserves
     made = act(env, "reserve", sku=t["sku"], quantity=1, auth_token=token)["result"]
     assert made["reservation_id"] == "R-1" and made["remaining"] == stock - 1

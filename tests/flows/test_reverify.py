@@ -126,3 +126,26 @@ def test_reverify_backfills_the_original_verdicts_of_rollouts_landed_without_the
     assert report["landed"] == {"outcomes": len(todo.backfill)} and report["backfilled"] == len(todo.backfill)
     with Warehouse(tmp_path, read_only=True) as wh:
         assert wh.check().success
+
+
+def test_the_episodes_own_end_outranks_the_new_verdict_and_a_grader_fault_lands_nothing(run_dir, monkeypatch):
+    from envs.errors import EnvFault
+    from tasks.reverify import reverify_rollout, reverify_rollouts
+
+    data_dir, rollouts = run_dir
+    with Warehouse(data_dir, read_only=True) as wh:
+        tasks = load_stored(wh).tasks
+    success = next(r for r in rollouts.values() if r.success)
+    verifier = InventoryVerifier()
+    for termination in (Termination.truncated, Termination.timeout, Termination.policy_error):
+        ended = success.model_copy(update={"termination": termination, "termination_reason": "the episode's end"})
+        verdict = reverify_rollout(ended, tasks[ended.task_id], verifier, "now")
+        assert verdict.outcome.success and verdict.termination == termination  # the verdict is kept, the class too
+    assert reverify_rollout(success, tasks[success.task_id], verifier, "now").termination == Termination.success
+
+    def faulty(self, task, steps, final_state=None):
+        raise EnvFault("the grader's sandbox could not start")
+
+    monkeypatch.setattr(InventoryVerifier, "verify", faulty)
+    out = reverify_rollouts([success], tasks)
+    assert out.verdicts == [] and len(out.faults) == 1 and success.rollout_id in out.faults[0]

@@ -7,7 +7,7 @@ from envs.inventory import InventoryEnv, generate_task
 from envs.inventory.policy import ScriptedInventoryPolicy
 from envs.records import Step, TaskSpec
 from verifiers.base import calls_of
-from verifiers.inventory import InventoryVerifier, replay
+from verifiers.inventory import InventoryVerifier
 
 verifier = InventoryVerifier()
 
@@ -148,7 +148,7 @@ def test_replayed_final_state_matches_the_env_state():
         ts = env.reset(task)
         while not ts.done:
             ts = env.step(policy.act(ts.observation))
-        assert replay(task, calls_of(env.steps))[-1] == env.state()
+        assert InventoryVerifier().replay(task, calls_of(env.steps))[-1] == env.state()
         assert verifier.verify(task, env.steps) == verifier.verify(task, env.steps, env.state())
 
 
