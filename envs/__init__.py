@@ -1,4 +1,5 @@
-"""The agent-facing world. `import envs` registers every built-in environment."""
+"""The agent-facing world. `import envs` registers every family: the built-in ones found in
+their folders, external ones through the `gymfoundry.families` entry points (envs/discovery.py)."""
 
 from envs.base import AgentEnv, EnvFault, ToolEnv, ToolError
 from envs.profile import DomainProfile, ToolSpec
@@ -6,18 +7,19 @@ from envs.records import (Budget, Cost, Difficulty, Hidden, OutcomeReport, Rollo
                           StepScore, TaskSpec, Termination, ToolCall, ToolCategory)
 from envs.registry import list_envs, make, register
 from envs.timestep import TimeStep
+from envs.family import Family, HiddenFacts, families, family
+from envs.tools import tool
+from envs.discovery import discover
 
-register("gymfoundry/inventory-v0", "envs.inventory.world:InventoryEnv",
-         verifier="verifiers.inventory:InventoryVerifier",
-         scripted_policy="envs.inventory.policy:ScriptedInventoryPolicy")
+discover()
 register("gymfoundry/coding-v0", "envs.coding.world:CodingEnv",
          verifier="verifiers.coding:CodingVerifier",
          scripted_policy="envs.coding.policy:ScriptedCodingPolicy")
 
 __all__ = [
-    "AgentEnv", "Budget", "Cost", "Difficulty", "DomainProfile", "EnvFault", "Hidden", "OutcomeReport",
-    "Rollout", "Source", "Split", "Step", "StepScore", "TaskSpec", "Termination", "TimeStep", "ToolCall",
-    "ToolCategory", "ToolEnv", "ToolError", "ToolSpec", "list_envs", "make", "register",
+    "AgentEnv", "Budget", "Cost", "Difficulty", "DomainProfile", "EnvFault", "Family", "Hidden", "HiddenFacts",
+    "OutcomeReport", "Rollout", "Source", "Split", "Step", "StepScore", "TaskSpec", "Termination", "TimeStep", "ToolCall",
+    "ToolCategory", "ToolEnv", "ToolError", "ToolSpec", "families", "family", "list_envs", "make", "register", "tool",
 ]
 
 from envs.check import check_family  # noqa: E402  (the conformance checker; envs/check.py)
