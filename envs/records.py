@@ -396,6 +396,15 @@ class Run(Record):
         return self
 
 
+class HoldoutLock(Record):
+    """A family's holdout fraction, locked in a warehouse when a factory run starts, before any of
+    its tasks lands: a run that dies before it is recorded in `runs` still locks it, so training
+    (which holds out templates not landed yet by this fraction) and later runs agree on it."""
+
+    family: str = Field(pattern=FAMILY_NAME)
+    holdout_fraction: float = Field(ge=0, le=1)
+
+
 class DatasetManifest(Record):
     """A dataset assembled from the warehouse: its file, the curriculum behind its sampling
     weights (per-rollout success rates per "family/level" for one policy, the learnability

@@ -19,7 +19,7 @@ import envs  # noqa: F401  registers the built-in environments
 from envs.records import FaultConfig, RetryPolicy, Rollout, Run, StepScore, TaskRejection, TaskSpec
 from tasks import assemble as assemble_stage
 from tasks.generate import generate_tasks
-from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, check_holdout_fraction, isolate_tasks, landed_splits
+from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
 from tasks.land import land_records, land_run
 from tasks.policies import make_policy
 from tasks.retry import RetryExhausted, collect_with_retries, run_counts
@@ -172,7 +172,7 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     Every dataset with rows emits a `gymfoundry.dataset.ready` event, which the
     `train-on-new-dataset` deployment is triggered by under a Prefect server. In ad-hoc mode,
     `train_after="sft"` (or dpo / grpo) calls the training flow directly as a subflow."""
-    check_holdout_fraction(data_dir, families, holdout_fraction)  # before any episode
+    lock_holdout_fraction(data_dir, families, holdout_fraction)  # before any episode or landing
     logger = get_run_logger()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     retry = retry or RetryPolicy()

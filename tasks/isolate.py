@@ -125,7 +125,9 @@ def recorded_holdout_fractions(wh) -> dict[str, float]:
     largest, where runs differed). A template not landed yet is held out by this fraction wherever
     training picks tasks or text, so what training saw is never held out by a later run."""
     out: dict[str, float] = {}
-    for row in wh.sql("SELECT params FROM runs").to_pylist():
+    for row in wh.sql("SELECT family, holdout_fraction FROM holdout_locks").to_pylist():
+        out[row["family"]] = max(out.get(row["family"], 0.0), row["holdout_fraction"])
+    for row in wh.sql("SELECT params FROM runs").to_pylist():  # runs landed before locks were kept
         params = json.loads(row["params"]) if isinstance(row["params"], str) else (row["params"] or {})
         fraction = params.get("holdout_fraction")
         if isinstance(fraction, (int, float)) and not isinstance(fraction, bool):
@@ -148,7 +150,7 @@ def check_holdout_fraction(data_dir: str | Path | None, families: Iterable[str],
     """A warehouse locks each family's holdout fraction with its first run: another fraction would hold
     out templates that training (the tokenizer text, GRPO's live tasks) already took as train. A
     fraction outside [0, 1] (NaN, negative: no holdout at all, silently) is refused too."""
-    if not (isinstance(fraction, (int, float)) and 0.0 <= fraction <= 1.0):
+    if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0.0 <= fraction <= 1.0):
         raise ValueError(f"holdout fraction {fraction!r} refused: it must be a number in [0, 1]")
     locked = landed_holdout_fractions(data_dir)
     clash = {f: locked[f] for f in families if f in locked and locked[f] != fraction}
@@ -156,6 +158,17 @@ def check_holdout_fraction(data_dir: str | Path | None, families: Iterable[str],
         raise ValueError(f"holdout fraction {fraction} refused: the warehouse under {data_dir} locked "
                          f"{', '.join(f'{f}={v}' for f, v in sorted(clash.items()))}; run with that fraction or "
                          "use a new data dir")
+
+
+def lock_holdout_fraction(data_dir: str | Path, families: Iterable[str], fraction: float) -> None:
+    """Check the fraction (`check_holdout_fraction`), then lock it for `families` in the warehouse
+    under `data_dir` before anything of the run lands."""
+    from envs.records import HoldoutLock
+    from warehouse import Warehouse
+
+    check_holdout_fraction(data_dir, families, fraction)
+    with Warehouse(data_dir) as wh:
+        wh.land(holdout_locks=[HoldoutLock(family=f, holdout_fraction=fraction) for f in sorted(set(families))]).checked()
 
 
 def landed_splits(data_dir: str | Path | None, families: list[str] | None = None) -> dict[str, Split]:

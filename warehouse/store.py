@@ -25,8 +25,8 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection, TaskSpec,
-                          Verdict, content_hash)
+from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
+                          TaskRejection, TaskSpec, Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
 from warehouse.lake import LAKE_DIR, check_family, write_batch
 from warehouse.schema import to_row
@@ -92,7 +92,7 @@ class Warehouse:
              runs: Iterable[Run] | None = None, datasets: Iterable[DatasetManifest] | None = None,
              dataset_rows: Iterable[DatasetRow] | None = None, family_of: Mapping[str, str] | None = None,
              outcomes: Iterable[Verdict] | None = None, rollout_outcomes: bool = False,
-             gate: bool = True) -> Landing:
+             holdout_locks: Iterable[HoldoutLock] | None = None, gate: bool = True) -> Landing:
         """Land one batch: every table given, in one transaction, after the quality gates.
 
         Only rows with new keys land (a rollout already landed is skipped with all its steps).
@@ -125,7 +125,8 @@ class Warehouse:
             rows.setdefault("outcomes", []).extend(_row(TABLES["outcomes"], v) for v in outcomes)
         if scores is not None:
             rows["step_scores"] = self._score_rows(list(scores), families)
-        for name, records in (("runs", runs), ("datasets", datasets), ("dataset_rows", dataset_rows)):
+        for name, records in (("runs", runs), ("datasets", datasets), ("dataset_rows", dataset_rows),
+                              ("holdout_locks", holdout_locks)):
             if records is not None:
                 rows[name] = [_row(TABLES[name], r) for r in records]
         return self.land_rows(rows, gate=gate)

@@ -16,8 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from envs.records import (DatasetManifest, DatasetRow, Record, Rollout, Run, Step, StepScore, TaskRejection,
-                          TaskSpec, TrainingRun, Verdict)
+from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
+                          TaskRejection, TaskSpec, TrainingRun, Verdict)
 from warehouse.schema import Column, arrow_schema, from_row, model_columns
 
 PARTITION = "task_family"
@@ -90,6 +90,7 @@ TABLES: dict[str, Table] = {t.name: t for t in [
           references=(Reference(("rollout_id", "step_index"), "steps"),)),
     Table("task_rejections", TaskRejection, key=("task_id", "stage")),
     Table("runs", Run, key=("run_id",), family_field=None, partitioned=False),
+    Table("holdout_locks", HoldoutLock, key=("family", "holdout_fraction"), family_field=None, partitioned=False),
     Table("datasets", DatasetManifest, key=("dataset_id",), family_field=None, partitioned=False),
     Table("dataset_rows", DatasetRow, key=("dataset_id", "row_id"),
           references=(Reference(("dataset_id",), "datasets"), Reference(("task_id",), "tasks"))),

@@ -279,3 +279,31 @@ def test_a_holdout_fraction_outside_0_1_is_refused_before_any_episode(tmp_path, 
     with pytest.raises(ValueError, match=r"must be a number in \[0, 1\]"):
         factory.fn(families=["inventory"], tasks_per_family=2, data_dir=str(tmp_path), holdout_fraction=fraction)
     assert not (tmp_path / "catalog.duckdb").exists()
+
+
+def test_a_run_that_dies_after_landing_tasks_still_locks_its_fraction(tmp_path, monkeypatch, prefect_harness):
+    # `runs` is written when a run ends; the lock must not wait for it, or a run that landed tasks
+    # and then died locks nothing and training falls back to the default fraction.
+    import flows.factory as factory_flow
+    from tasks.isolate import check_holdout_fraction, landed_holdout_fractions
+
+    def die(*args, **kwargs):
+        raise RuntimeError("killed while assembling")
+
+    monkeypatch.setattr(factory_flow, "assemble", die)
+    with pytest.raises(RuntimeError, match="killed while assembling"):
+        factory_flow.factory(families=["inventory"], tasks_per_family=4, samples_per_task=1, data_dir=str(tmp_path),
+                             holdout_fraction=0.5)
+    with Warehouse(tmp_path, read_only=True) as wh:
+        assert wh.count("tasks") > 0 and wh.count("runs") == 0
+    assert landed_holdout_fractions(tmp_path) == {"inventory": 0.5}
+    with pytest.raises(ValueError, match="holdout fraction 0.1 refused.*inventory=0.5"):
+        check_holdout_fraction(tmp_path, ["inventory"], 0.1)
+    check_holdout_fraction(tmp_path, ["inventory"], 0.5)
+
+
+def test_a_boolean_is_no_holdout_fraction(tmp_path):
+    from tasks.isolate import check_holdout_fraction
+
+    with pytest.raises(ValueError, match=r"must be a number in \[0, 1\]"):
+        check_holdout_fraction(tmp_path, ["inventory"], True)
