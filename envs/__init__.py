@@ -12,9 +12,6 @@ from envs.tools import tool
 from envs.discovery import discover
 
 discover()
-register("gymfoundry/coding-v0", "envs.coding.world:CodingEnv",
-         verifier="verifiers.coding:CodingVerifier",
-         scripted_policy="envs.coding.policy:ScriptedCodingPolicy")
 
 __all__ = [
     "AgentEnv", "Budget", "Cost", "Difficulty", "DomainProfile", "EnvFault", "Family", "Hidden", "HiddenFacts",

@@ -21,7 +21,6 @@ from envs.family import Family, FamilyError, add, family
 GROUP = "gymfoundry.families"
 ENVS_DIR = Path(__file__).resolve().parent
 _ERRORS: dict[str, str] = {}
-_NOT_YET_PORTED = {"coding"}  # registered by envs/__init__.py until it declares its FAMILY
 
 
 class FamilyLoadWarning(UserWarning):
@@ -31,8 +30,7 @@ class FamilyLoadWarning(UserWarning):
 def discover() -> list[Family]:
     """Register the built-in families, then the external ones; the families registered."""
     found = [_builtin(folder.name) for folder in sorted(ENVS_DIR.iterdir())
-             if (folder / "profile.yaml").is_file() and (folder / "__init__.py").is_file()
-             and folder.name not in _NOT_YET_PORTED]
+             if (folder / "profile.yaml").is_file() and (folder / "__init__.py").is_file()]
     for fam in found:
         add(fam)
     return found + discover_external()

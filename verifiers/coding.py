@@ -26,8 +26,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.coding import examiner
+from envs.coding import FAMILY, examiner
 from envs.coding.examiner import Observed
+from envs.coding.facts import CodingFacts
 from envs.coding.generator import apply_edits
 from envs.coding.world import CodingEnv, sandbox_limits
 from envs.errors import EnvFault
@@ -63,10 +64,15 @@ class Exam:
     reference: dict[str, Observed]
 
 
+def facts(task: TaskSpec) -> CodingFacts:
+    """The task's hidden facts, validated (an `InvalidTask` naming the bad fields if not)."""
+    return FAMILY.facts_of(task)
+
+
 def exam_support(task: TaskSpec) -> tuple[dict[str, str], frozenset[str]]:
-    checks = task.hidden.checks
-    sources = {f"hidden/{name}": src for name, src in checks["hidden_tests"].items()}
-    sources.update({f"visible/{path.rsplit('/', 1)[-1]}": src for path, src in checks["visible_tests"].items()})
+    checks = facts(task)
+    sources = {f"hidden/{name}": src for name, src in checks.hidden_tests.items()}
+    sources.update({f"visible/{path.rsplit('/', 1)[-1]}": src for path, src in checks.visible_tests.items()})
     support, ids = {"observer.py": examiner.OBSERVER_SOURCE}, set()
     for name, source in sources.items():
         support[name], tests = examiner.rewrite(source)
@@ -76,9 +82,8 @@ def exam_support(task: TaskSpec) -> tuple[dict[str, str], frozenset[str]]:
 
 def original_files(task: TaskSpec) -> dict[str, str]:
     """The task's package before its bugs were injected (the inverse edits of its bug sites)."""
-    bugs = task.hidden.checks["bugs"]
-    edits = [ToolCall(name="edit_file", arguments={"path": b["file"], "old": b["buggy"], "new": b["original"]})
-             for b in bugs]
+    edits = [ToolCall(name="edit_file", arguments={"path": b.file, "old": b.buggy, "new": b.original})
+             for b in facts(task).bugs]
     files = apply_edits(task.initial_state["files"], edits)
     if files is None:
         raise ValueError(f"task {task.task_id}: the bug sites do not invert to the original files")
@@ -170,6 +175,16 @@ class CodingVerifier(OutcomeVerifier):
         self.backend = backend
         self.allow_unsafe = allow_unsafe
 
+    def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall]:
+        """For the conformance checker (envs.check): the reference fix with a test file added
+        under the test directory before the submit. The tests pass (the hidden ones and the
+        original visible ones, which the grader runs, not the workspace's), the constraints check
+        fails (test files changed): not a success."""
+        *work, submit = task.hidden.reference
+        test = f"{facts(task).test_dir}/test_crafted_extra.py"
+        return [*work, ToolCall(name="edit_file", arguments={"path": test, "old": "",
+                                                             "new": "def test_extra():\n    assert True\n"}), submit]
+
     def baseline(self, task: TaskSpec) -> Grade:
         """The tests on the untouched (buggy) snapshot, once per task and process."""
         with _CACHE_LOCK:
@@ -252,15 +267,17 @@ class CodingVerifier(OutcomeVerifier):
         return completed, bool(broken)
 
     # -- progress potential (the rule layer's input) ----------------------------------
-    def potential(self, task: TaskSpec, files: dict[str, str], submitted: bool) -> float:
+    def potential(self, task: TaskSpec, files: dict[str, str], submitted: bool,
+                  checks: CodingFacts | None = None) -> float:
         """Φ in [0, 1] from the files alone: the share of injected bugs whose fix is in place,
         less a penalty for changed tests; after submit 1.0 for a full fix, else 0.0."""
-        bugs, initial = task.hidden.checks["bugs"], task.initial_state["files"]
+        checks = facts(task) if checks is None else checks
+        bugs, initial = checks.bugs, task.initial_state["files"]
         # A bug counts as fixed once its original text is back (one occurrence more than in the
         # buggy file; the buggy text itself may be a substring of the fix, e.g. 360 of 3600).
-        fixed = sum(1 for b in bugs if files.get(b["file"], "").count(b["original"])
-                    > initial[b["file"]].count(b["original"])) / len(bugs)
-        tests_changed = any(files.get(p) != src for p, src in task.hidden.checks["visible_tests"].items())
+        fixed = sum(1 for b in bugs if files.get(b.file, "").count(b.original)
+                    > initial[b.file].count(b.original)) / len(bugs)
+        tests_changed = any(files.get(p) != src for p, src in checks.visible_tests.items())
         if submitted:
             return 1.0 if fixed == 1.0 and not tests_changed else 0.0
         return round(max(0.0, 0.9 * fixed - 0.45 * tests_changed), 6)
@@ -268,8 +285,8 @@ class CodingVerifier(OutcomeVerifier):
     def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
         """Φ before the first step and after each, replaying `edit_file` calls on the files
         (edits made by commands run through `run` are not seen here)."""
-        files = dict(task.initial_state["files"])
-        out = [self.potential(task, files, False)]
+        files, checks = dict(task.initial_state["files"]), facts(task)
+        out = [self.potential(task, files, False, checks)]
         submitted = False
         for step in steps:
             call = step.tool_call
@@ -278,7 +295,7 @@ class CodingVerifier(OutcomeVerifier):
                     files = _apply_edit(files, call)
                 elif call.name == "submit":
                     submitted = True
-            out.append(self.potential(task, files, submitted))
+            out.append(self.potential(task, files, submitted, checks))
         return out
 
 
@@ -293,10 +310,11 @@ def constraint_violations(task: TaskSpec, state: dict[str, Any]) -> list[str]:
     """What the agent did that it must not: change tests, reach for the network, write
     outside the workspace. Refused attempts count too."""
     out = []
-    test_dir = task.hidden.checks["test_dir"]
+    checks = facts(task)
+    test_dir = checks.test_dir
     submission = state.get("submission")
     if submission is not None:
-        original = task.hidden.checks["visible_tests"]
+        original = checks.visible_tests
         now = {p: s for p, s in submission.items() if p.startswith(test_dir + "/")}
         changed = sorted(p for p in set(original) | set(now) if original.get(p) != now.get(p))
         if changed:
@@ -324,7 +342,7 @@ def named(paths: list[str], limit: int = MAX_NAMED) -> str:
 def _side_effects(task: TaskSpec, submission: dict[str, str]) -> list[str]:
     """At most MAX_NAMED entries per kind, then one line counting the rest."""
     original = set(task.initial_state["files"])
-    test_dir = task.hidden.checks["test_dir"] + "/"
+    test_dir = facts(task).test_dir + "/"
     out = []
     for verb, paths in (("added", set(submission) - original), ("removed", original - set(submission))):
         paths = sorted(p for p in paths if not p.startswith(test_dir))

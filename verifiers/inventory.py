@@ -73,6 +73,20 @@ class InventoryVerifier(ReplayVerifier):
             constraint_violation=bool(violation_reasons), side_effects=side_effects,
             reasons=reasons, checks=report_checks)
 
+    def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall] | None:
+        """For the conformance checker (envs.check): the reference with one unit of an item the
+        order does not name reserved before the submit. What the agent saw covers the order (the
+        observation check passes); the hidden state holds the extra unit (invariants fail). None
+        for a task whose authorisation is denied (nothing can be reserved)."""
+        checks = self.facts(task)
+        token = task.initial_state["auth"]["token"]
+        extra = next((sku for sku, stock in checks.initial_stock.items()
+                      if stock >= 1 and sku not in checks.expected_reservations), None)
+        if not checks.approved or token is None or extra is None:
+            return None
+        *work, submit = task.hidden.reference
+        return [*work, ToolCall(name="reserve", arguments={"sku": extra, "quantity": 1, "auth_token": token}), submit]
+
     def _variation_check(self, task: TaskSpec, calls: list[ToolCall | None]) -> CheckResult:
         reasons = []
         checks = self.facts(task)

@@ -1,6 +1,8 @@
 """Seeded task generator of the coding family: template repositories with injected bugs.
 
-`generate_task(seed, level)` is a pure function of (seed, level, GENERATOR_VERSION). It picks
+`generate(family, seed, level)` is a pure function of (seed, level, GENERATOR_VERSION); the
+family (envs/coding/__init__.py) assembles the TaskSpec and `generate_task(seed, level)` is its
+`generate`. It picks
 a template repository shipped under templates/ (a small package with docstrings, visible
 tests, hidden tests and a manifest of bug sites), injects bugs by exact text replacement,
 and writes the bug report the agent sees. The reference trajectory is the inverse patch
@@ -29,11 +31,11 @@ from typing import Any
 
 import yaml
 
-from envs.records import Budget, Difficulty, Hidden, Source, TaskSpec, ToolCall, content_hash
+from envs.coding.facts import Bug, CodingFacts
+from envs.family import Family
+from envs.records import TaskSpec, ToolCall
 
 GENERATOR_VERSION = "2"  # 2: a task's bugs sit in one module, its template group
-ENV_ID = "gymfoundry/coding-v0"
-TOOLS = ["list_files", "read_file", "search", "edit_file", "run", "run_tests", "submit"]
 TEMPLATES_DIR = Path(__file__).with_name("templates")
 TEST_DIR = "tests"
 SUFFIX = ".txt"  # template sources ship as *.py.txt so no tool ever imports or collects them
@@ -179,10 +181,15 @@ def secret_lines(template: Template, limit: int = 6) -> list[str]:
 
 
 def generate_task(seed: int, level: int = 2) -> TaskSpec:
-    if level not in LEVELS:
-        raise ValueError(f"level must be 1..5, not {level!r}")
+    """The task of (seed, level): the coding family's `generate`."""
+    from envs.coding import FAMILY  # the family is declared beside the env, which imports this module
+
+    return FAMILY.generate(seed, level)
+
+
+def generate(family: Family, seed: int, level: int) -> TaskSpec:
     knobs = LEVELS[level]
-    rng = random.Random(int(content_hash(["coding", GENERATOR_VERSION, seed, level]), 16))
+    rng = family.rng(seed, level)
     templates = load_templates()
     for _ in range(100):
         template = templates[rng.choice(sorted(templates))]
@@ -201,16 +208,12 @@ def generate_task(seed: int, level: int = 2) -> TaskSpec:
     reference += fix_edits(sites)
     reference += [ToolCall(name="run_tests", arguments={}),
                   ToolCall(name="submit", arguments={"summary": "fixed: " + ", ".join(s.kind for s in sites)})]
-    reference = [call.model_copy(update={"id": f"ref-{i}"}) for i, call in enumerate(reference)]
-    checks = {
-        "template": template.name,
-        "package": template.package,
-        "test_dir": TEST_DIR,
-        "bugs": [{"id": s.id, "file": s.file, "kind": s.kind, "original": s.original, "buggy": s.buggy,
-                  "distance": s.distance} for s in sites],
-        "hidden_tests": dict(template.hidden_tests),
-        "visible_tests": {k: v for k, v in template.files.items() if k.startswith(TEST_DIR + "/")},
-    }
+    facts = CodingFacts(
+        template=template.name, package=template.package, test_dir=TEST_DIR,
+        bugs=[Bug(id=s.id, file=s.file, kind=s.kind, original=s.original, buggy=s.buggy, distance=s.distance)
+              for s in sites],
+        hidden_tests=dict(template.hidden_tests),
+        visible_tests={k: v for k, v in template.files.items() if k.startswith(TEST_DIR + "/")})
     features = {
         "n_bugs": float(len(sites)),
         "n_files": float(sum(1 for f in template.files if not f.startswith(TEST_DIR + "/"))),
@@ -219,15 +222,8 @@ def generate_task(seed: int, level: int = 2) -> TaskSpec:
         "named_file": float(knobs["name_file"]),
         "vague_reports": float(knobs["vague"]),
     }
-    max_steps = len(reference) + 20 + 10 * len(sites)
-    return TaskSpec(
-        family="coding", env_id=ENV_ID,
-        source=Source(generator="coding", version=GENERATOR_VERSION, seed=seed),
-        template_id=template_group(template, sites),
-        goal=_goal(template, sites, knobs),
-        initial_state={"files": buggy, "limits": dict(SANDBOX_LIMITS)},
-        allowed_tools=list(TOOLS),
-        budget=Budget(max_steps=max_steps, max_tool_calls=max_steps, step_timeout_s=60.0, episode_timeout_s=600.0),
-        difficulty=Difficulty(level=level, features=features),
-        hidden=Hidden(reference=reference, checks=checks, secrets=secret_lines(template)),
-    )
+    return family.task(seed=seed, level=level, template_id=template_group(template, sites),
+                       goal=_goal(template, sites, knobs), initial_state={"files": buggy, "limits": dict(SANDBOX_LIMITS)},
+                       reference=reference, facts=facts, max_steps=len(reference) + 20 + 10 * len(sites),
+                       features=features, secrets=secret_lines(template),
+                       budget={"step_timeout_s": 60.0, "episode_timeout_s": 600.0})

@@ -15,23 +15,38 @@ A task whose files or limits are malformed is refused at reset."""
 
 from __future__ import annotations
 
-import functools
+import copy
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from envs.base import EnvFault, ToolEnv, ToolError
-from envs.errors import InvalidTask
 from envs.coding import generator
-from envs.profile import DomainProfile
-from envs.records import TaskSpec
+from envs.errors import ErrorKind, InvalidTask
+from envs.records import TaskSpec, ToolCategory
 from envs.sandbox import Limits, PathError, Sandbox, create_sandbox
 from envs.sandbox.base import normalize_path
+from envs.tools import tool
 
 RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
-HINT = ('Call one tool per turn as JSON: {"name": <tool>, "arguments": {...}}. Tools: list_files, read_file, '
-        "search, edit_file, run (an argument vector, e.g. [\"python\", \"-c\", \"...\"]), run_tests, submit.")
 MAX_TEXT = 2000  # characters of file or command output per observation (the JSON stays under 4000)
 MAX_MATCHES = 40
+UNLOGGED_ARGS = ("old", "new")  # edit texts stay out of the event log; other strings are cut to 200
+
+
+class Refusal(str, Enum):
+    """The coding tools' own refusal kinds (a step's `error`); the sandbox's path refusals
+    (not_found, outside_workspace, ...) pass through as its `PathError` kind."""
+
+    file_exists = "file_exists"
+    no_match = "no_match"
+    ambiguous_match = "ambiguous_match"
+    command_timeout = "command_timeout"  # the command or the tests ran past their limit and were killed
+
+
+WorkspacePath = Annotated[str, Field(min_length=1, max_length=512)]
 
 
 def sandbox_limits(task: TaskSpec, override: Limits | None = None) -> Limits:
@@ -55,36 +70,9 @@ def clip(text: str, limit: int = MAX_TEXT) -> str:
     return f"{text[:head]}\n...[{len(text) - limit} chars cut]...\n{text[-(limit - head):]}"
 
 
-def logged(handler):
-    """Record every call with its outcome in the state's event log (the verifier reads
-    attempted violations there, refused ones included)."""
-    tool = handler.__name__.removeprefix("tool_")
-
-    @functools.wraps(handler)
-    def wrapper(self, state: dict[str, Any], **args: Any) -> Any:
-        event = {"seq": len(state["events"]), "tool": tool, "args": _summary(args)}
-        state["events"].append(event)
-        try:
-            result = handler(self, state, event, **args)
-        except ToolError as exc:
-            event["outcome"] = exc.kind
-            raise
-        except EnvFault:
-            event["outcome"] = "env_fault"
-            raise
-        event.setdefault("outcome", "ok")
-        return result
-
-    return wrapper
-
-
-def _summary(args: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v[:200] if isinstance(v, str) else v) for k, v in args.items() if k not in ("old", "new")}
-
-
 class CodingEnv(ToolEnv):
     family = "coding"
-    profile = DomainProfile.from_yaml(Path(__file__).with_name("profile.yaml"))
+    profile_yaml = Path(__file__).with_name("profile.yaml")
 
     def __init__(self, outcome_fn=None, level: int = 2, sandbox_backend: str | None = None,
                  allow_unsafe: bool | None = None, limits: Limits | None = None):
@@ -94,10 +82,6 @@ class CodingEnv(ToolEnv):
         self.limits_override = limits
         self._sandbox: Sandbox | None = None
         self._guarantees: dict[str, Any] | None = None
-
-    @classmethod
-    def generate_task(cls, seed: int, level: int = 2) -> TaskSpec:
-        return generator.generate_task(seed, level)
 
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
         files = task.initial_state.get("files")  # checked here: the sandbox is made at the first call
@@ -112,11 +96,12 @@ class CodingEnv(ToolEnv):
             raise InvalidTask(f"task {task.task_id}: initial_state.limits out of range: {numbers}")
         return {"events": [], "submitted": False, "submission": None, "summary": None}
 
-    def render_goal(self, task: TaskSpec) -> str:
-        return f"{task.goal}\n{HINT}"
-
     def is_finished(self, state: dict[str, Any]) -> bool:
         return bool(state["submitted"])
+
+    def event_args(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {k: (v[:200] if isinstance(v, str) else copy.deepcopy(v)) for k, v in args.items()
+                if k not in UNLOGGED_ARGS}
 
     def reset(self, task=None, seed=None):
         self._destroy_sandbox()
@@ -152,14 +137,18 @@ class CodingEnv(ToolEnv):
             self._sandbox = None
 
     # -- tools ------------------------------------------------------------------------
-    @logged
-    def tool_list_files(self, state, event, path: str = "."):
+    @tool(ToolCategory.read)
+    def tool_list_files(self, state, path: Annotated[str, Field(
+            max_length=512, description="directory to list, default the workspace root")] = "."):
+        """List the files of the workspace (or of one directory in it), as workspace-relative paths."""
         prefix = _path(path)
         files = [f for f in self.sandbox.list_files() if prefix == "." or f == prefix or f.startswith(prefix + "/")]
         return {"files": files[:300], "count": len(files)}
 
-    @logged
-    def tool_read_file(self, state, event, path: str, start_line: int | None = None, end_line: int | None = None):
+    @tool(ToolCategory.read)
+    def tool_read_file(self, state, path: WorkspacePath, start_line: Annotated[int, Field(ge=1)] | None = None,
+                       end_line: Annotated[int, Field(ge=1)] | None = None):
+        """Read a text file of the workspace, optionally only lines start_line..end_line (1-based, inclusive)."""
         rel = _path(path)
         text = self._read(rel)
         lines = text.splitlines(keepends=True)
@@ -172,8 +161,11 @@ class CodingEnv(ToolEnv):
             out["truncated"] = "read fewer lines (start_line / end_line) to see the rest"
         return {**out, "content": content}
 
-    @logged
-    def tool_search(self, state, event, pattern: str, path: str = "."):
+    @tool(ToolCategory.read)
+    def tool_search(self, state, pattern: Annotated[str, Field(min_length=1, max_length=200)],
+                    path: Annotated[str, Field(max_length=512,
+                                               description="file or directory to search, default everything")] = "."):
+        """Find the lines of workspace files that contain a literal string (case-sensitive)."""
         prefix = _path(path)
         matches = []
         for rel in self.sandbox.list_files():
@@ -188,38 +180,47 @@ class CodingEnv(ToolEnv):
                     matches.append({"path": rel, "line": number, "text": line.strip()[:200]})
         return {"pattern": pattern, "matches": matches[:MAX_MATCHES], "count": len(matches)}
 
-    @logged
-    def tool_edit_file(self, state, event, path: str, old: str, new: str):
+    @tool(ToolCategory.write)
+    def tool_edit_file(self, state, event, path: WorkspacePath, old: Annotated[str, Field(max_length=20000)],
+                       new: Annotated[str, Field(max_length=20000)]):
+        """Replace the exact text `old` with `new` in a file; `old` must occur exactly once. With an
+        empty `old`, create a new file holding `new`."""
         rel = _path(path)
         event["path"] = rel
         event["test_file"] = rel == generator.TEST_DIR or rel.startswith(generator.TEST_DIR + "/")
         if old == "":
             if rel in self.sandbox.list_files():
-                raise ToolError("file_exists", f"{rel} exists; give the text to replace in `old`")
+                raise ToolError(Refusal.file_exists, f"{rel} exists; give the text to replace in `old`")
             self._write(rel, new)
             return {"path": rel, "created": True}
         text = self._read(rel)
         count = text.count(old)
         if count == 0:
-            raise ToolError("no_match", f"the `old` text does not occur in {rel}")
+            raise ToolError(Refusal.no_match, f"the `old` text does not occur in {rel}")
         if count > 1:
-            raise ToolError("ambiguous_match", f"the `old` text occurs {count} times in {rel}; include more context")
+            raise ToolError(Refusal.ambiguous_match,
+                            f"the `old` text occurs {count} times in {rel}; include more context")
         self._write(rel, text.replace(old, new))
         return {"path": rel, "replaced": 1}
 
-    @logged
-    def tool_run(self, state, event, argv: list[str], timeout_s: float | None = None):
+    @tool(ToolCategory.execute, hint='an argument vector, e.g. ["python", "-c", "..."]')
+    def tool_run(self, state, event,
+                 argv: Annotated[list[Annotated[str, Field(max_length=8192)]], Field(min_length=1, max_length=64)],
+                 timeout_s: Annotated[float, Field(gt=0, le=60)] | None = None):
+        """Run a command in the sandbox as an argument vector (no shell unless you run one), in the
+        workspace, without network access. Returns the exit code and output."""
         timeout = min(timeout_s or self.command_timeout_s, self.command_timeout_s)
         try:
             result = self.sandbox.run(argv, timeout_s=timeout)
         except ValueError as exc:
-            raise ToolError("invalid_arguments", str(exc)) from None
+            raise ToolError(ErrorKind.invalid_arguments, str(exc)) from None
         self._note(event, result)
         if result.timed_out:
             hits = [h for h in result.limits_hit if not h.startswith("wall clock")]
-            raise ToolError("command_timeout", f"the command ran past its {timeout:g}s limit and was killed, with every "
-                                       f"process it started{'; limits hit: ' + ', '.join(hits) if hits else ''}. "
-                                       f"Output so far:\n{clip(result.stdout + result.stderr, 800)}")
+            raise ToolError(Refusal.command_timeout,
+                            f"the command ran past its {timeout:g}s limit and was killed, with every "
+                            f"process it started{'; limits hit: ' + ', '.join(hits) if hits else ''}. "
+                            f"Output so far:\n{clip(result.stdout + result.stderr, 800)}")
         out: dict[str, Any] = {"exit_code": result.exit_code, "stdout": clip(result.stdout),
                                "stderr": clip(result.stderr, MAX_TEXT // 2)}
         if result.limits_hit:
@@ -228,8 +229,10 @@ class CodingEnv(ToolEnv):
             out["network"] = "blocked: the sandbox has no network access"
         return out
 
-    @logged
-    def tool_run_tests(self, state, event, path: str | None = None):
+    @tool(ToolCategory.execute)
+    def tool_run_tests(self, state, event, path: Annotated[str, Field(
+            max_length=512, description="a test file, default all of tests/")] | None = None):
+        """Run the visible tests (all of tests/, or one test file) and report which pass and fail."""
         target = _path(path) if path else generator.TEST_DIR
         if getattr(self.sandbox, "python", "") is None:
             raise EnvFault("the sandbox has no Python interpreter to run the tests (missing dependency)")
@@ -237,8 +240,9 @@ class CodingEnv(ToolEnv):
         result = self.sandbox.run(["python", runner, target], timeout_s=self.limits.wall_s)
         self._note(event, result)
         if result.timed_out:
-            raise ToolError("command_timeout", f"the tests ran past their {self.limits.wall_s:g}s limit and were killed. "
-                                       f"Output so far:\n{clip(result.stdout, 1200)}")
+            raise ToolError(Refusal.command_timeout,
+                            f"the tests ran past their {self.limits.wall_s:g}s limit and were killed. "
+                            f"Output so far:\n{clip(result.stdout, 1200)}")
         summary = next((line for line in reversed(result.stdout.splitlines()) if line.endswith(" failed")), None)
         out: dict[str, Any] = {"exit_code": result.exit_code, "summary": summary or "the test run did not finish",
                                "output": clip(result.stdout + (("\n" + result.stderr) if result.stderr else ""))}
@@ -246,8 +250,9 @@ class CodingEnv(ToolEnv):
             out["limits_hit"] = result.limits_hit
         return out
 
-    @logged
-    def tool_submit(self, state, event, summary: str | None = None):
+    @tool(ToolCategory.irreversible)
+    def tool_submit(self, state, summary: Annotated[str, Field(max_length=1000)] | None = None):
+        """Submit the workspace for grading by the hidden tests. Irreversible; ends the episode."""
         try:
             files = self.sandbox.snapshot()
         except PathError as exc:

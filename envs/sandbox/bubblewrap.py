@@ -57,7 +57,6 @@ import termios
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import Any
 
 from envs.sandbox import cgroups, files, quota, stale, staging
@@ -132,11 +131,15 @@ def _python_prefix(python: str) -> str | None:
 
 
 def masked_dirs(bound: list[str]) -> list[str]:
-    """This project's package directories (templates, hidden tests, graders) that a read-only
-    bind would expose, e.g. when gymfoundry is installed under /usr: they get an empty tmpfs."""
-    here = Path(__file__).resolve().parents[1]  # envs/
-    project = [str(here), str(here.parent / "verifiers")]
-    return [d for d in project if os.path.isdir(d) and any(d == b or d.startswith(b + "/") for b in bound)]
+    """The folders the registered families declare hidden (`Family.masked`: by default each
+    family's package, with its templates and hidden tests, and its verifier's, the graders) that
+    a read-only bind would expose, e.g. when gymfoundry is installed under /usr: they get an empty
+    tmpfs. A folder inside another masked one is hidden with it."""
+    from envs.family import masked_dirs as declared  # envs.family imports no sandbox code
+
+    dirs = sorted({os.path.realpath(d) for d in declared()})
+    outer = [d for d in dirs if not any(d.startswith(o + "/") for o in dirs)]
+    return [d for d in outer if os.path.isdir(d) and any(d == b or d.startswith(b + "/") for b in bound)]
 
 
 def _network_attempts(text: str) -> int:

@@ -33,6 +33,8 @@ def test_every_registered_family_passes(family):
     assert report.ok, report.render()
     assert [c.name for c in report.checks] == list(CHECKS)
     assert all(c.status in ("pass", "n/a", "missing") and c.message for c in report.checks)
+    if family in ("coding", "inventory"):  # each crafts a rollout its verifier's checks disagree on
+        assert report["crafted_disagreement"].status == "pass", report.render()
 
 
 # -- test-only families: inventory with one part broken ----------------------------------------
@@ -172,6 +174,7 @@ class CraftedAgrees(InventoryVerifier):
 
 class DeclaresNotApplicable(InventoryVerifier):
     not_applicable = {"verifier_checks": "the probe grades elsewhere"}
+    crafted_disagreement = None  # inventory's own crafted rollout withdrawn: a family that has none
 
 
 def test_a_crafted_rollout_shows_the_checks_disagree_and_one_that_agrees_fails(probe):

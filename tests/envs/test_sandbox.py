@@ -1,15 +1,19 @@
 """The sandbox backends: selection, isolation, limits, and that nothing outlives a command."""
 
+import dataclasses
 import os
 import random
 import shutil
 import socket
+import sys
 import tempfile
 import time
 
 import pytest
 
 from envs.base import EnvFault
+from envs.family import family
+from envs.family import masked_dirs as declared_masks
 from envs.sandbox import (Limits, PathError, SandboxError, SandboxUnavailable, backend_status, create_sandbox,
                           select_backend)
 from envs.sandbox import bubblewrap, docker_backend
@@ -305,29 +309,42 @@ def test_docker_backend_logic_against_a_stand_in_engine(tmp_path):
 
 
 def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
-    here = os.path.dirname(os.path.dirname(bubblewrap.__file__))
-    assert bubblewrap.masked_dirs(["/usr"]) == [] or here.startswith("/usr")
-    assert bubblewrap.masked_dirs([os.path.dirname(here)]) == [here, os.path.join(os.path.dirname(here), "verifiers")]
+    # What is masked comes from the families' declarations (Family.masked, by default the family's
+    # package and its verifier's): the coding templates and hidden tests, and the graders.
+    project = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(bubblewrap.__file__))))
+    coding, inventory, graders = (os.path.join(project, *p) for p in (("envs", "coding"), ("envs", "inventory"),
+                                                                     ("verifiers",)))
+    assert {coding, inventory, graders} <= set(declared_masks())
+    assert bubblewrap.masked_dirs(["/usr"]) == [] or project.startswith("/usr")
+    assert bubblewrap.masked_dirs([project]) == [coding, inventory, graders]
+    assert bubblewrap.masked_dirs([coding]) == [coding]  # a bound dir that is itself declared
     require_sandbox()
-    # pretend the project lives under a bound system dir: its files must not be visible inside.
-    # A stand-in project: the clone itself may sit where the sandbox uid cannot bind it (under a
-    # 0700 dir) or under /tmp (the sandbox's own /tmp hides it), and then nothing would be listed
-    # for the wrong reason; /var/tmp is reachable and not shadowed.
+    # pretend the project lives under a bound system dir: its declared folders must not be visible
+    # inside. A stand-in project: the clone itself may sit where the sandbox uid cannot bind it
+    # (under a 0700 dir) or under /tmp (the sandbox's own /tmp hides it), and then nothing would be
+    # listed for the wrong reason; /var/tmp is reachable and not shadowed.
     root = tempfile.mkdtemp(prefix="gymfoundry-mask-", dir="/var/tmp")
     try:
         os.chmod(root, 0o755)
-        project = os.path.join(root, "project")
+        stand_in = os.path.join(root, "project")
         for rel in ("envs/sandbox/bubblewrap.py", "envs/coding/templates/textkit/core.py", "verifiers/grader.py",
                     "visible.txt"):
-            os.makedirs(os.path.dirname(os.path.join(project, rel)), mode=0o755, exist_ok=True)
-            with open(os.path.join(project, rel), "w") as fh:
+            os.makedirs(os.path.dirname(os.path.join(stand_in, rel)), mode=0o755, exist_ok=True)
+            with open(os.path.join(stand_in, rel), "w") as fh:
                 fh.write("x\n")
-            os.chmod(os.path.join(project, rel), 0o644)
-        monkeypatch.setattr(bubblewrap, "__file__", os.path.join(project, "envs", "sandbox", "bubblewrap.py"))
-        monkeypatch.setattr(bubblewrap, "SYSTEM_DIRS", bubblewrap.SYSTEM_DIRS + (project,))
+            os.chmod(os.path.join(stand_in, rel), 0o644)
+        # a family declaring the stand-in's folders (the coding family's spec with its `masked`)
+        declared = dataclasses.replace(family("coding"), masked=(os.path.join(stand_in, "envs", "coding"),
+                                                                 os.path.join(stand_in, "verifiers")))
+        # (`envs.family` the attribute is the lookup function; the module is in sys.modules)
+        monkeypatch.setitem(sys.modules["envs.family"]._FAMILIES, "stand_in", declared)
+        monkeypatch.setattr(bubblewrap, "SYSTEM_DIRS", bubblewrap.SYSTEM_DIRS + (stand_in,))
+        assert bubblewrap.masked_dirs([stand_in]) == [os.path.join(stand_in, "envs", "coding"),
+                                                      os.path.join(stand_in, "verifiers")]
         with create_sandbox({}, limits=FAST, backend="bubblewrap") as box:
-            listing = box.run(["ls", "-R", project])
-        assert listing.ok and "visible.txt" in listing.stdout  # the bound dir is really there
-        assert "textkit" not in listing.stdout and "sandbox" not in listing.stdout and "grader" not in listing.stdout
+            listing = box.run(["ls", "-R", stand_in])
+        # the bound dir is really there, with what no family declares (the sandbox's own code)
+        assert listing.ok and "visible.txt" in listing.stdout and "bubblewrap.py" in listing.stdout
+        assert "textkit" not in listing.stdout and "templates" not in listing.stdout and "grader" not in listing.stdout
     finally:
         shutil.rmtree(root, ignore_errors=True)
