@@ -74,6 +74,19 @@ def cmd_check_family(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_new_family(args: argparse.Namespace) -> int:
+    """Exit 2, writing nothing, for a refused name."""
+    from envs.scaffold import ScaffoldError, main_message, new_family
+
+    try:
+        folder = new_family(args.name, args.dir)
+    except ScaffoldError as exc:
+        print(f"gymfoundry new-family: {exc}", file=sys.stderr)
+        return 2
+    print(main_message(folder, args.name))
+    return 0
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     import polars as pl
 
@@ -275,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     check_cmd.add_argument("name", help="a family name (its newest env) or an env id")
     check_cmd.add_argument("--seeds", type=int, default=3, help="tasks generated per level (seeds 0..N-1)")
     check_cmd.set_defaults(func=cmd_check_family)
+
+    new_cmd = sub.add_parser("new-family", help="write a small working family into one new folder (envs/NAME/)")
+    new_cmd.add_argument("name", help="the family's name: ^[a-z][a-z0-9_]*$, not taken")
+    new_cmd.add_argument("--dir", help="where to write NAME/ (default: the envs package folder, a built-in "
+                                       "family; elsewhere a package for the gymfoundry.families entry point)")
+    new_cmd.set_defaults(func=cmd_new_family)
 
     sql = sub.add_parser("sql", help="run a SQL query on the warehouse")
     sql.add_argument("query")
