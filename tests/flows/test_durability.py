@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["run", "--families", "inventory", "--tasks", "8", "--seed", "13", "--samples", "2"]
 # Columns that measure the run rather than describe the data (timings, clocks).
-VOLATILE = {"steps": {"latency_s"}, "runs": {"started_at", "finished_at"}, "datasets": {"created_at"}}
+VOLATILE = {"steps": {"latency_s"}, "runs": {"started_at", "finished_at"}, "datasets": {"created_at"},
+            "outcomes": {"verified_at"}}
 
 
 def contents(data_dir: Path) -> dict:
