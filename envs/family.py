@@ -2,8 +2,9 @@
 
 The spec names the env class (whose `@tool` handlers and data-only profile YAML make the
 profile), the generator, the typed hidden facts the generator hands its verifier, the verifier
-and the scripted policy ("module:attr" references are imported when first needed: environments
-never import verifiers), and the folders the sandbox hides. Found without a central list
+and the scripted policy ("module:attr" references are imported when first needed: an env's
+world never imports a verifier; only the family's own `verifier.py` may import `verifiers`, see
+tests/test_layering.py), and the folders the sandbox hides. Found without a central list
 (envs/discovery.py) and registered as `gymfoundry/<name>-v<version>`.
 
 It also assembles the family's tasks, so every generator gets the same seeded RNG, content-hashed
