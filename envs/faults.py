@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from envs.base import AgentEnv, EnvFault, ToolEnv, render_error
+from envs.errors import ErrorKind
 from envs.parsing import ActionError, parse_action
 from envs.records import FaultConfig, TaskSpec, ToolCall
 from envs.timestep import TimeStep
@@ -59,8 +60,8 @@ class FaultInjection(Wrapper):
             return self._inside_the_tool(inner, call.name, kind, action)
         message = self._message(kind)
         info = {"tool_call": call, "thought": None, "env_fault": True,
-                "error": {"kind": "env_fault", "message": message}}
-        return TimeStep(render_error(call, "env_fault", message), 0.0, False, False, info)
+                "error": {"kind": ErrorKind.env_fault.value, "message": message}}
+        return TimeStep(render_error(call, ErrorKind.env_fault.value, message), 0.0, False, False, info)
 
     def _call(self, action) -> ToolCall | None:
         task = getattr(self.unwrapped, "task", None)

@@ -12,9 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from envs.base import AgentEnv, render_error
+from envs.errors import ErrorKind
 from envs.parsing import ActionError, parse_action, storable_text
 from envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory
 from envs.timestep import TimeStep
+
+TIMEOUT = ErrorKind.timeout.value  # the runtime's clock: the step's error kind and the termination
 
 
 class Wrapper(AgentEnv):
@@ -89,16 +92,16 @@ class TimeLimit(Wrapper):
         if timeout <= 0:
             self._over = True
             reason = "episode time limit reached"
-            return _end(render_error(None, "timeout", reason), "timeout", reason,
-                        {"error": {"kind": "timeout", "message": reason}})
+            return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
+                        {"error": {"kind": TIMEOUT, "message": reason}})
         finished, ts = _run_with_timeout(lambda: self.env.step(action), timeout)
         self.steps_taken += 1
         if not finished:
             self._over = True
             which = "step" if timeout == self.step_timeout_s else "episode"
             reason = f"{which} time limit of {timeout:.3g}s reached during the step"
-            return _end(render_error(None, "timeout", reason), "timeout", reason,
-                        {"error": {"kind": "timeout", "message": reason}})
+            return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
+                        {"error": {"kind": TIMEOUT, "message": reason}})
         if not ts.done and self.steps_taken >= self.max_steps:
             ts.truncated = True
             ts.info.update(termination="truncated", termination_reason=f"step limit {self.max_steps} reached")
@@ -174,8 +177,8 @@ class PermissionGuard(Wrapper):
         if category in self.require_approval and not (self.approver and self.approver(call)):
             message = f"{call.name} is a {category.value} action and needs approval, which was not given"
             info = {"tool_call": call, "thought": None, "env_fault": False, "env_bug": False,
-                    "error": {"kind": "permission_denied", "message": message}}
-            return TimeStep(render_error(call, "permission_denied", message), 0.0, False, False, info)
+                    "error": {"kind": ErrorKind.permission_denied.value, "message": message}}
+            return TimeStep(render_error(call, ErrorKind.permission_denied.value, message), 0.0, False, False, info)
         return self.env.step(action)
 
 

@@ -33,7 +33,7 @@ from envs.coding.generator import apply_edits
 from envs.coding.world import CodingEnv, sandbox_limits
 from envs.errors import EnvFault
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from envs.sandbox import CommandResult, SandboxError, create_sandbox
+from envs.sandbox import CommandResult, PathKind, SandboxError, create_sandbox
 from verifiers.base import OutcomeVerifier, calls_of
 
 MAX_NAMED = 20  # file names listed in a reason; the rest are counted
@@ -323,7 +323,7 @@ def constraint_violations(task: TaskSpec, state: dict[str, Any]) -> list[str]:
         if event.get("network_attempts"):
             out.append(f"call {event['seq']} ({event['tool']}) tried to reach the network "
                        f"({event['network_attempts']} packets refused)")
-        if event["tool"] == "edit_file" and event.get("outcome") == "outside_workspace":
+        if event["tool"] == "edit_file" and event.get("outcome") == PathKind.outside_workspace:
             out.append(f"call {event['seq']} tried to write outside the workspace: {event['args'].get('path')}")
     if submission is None:
         edited = sorted({e["path"] for e in state.get("events", []) if e.get("test_file") and e.get("outcome") == "ok"})

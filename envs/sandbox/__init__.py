@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from envs.sandbox.base import (WORKSPACE, CommandResult, Limits, PathError, Sandbox, SandboxError,
+from envs.sandbox.base import (WORKSPACE, CommandResult, Limits, PathError, PathKind, Sandbox, SandboxError,
                                SandboxUnavailable, fault_count, faults_since)
 
 BACKENDS = ("docker", "bubblewrap", "unsafe-local")
@@ -80,5 +80,5 @@ def create_sandbox(snapshot: dict[str, bytes | str], support: dict[str, bytes | 
     return LocalSandbox(snapshot, support, limits)
 
 
-__all__ = ["BACKENDS", "WORKSPACE", "CommandResult", "Limits", "PathError", "Sandbox", "SandboxError",
+__all__ = ["BACKENDS", "WORKSPACE", "CommandResult", "Limits", "PathError", "PathKind", "Sandbox", "SandboxError",
            "SandboxUnavailable", "backend_status", "create_sandbox", "fault_count", "faults_since", "select_backend"]

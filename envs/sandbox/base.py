@@ -10,6 +10,7 @@ import posixpath
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from envs.base import EnvFault
@@ -56,12 +57,26 @@ def faults_since(mark: int) -> list[str]:
         return list(_FAULTS[-n:]) if n > 0 else []
 
 
+class PathKind(str, Enum):
+    """Why the sandbox refused a workspace path: the kind of the agent's error observation."""
+
+    invalid_path = "invalid_path"
+    outside_workspace = "outside_workspace"
+    not_found = "not_found"
+    is_a_directory = "is_a_directory"
+    not_a_regular_file = "not_a_regular_file"
+    symlink_refused = "symlink_refused"
+    workspace_full = "workspace_full"
+    workspace_too_large = "workspace_too_large"
+    io_error = "io_error"
+
+
 class PathError(ValueError):
     """A workspace path that is absolute, escapes the workspace or is otherwise refused."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: PathKind, message: str):
         super().__init__(message)
-        self.kind = kind
+        self.kind = PathKind(kind).value  # a plain string where it is stored
 
 
 @dataclass(frozen=True)
@@ -109,16 +124,16 @@ def normalize_path(path: str) -> str:
     """A workspace-relative path, or PathError. Absolute paths are accepted only under the
     workspace's own mount point."""
     if not isinstance(path, str) or not path.strip():
-        raise PathError("invalid_path", "path must be a non-empty string")
+        raise PathError(PathKind.invalid_path, "path must be a non-empty string")
     if "\x00" in path:
-        raise PathError("invalid_path", "path contains a NUL byte")
+        raise PathError(PathKind.invalid_path, "path contains a NUL byte")
     if path.startswith("/"):
         if path != WORKSPACE and not path.startswith(WORKSPACE + "/"):
-            raise PathError("outside_workspace", f"{path!r} is outside the workspace {WORKSPACE}")
+            raise PathError(PathKind.outside_workspace, f"{path!r} is outside the workspace {WORKSPACE}")
         path = path[len(WORKSPACE):].lstrip("/") or "."
     norm = posixpath.normpath(path)
     if norm == ".." or norm.startswith("../"):
-        raise PathError("outside_workspace", f"{path!r} is outside the workspace")
+        raise PathError(PathKind.outside_workspace, f"{path!r} is outside the workspace")
     return norm
 
 

@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 from envs.sandbox import files
-from envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, Sandbox,
-                               SandboxError, check_argv, normalize_path)
+from envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, PathKind,
+                               Sandbox, SandboxError, check_argv, normalize_path)
 
 IMAGE = "python:3.11-slim"
 SUPPORT_DIR = "/opt/gymfoundry"
@@ -189,13 +189,13 @@ class DockerSandbox(Sandbox):
         try:
             stream, _ = self.container.get_archive(f"{WORKSPACE}/{rel}")
         except Exception as exc:
-            raise PathError("not_found", f"no such file: {rel}") from exc
+            raise PathError(PathKind.not_found, f"no such file: {rel}") from exc
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream)), mode="r") as tar:
             member = tar.next()
             if member is None or member.isdir():
-                raise PathError("is_a_directory", f"{rel} is a directory")
+                raise PathError(PathKind.is_a_directory, f"{rel} is a directory")
             if not member.isfile():
-                raise PathError("not_a_regular_file", f"{rel} is not a regular file")
+                raise PathError(PathKind.not_a_regular_file, f"{rel} is not a regular file")
             return tar.extractfile(member).read(max_bytes)
 
     def write_file(self, path: str, data: bytes) -> None:
@@ -217,7 +217,7 @@ class DockerSandbox(Sandbox):
                     continue
                 total += member.size
                 if total > self.limits.workspace_mb * 1024 * 1024:
-                    raise PathError("workspace_too_large", "the workspace exceeds its quota")
+                    raise PathError(PathKind.workspace_too_large, "the workspace exceeds its quota")
                 out[name] = tar.extractfile(member).read()
         return out
 

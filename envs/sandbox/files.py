@@ -17,7 +17,7 @@ import os
 import shutil
 import stat
 
-from envs.sandbox.base import PathError, normalize_path
+from envs.sandbox.base import PathError, PathKind, normalize_path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 32  # directories below this many levels are not listed (one open fd per level)
@@ -40,7 +40,7 @@ def _open_parent(root: str, rel: str, create: bool, owner: tuple[int, int] | Non
                 next_fd = os.open(part, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
-                    raise PathError("not_found", f"no such file: {rel}") from None
+                    raise PathError(PathKind.not_found, f"no such file: {rel}") from None
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
                     next_fd = os.open(part, DIR_FLAGS, dir_fd=fd)
@@ -60,23 +60,23 @@ def _open_parent(root: str, rel: str, create: bool, owner: tuple[int, int] | Non
 
 def _path_error(rel: str, exc: OSError) -> PathError:
     if exc.errno in QUOTA_ERRNOS:
-        return PathError("workspace_full", f"{rel}: the workspace quota is full ({exc.strerror}); the file may be "
-                                           "partly written: remove files to make room")
+        return PathError(PathKind.workspace_full, f"{rel}: the workspace quota is full ({exc.strerror}); the file "
+                                                  "may be partly written: remove files to make room")
     if exc.errno == errno.ELOOP:
-        return PathError("symlink_refused", f"{rel} goes through a symbolic link; links are not followed")
+        return PathError(PathKind.symlink_refused, f"{rel} goes through a symbolic link; links are not followed")
     if exc.errno == errno.ENOTDIR:
-        return PathError("not_found", f"no such file: {rel}")
+        return PathError(PathKind.not_found, f"no such file: {rel}")
     if exc.errno == errno.ENOENT:
-        return PathError("not_found", f"no such file: {rel}")
+        return PathError(PathKind.not_found, f"no such file: {rel}")
     if exc.errno == errno.EISDIR:
-        return PathError("is_a_directory", f"{rel} is a directory")
-    return PathError("io_error", f"{rel}: {exc.strerror}")
+        return PathError(PathKind.is_a_directory, f"{rel} is a directory")
+    return PathError(PathKind.io_error, f"{rel}: {exc.strerror}")
 
 
 def read_file(root: str, path: str, max_bytes: int) -> bytes:
     rel = normalize_path(path)
     if rel == ".":
-        raise PathError("is_a_directory", "the workspace root is a directory")
+        raise PathError(PathKind.is_a_directory, "the workspace root is a directory")
     parent, name = _open_parent(root, rel, create=False, owner=None)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
@@ -88,8 +88,8 @@ def read_file(root: str, path: str, max_bytes: int) -> bytes:
     if not stat.S_ISREG(mode):
         os.close(fd)
         if stat.S_ISDIR(mode):
-            raise PathError("is_a_directory", f"{rel} is a directory")
-        raise PathError("not_a_regular_file", f"{rel} is not a regular file")
+            raise PathError(PathKind.is_a_directory, f"{rel} is a directory")
+        raise PathError(PathKind.not_a_regular_file, f"{rel} is not a regular file")
     with os.fdopen(fd, "rb") as fh:
         return fh.read(max_bytes)
 
@@ -97,7 +97,7 @@ def read_file(root: str, path: str, max_bytes: int) -> bytes:
 def write_file(root: str, path: str, data: bytes, owner: tuple[int, int] | None) -> None:
     rel = normalize_path(path)
     if rel == ".":
-        raise PathError("is_a_directory", "the workspace root is a directory")
+        raise PathError(PathKind.is_a_directory, "the workspace root is a directory")
     parent, name = _open_parent(root, rel, create=True, owner=owner)
     try:
         try:
@@ -109,7 +109,7 @@ def write_file(root: str, path: str, data: bytes, owner: tuple[int, int] | None)
         os.close(parent)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PathError("not_a_regular_file", f"{rel} is not a regular file")
+            raise PathError(PathKind.not_a_regular_file, f"{rel} is not a regular file")
         os.ftruncate(fd, 0)
         view = memoryview(data)
         while view:
@@ -183,7 +183,7 @@ def snapshot(root: str, max_total_bytes: int) -> dict[str, bytes]:
             continue  # replaced by something else since it was listed
         total += len(data)
         if total > max_total_bytes:
-            raise PathError("workspace_too_large", f"the workspace holds more than {max_total_bytes} bytes")
+            raise PathError(PathKind.workspace_too_large, f"the workspace holds more than {max_total_bytes} bytes")
         files[rel] = data
     return files
 
