@@ -135,12 +135,18 @@ def _without_none(annotation: Any) -> Any:
 
 
 def _tidy(schema: Any) -> Any:
-    """Pydantic's schema without titles, `type` first and `description` last (as a person writes it)."""
+    """Pydantic's schema without titles, `type` first, each lower bound before its upper bound and
+    `description` last (as a person writes it; the rendered tools are prompt text, so the order is
+    kept stable)."""
     if isinstance(schema, list):
         return [_tidy(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    body = {k: _tidy(v) for k, v in schema.items() if k not in ("title", "type", "description")}
+    keys = [k for k in schema if k not in ("title", "type", "description")]
+    for upper in [k for k in keys if k.startswith("max") and "min" + k[3:] in keys]:
+        keys.remove(upper)
+        keys.insert(keys.index("min" + upper[3:]) + 1, upper)
+    body = {k: _tidy(schema[k]) for k in keys}
     head = {"type": schema["type"]} if "type" in schema else {}
     tail = {"description": schema["description"]} if "description" in schema else {}
     return {**head, **body, **tail}

@@ -265,3 +265,14 @@ def test_an_entry_point_that_fails_to_import_is_reported_and_breaks_nothing(tmp_
         warnings.simplefilter("ignore", FamilyLoadWarning)
         importlib.reload(envs)  # `import envs` still registers the built-ins
     assert "gymfoundry/inventory-v0" in envs.list_envs()
+
+
+def test_rendered_schemas_keep_the_order_a_person_writes():
+    """The tool schemas are prompt text (chat templates render them): their key order is stable,
+    lower bounds before upper ones, so porting a family onto @tool left its SFT rows unchanged."""
+    from envs.inventory import InventoryEnv
+
+    params = {t["function"]["name"]: t["function"]["parameters"]["properties"]
+              for t in InventoryEnv.profile.function_schemas(None)}
+    assert list(params["find_items"]["query"]) == ["type", "minLength", "maxLength", "description"]
+    assert list(params["reserve"]["quantity"]) == ["type", "minimum", "maximum"]
