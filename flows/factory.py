@@ -179,8 +179,10 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     policy_kwargs = {"mistake_rate": mistake_rate} if policy == "scripted" else {}
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(task_runner))
     landed, rollouts, quarantined, error = _run_families(
-        pipeline, families, data_dir, (tasks_per_family, seed, policy, policy_kwargs, samples_per_task, batch_size,
-                             data_dir, holdout_fraction, retry, faults))
+        pipeline, families, data_dir, dict(tasks_per_family=tasks_per_family, seed=seed, policy=policy,
+                                           policy_kwargs=policy_kwargs, samples_per_task=samples_per_task,
+                                           batch_size=batch_size, holdout_fraction=holdout_fraction, retry=retry,
+                                           faults=faults))
     params = {"families": families, "tasks_per_family": tasks_per_family, "seed": seed, "policy": policy,
               "policy_kwargs": policy_kwargs, "samples_per_task": samples_per_task,
               "holdout_fraction": holdout_fraction, "learnability": learnability, "min_margin": min_margin}
@@ -217,9 +219,9 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     return report
 
 
-def _run_families(pipeline, families: list[str], data_dir: str, args: tuple,
+def _run_families(pipeline, families: list[str], data_dir: str, options: dict[str, Any],
                   ) -> tuple[dict[str, int], list[Rollout], list[str], str | None]:
-    """Each family's subflow (`pipeline(family, *args)`), landed as it ends: (rows landed per table, rollouts, quarantined
+    """Each family's subflow (`pipeline(family, data_dir=..., **options)`), landed as it ends: (rows landed per table, rollouts, quarantined
     batches, the error that stopped the run or None). The retry policy saying fail stops the
     run after landing what completed."""
     logger = get_run_logger()
@@ -227,7 +229,7 @@ def _run_families(pipeline, families: list[str], data_dir: str, args: tuple,
     rollouts: list[Rollout] = []
     quarantined: list[str] = []
     for family in families:
-        out = pipeline(family, *args)
+        out = pipeline(family, data_dir=data_dir, **options)
         landing = land(data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"])
         for table, n in landing["counts"].items():
             landed[table] = landed.get(table, 0) + n

@@ -22,9 +22,10 @@ MAX_ARGV_ITEMS = 256
 
 class SandboxError(EnvFault):
     """The sandbox itself failed (could not start, crashed, lost its workspace). Only sandbox
-    infrastructure raises it (never anything a command prints or exits with); every one made in
-    this process is counted, so a stage can tell "the sandbox failed while checking this" from
-    "the check failed" without reading any text (`fault_count`, `faults_since`)."""
+    infrastructure raises it (never anything a command prints or exits with). Every one made in
+    this process is counted (`fault_count`, `faults_since`) as a diagnostic, e.g. for a test that a
+    hostile command caused none; attribution never reads the counter: a fault is known by where it
+    was raised."""
 
     def __init__(self, *args: object):
         super().__init__(*args)

@@ -86,9 +86,8 @@ WORKSPACES = {"deep_and_long_directories": DEEP_TREE, "undecodable_names": UNDEC
 def test_no_workspace_the_agent_builds_crashes_a_tool_or_the_record(workspace):
     """Directories past PATH_MAX or Python's recursion limit, names that are not UTF-8 and a full
     quota are the agent's doing: tools answer or refuse (never env_bug), the attempt is the model's
-    failure, and the rollout stores (no lone surrogate in any reason). On fc25346 the deep tree made
-    list_files and submit env bugs, a full quota made edit_file one, and an undecodable name put a
-    lone surrogate in the side effects, so the batch failed to land."""
+    failure, and the rollout stores (no lone surrogate in any reason, or the batch would fail to
+    land)."""
     from tasks.rollout import run_episode
     from tests.envs.coding_helpers import ScriptPolicy
 
@@ -100,7 +99,8 @@ def test_no_workspace_the_agent_builds_crashes_a_tool_or_the_record(workspace):
              {"name": "edit_file", "arguments": {"path": "new.py", "old": "", "new": "z = 3\n" * 500}},
              {"name": "edit_file", "arguments": {"path": "sub/dir/new.py", "old": "", "new": "z = 3\n"}}]
     rollout = run_episode(task, ScriptPolicy(calls), seed=0)
-    assert rollout.steps[0].error is None and "ok" in rollout.steps[0].result or "full" in rollout.steps[0].result
+    assert rollout.steps[0].error is None, rollout.steps[0].result
+    assert "ok" in rollout.steps[0].result or "full" in rollout.steps[0].result
     assert not [s.error for s in rollout.steps if s.error in ("env_bug", "env_fault")], \
         [s.result for s in rollout.steps if s.error in ("env_bug", "env_fault")]
     assert rollout.termination.value == "failure", rollout.termination_reason

@@ -259,7 +259,7 @@ def test_report_records_that_no_record_could_store_leave_the_rollout_storable():
     task = task_for("ledger")
     rollout = episode(task, [prepend(task, UNSTORABLE)])
     assert_model_failure(task, rollout)
-    stored = rollout.model_dump_json()  # on fc25346: UnicodeEncodeError, and the batch failed to land
+    stored = rollout.model_dump_json()  # else UnicodeEncodeError, and the batch would fail to land
     assert "nope.py could not be imported" not in stored and "could not be imported (a" not in stored
 
 
