@@ -87,5 +87,9 @@ def render_report(report: dict[str, Any]) -> str:
              f"and bugs, policy and verifier errors)", "",
              "| level | success |", "|---|---|"]
     lines += [f"| {level} | {100 * rate:.1f}% |" for level, rate in report["by_level"].items()]
+    for family, by_k in report.get("pass_at_k", {}).items():
+        lines += ["", f"pass@k and pass^k on {family} (mean over the tasks with at least k model outcomes)", "",
+                  "| k | pass@k | pass^k | tasks |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['pass@k']:.4f} | {v['pass^k']:.4f} | {v['tasks']} |" for k, v in by_k.items()]
     lines += ["", "Terminations: " + ", ".join(f"{k}={v}" for k, v in report["terminations"].items())]
     return "\n".join(lines)

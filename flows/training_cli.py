@@ -39,9 +39,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     kwargs = {"base_url": args.base_url} if args.base_url else {}
     report = evaluate(model=args.model, family=args.family, data_dir=args.data_dir, policy=args.policy,
                       limit=args.limit, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      policy_kwargs=kwargs)
+                      policy_kwargs=kwargs, samples_per_task=args.samples)
     print(f"{report['model']} on {report['episodes']} held-out {report['family']} episodes: "
           f"success {100 * report['success_rate']:.1f}%  by level {report['by_level']}  {report['terminations']}")
+    for family, by_k in report["pass_at_k"].items():
+        print(f"{family}: " + "  ".join(f"pass@{k} {v['pass@k']:.4f} pass^{k} {v['pass^k']:.4f}"
+                                        for k, v in by_k.items()))
     return 0
 
 
@@ -79,6 +82,8 @@ def add_training_commands(sub) -> None:
     evaluate.add_argument("--limit", type=int, default=40)
     evaluate.add_argument("--max-new-tokens", type=int, default=96)
     evaluate.add_argument("--temperature", type=float, default=0.0)
+    evaluate.add_argument("--samples", type=int, default=1,
+                          help="episodes per task (n); the report gives pass@k and pass^k for k = 1..n")
     evaluate.set_defaults(func=cmd_evaluate)
 
     loop = sub.add_parser("loop", help="closed loop: factory, tiny model, held-out success before and after each training arm")

@@ -8,6 +8,7 @@ nothing about the model and is counted apart, as `excluded`."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from math import comb
 from typing import Any
 
 from envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
@@ -58,9 +59,33 @@ def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, sample
             for task in tasks for k in range(samples_per_task)]
 
 
+def pass_at_k(rollouts: list[Rollout]) -> dict[str, dict[int, dict[str, float | int]]]:
+    """Per family, for k = 1..n: the unbiased pass@k = 1 - C(n-c, k)/C(n, k) and tau-bench's
+    pass^k = C(c, k)/C(n, k), n = a task's model outcomes (one per rollout), c = its successes,
+    averaged over the tasks with at least k of them (as the `pass_at_k` warehouse view does)."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    seen: set[str] = set()
+    for r in rollouts:
+        if r.termination in MODEL_OUTCOMES and r.rollout_id not in seen:
+            seen.add(r.rollout_id)
+            nc = counts.setdefault((r.family, r.task_id), [0, 0])
+            nc[0] += 1
+            nc[1] += bool(r.success)
+    out: dict[str, dict[int, dict[str, float | int]]] = {}
+    for family in sorted({f for f, _ in counts}):
+        per_task = [nc for (f, _), nc in counts.items() if f == family]
+        out[family] = {}
+        for k in range(1, max(n for n, _ in per_task) + 1):
+            with_k = [(n, c) for n, c in per_task if n >= k]
+            at = [(comb(n, k) - comb(n - c, k)) / comb(n, k) for n, c in with_k]
+            hat = [comb(c, k) / comb(n, k) for n, c in with_k]
+            out[family][k] = {"pass@k": sum(at) / len(at), "pass^k": sum(hat) / len(hat), "tasks": len(with_k)}
+    return out
+
+
 def summarize(rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, Any]:
-    """Success rate over the model outcomes, overall and by difficulty level; the episodes left
-    out (`excluded`) and the count of each termination."""
+    """Success rate over the model outcomes, overall and by difficulty level; pass@k and pass^k
+    per family (`pass_at_k`); the episodes left out (`excluded`) and the count of each termination."""
     level = {t.task_id: t.difficulty.level for t in tasks}
     by_level: dict[int, list[bool]] = defaultdict(list)
     measured = [r for r in rollouts if r.termination in MODEL_OUTCOMES]
@@ -72,6 +97,7 @@ def summarize(rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, Any]:
         "excluded": n - len(measured),
         "success_rate": round(sum(r.success for r in measured) / len(measured), 4) if measured else 0.0,
         "by_level": {lvl: round(sum(v) / len(v), 4) for lvl, v in sorted(by_level.items())},
+        "pass_at_k": pass_at_k(rollouts),
         "terminations": dict(Counter(r.termination.value for r in rollouts)),
         "mean_steps": round(sum(len(r.steps) for r in rollouts) / n, 2) if n else 0.0,
         "well_formed_calls": round(sum(s.tool_call is not None for r in rollouts for s in r.steps)

@@ -13,6 +13,12 @@ from envs.records import MODEL_OUTCOMES
 
 _MODEL = ", ".join(f"'{t.value}'" for t in sorted(MODEL_OUTCOMES, key=lambda t: t.value))
 
+
+def _binomial(n: str, k: str) -> str:
+    """C(n, k) in exact integer arithmetic (each partial product is itself a binomial, so the
+    integer division is exact); 0 when n < k."""
+    return f"list_reduce([1::HUGEINT] || range(1, {k} + 1), lambda acc, x: acc * ({n} - {k} + x) // x)"
+
 ANALYSIS_VIEWS: dict[str, str] = {
     # Success by family x difficulty x policy version.
     "success_by_cell": f"""
@@ -27,6 +33,33 @@ ANALYSIS_VIEWS: dict[str, str] = {
                count(DISTINCT r.task_id) AS tasks
         FROM rollouts r JOIN tasks t USING (task_id)
         GROUP BY 1, 2, 3, 4""",
+    # Unbiased pass@k = 1 - C(n-c, k)/C(n, k) and tau-bench's pass^k = C(c, k)/C(n, k) for k = 1..n,
+    # n = a task's model outcomes (one count per rollout), c = its successes. Rows with a task_id are
+    # per task; rows without average, for each k, the tasks of the cell that have at least k samples.
+    # Both ratios are of exact integers, so each value is the double nearest the true fraction.
+    "pass_at_k": f"""
+        WITH per_task AS (
+            SELECT r.task_family, t.difficulty_level, r.policy_id, r.policy_version, r.task_id,
+                   count(DISTINCT r.rollout_id) AS n,
+                   count(DISTINCT r.rollout_id) FILTER (WHERE r.success) AS c
+            FROM rollouts r JOIN tasks t USING (task_id)
+            WHERE r.termination IN ({_MODEL})
+            GROUP BY 1, 2, 3, 4, 5),
+        per_k AS (SELECT *, unnest(range(1, n + 1)) AS k FROM per_task),
+        per_task_k AS (
+            SELECT task_family, difficulty_level, policy_id, policy_version, task_id, k, n, c,
+                   ({_binomial('n', 'k')} - {_binomial('n - c', 'k')}) / {_binomial('n', 'k')} AS pass_at_k,
+                   {_binomial('c', 'k')} / {_binomial('n', 'k')} AS pass_hat_k
+            FROM per_k)
+        SELECT task_family, difficulty_level, policy_id, policy_version, task_id, k,
+               1::BIGINT AS tasks, n AS samples, c AS successes, pass_at_k, pass_hat_k
+        FROM per_task_k
+        UNION ALL
+        SELECT task_family, difficulty_level, policy_id, policy_version, NULL AS task_id, k,
+               count(*) AS tasks, sum(n)::BIGINT AS samples, sum(c)::BIGINT AS successes,
+               avg(pass_at_k) AS pass_at_k, avg(pass_hat_k) AS pass_hat_k
+        FROM per_task_k
+        GROUP BY 1, 2, 3, 4, 6""",
     # How rollouts end, per family and policy version.
     "failure_classes": """
         SELECT task_family, policy_id, policy_version, termination, count(*) AS rollouts,
