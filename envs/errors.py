@@ -17,8 +17,10 @@ Boundaries, and what a failure there is:
 - environment bug (env code crashing on agent input): any other exception escaping a
   boundary. Kind `env_bug`; the state is rolled back and the step keeps the triggering action
   so the bug can be reported and reproduced. Never a model outcome, never in a statistic.
-- grader (the outcome verifier crashed) -> `verifier_error`; inference endpoint (the policy
-  failed to answer) -> `policy_error`. Neither is a model outcome.
+- grader (the outcome verifier crashed) -> `verifier_error`; inference endpoint (the policy's
+  HTTP layer raised `EndpointError`: no connection, a timeout, 429, 5xx after its own retries)
+  -> `inference_fault`, retried like an env fault; any other exception a policy raises ->
+  `policy_error`. None is a model outcome. A context-length rejection truncates the episode.
 
 `boundary(where, allowed)` applies this inside the env runtime (the action's checks, each tool):
 inside it, only the exceptions that code at that boundary raises on purpose pass through;

@@ -56,6 +56,9 @@ class Termination(str, Enum):
     timeout = "timeout"
     env_fault = "env_fault"
     env_bug = "env_bug"  # env code crashed on the agent's input (envs.errors): a bug to fix, not a skill
+    # The policy's inference endpoint failed (no connection, a timeout, 429, 5xx, an unreadable
+    # reply) after the policy's own bounded retries: a fault, retried like env_fault, never a model outcome.
+    inference_fault = "inference_fault"
     policy_error = "policy_error"
     constraint_violation = "constraint_violation"
     verifier_error = "verifier_error"
@@ -208,6 +211,69 @@ class FaultConfig(Record):
     seed: int = 0
 
 
+ENV_VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Sampling(Record):
+    """How a model samples; each knob that is set is part of its rollouts' identity."""
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, gt=0)
+    seed: int | None = None  # combined with each episode's seed, never replacing it
+    stop: list[str] | None = None
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
+class PolicySpec(Record):
+    """Which policy a run collects with: `scripted` (the family's scripted policy), `hf` (a local
+    checkpoint: `model` is its directory), `openai` (an OpenAI-compatible endpoint: `model` is the
+    served model's name at `base_url`), or a kind registered with `tasks.policies.register_policy`.
+    The key is never part of it: `api_key_env` NAMES the environment variable holding it.
+    `timeout_s` bounds each request, `max_retries` the policy's own retries of a failed request
+    (connection, timeout, 429, 5xx) before the episode ends as `inference_fault`;
+    `max_concurrency` is how many episodes may be in flight at once. `options` are further keyword
+    arguments of a custom policy."""
+
+    kind: str = Field(default="scripted", pattern=r"^[a-z][a-z0-9_.-]*$")
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: str | None = Field(default=None, pattern=ENV_VAR_NAME)
+    sampling: Sampling = Field(default_factory=Sampling)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    max_concurrency: int = Field(default=1, ge=1)
+    mistake_rate: float | None = Field(default=None, ge=0, le=1)  # the scripted policy's knob
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> PolicySpec:
+        if self.kind in ("hf", "openai") and not self.model:
+            raise ValueError(f"a {self.kind!r} policy needs a model (a checkpoint directory / the endpoint's model name)")
+        return self
+
+    @property
+    def policy_id(self) -> str:
+        """`openai:<model>`, `hf:<checkpoint dir name>`, or the kind (a scripted policy's own id
+        names its family); the built policy's `policy_id` is this one for hf and openai."""
+        if self.model is None:
+            return self.kind
+        return f"{self.kind}:{self.model.rstrip('/').rsplit('/', 1)[-1] if self.kind == 'hf' else self.model}"
+
+    @property
+    def identity(self) -> str:
+        """A stable id of what changes the episodes (not the key's variable, timeout, retries or
+        concurrency): equal specs collect the same rollouts."""
+        return "ps-" + content_hash(self.model_dump(mode="json", exclude={"api_key_env", "timeout_s", "max_retries",
+                                                                          "max_concurrency"}))
+
+    def rollout_params(self) -> dict[str, Any]:
+        """The knobs that join a rollout's identity: the sampling knobs that are set."""
+        return self.sampling.knobs()
+
+
 def rollout_identity(task_id: str, env_id: str, env_version: str, policy_id: str, policy_version: str, seed: int,
                      attempt: int, policy_params: dict[str, Any] | None = None,
                      faults: FaultConfig | None = None, limits: Budget | None = None) -> str:
@@ -323,8 +389,8 @@ class TaskRejection(Record):
     reason: str
 
 
-# Classes decided by what the model did. The others (env_fault, env_bug, timeout, policy_error,
-# verifier_error) say nothing about its skill: never a model failure, never in a success rate.
+# Classes decided by what the model did. The others (env_fault, env_bug, inference_fault, timeout,
+# policy_error, verifier_error) say nothing about its skill: never a model failure, never in a success rate.
 MODEL_OUTCOMES = frozenset({Termination.success, Termination.failure, Termination.constraint_violation,
                             Termination.truncated})
 
@@ -338,7 +404,7 @@ class RetryPolicy(Record):
     backoff_s: float = Field(default=0.5, ge=0)
     backoff_factor: float = Field(default=2.0, ge=1)
     max_backoff_s: float = Field(default=30.0, ge=0)
-    retry_on: list[Termination] = Field(default_factory=lambda: [Termination.env_fault])
+    retry_on: list[Termination] = Field(default_factory=lambda: [Termination.env_fault, Termination.inference_fault])
     on_exhausted: Literal["skip", "fail"] = "skip"
 
     @model_validator(mode="after")

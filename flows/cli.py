@@ -26,7 +26,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     retry = RetryPolicy(max_retries=args.max_retries, backoff_s=args.retry_backoff, on_exhausted=args.on_exhausted)
     faults = FaultConfig(rate=args.fault_rate, seed=args.seed) if args.fault_rate else None
-    report = factory(families=args.families, tasks_per_family=args.tasks, seed=args.seed, policy=args.policy,
+    try:
+        policy = policy_spec(args)
+    except ValueError as exc:  # pydantic's ValidationError too: a spec the options cannot make
+        print(f"gymfoundry run: {exc}", file=sys.stderr)
+        return 2
+    report = factory(families=args.families, tasks_per_family=args.tasks, seed=args.seed, policy=policy,
                      mistake_rate=args.mistake_rate, samples_per_task=args.samples, batch_size=args.batch_size,
                      data_dir=args.data_dir, task_runner=args.task_runner, retry=retry, faults=faults,
                      holdout_fraction=args.holdout_fraction, learnability=args.learnability,
@@ -37,6 +42,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         training = report["training"]
         print(f"\ntrained {training['method']} run {training['run_id']}: checkpoint {training['checkpoint']}")
     return 2 if report["quarantined"] else 0
+
+
+def policy_spec(args: argparse.Namespace):
+    """The PolicySpec the run options name (`--policy` and its model, endpoint and sampling)."""
+    from envs.records import PolicySpec, Sampling
+
+    get = lambda name: getattr(args, name, None)  # noqa: E731  (demo sets only the scripted options)
+    sampling = Sampling(temperature=get("temperature"), top_p=get("top_p"), max_tokens=get("max_tokens"),
+                        seed=get("sampling_seed"), stop=get("stop"))
+    optional = {"timeout_s": get("request_timeout"), "max_retries": get("request_retries"),
+                "max_concurrency": get("concurrency")}
+    return PolicySpec(kind=args.policy, model=get("model"), base_url=get("base_url"), api_key_env=get("api_key_env"),
+                      sampling=sampling, mistake_rate=args.mistake_rate if args.policy == "scripted" else None,
+                      **{k: v for k, v in optional.items() if v is not None})
 
 
 def print_report(report: dict) -> None:
@@ -256,8 +275,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--families", nargs="+", default=["inventory"])
     run.add_argument("--tasks", type=int, default=50, help="tasks per family")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--policy", default="scripted")
-    run.add_argument("--mistake-rate", type=float, default=0.25)
+    run.add_argument("--policy", default="scripted",
+                     help="scripted, hf (a checkpoint: --model DIR), openai (an endpoint: --model NAME --base-url "
+                          "URL), or a registered custom kind")
+    run.add_argument("--mistake-rate", type=float, default=0.25, help="the scripted policy's mistake rate")
+    run.add_argument("--model", help="hf: the checkpoint directory; openai: the served model's name")
+    run.add_argument("--base-url", help="openai: the endpoint, e.g. http://localhost:8000/v1")
+    run.add_argument("--api-key-env", help="openai: the NAME of the environment variable holding the key")
+    run.add_argument("--concurrency", type=int, help="episodes in flight at once (the spec's max_concurrency)")
+    run.add_argument("--temperature", type=float)
+    run.add_argument("--top-p", type=float)
+    run.add_argument("--max-tokens", type=int, help="tokens per model turn")
+    run.add_argument("--sampling-seed", type=int, help="combined with each episode's seed")
+    run.add_argument("--stop", nargs="+", help="stop sequences")
+    run.add_argument("--request-timeout", type=float, help="seconds per endpoint request (default 60)")
+    run.add_argument("--request-retries", type=int, help="retries of a failed endpoint request (default 2) "
+                                                         "before the episode is an inference fault")
     run.add_argument("--samples", type=int, default=2, help="rollouts per task")
     run.add_argument("--batch-size", type=int, default=25, help="tasks per rollout batch")
     run.add_argument("--data-dir", default=DEFAULT_DATA_DIR)

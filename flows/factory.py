@@ -16,12 +16,12 @@ from prefect.events import emit_event
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import envs  # noqa: F401  registers the built-in environments
-from envs.records import FaultConfig, RetryPolicy, Rollout, Run, StepScore, TaskRejection, TaskSpec
+from envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, Run, StepScore, TaskRejection, TaskSpec
 from tasks import assemble as assemble_stage
 from tasks.generate import generate_tasks
 from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
 from tasks.land import land_records, land_run
-from tasks.policies import make_policy
+from tasks.policies import as_spec, make_policy
 from tasks.retry import RetryExhausted, collect_with_retries, run_counts
 from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
@@ -58,9 +58,11 @@ def _crashed_not_exhausted(task, task_run, state) -> bool:
 
 @task(name="rollout-batch", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1,
       retry_condition_fn=_crashed_not_exhausted)
-def rollout_batch(tasks: list[TaskSpec], policy: str, policy_kwargs: dict[str, Any], samples_per_task: int,
-                  seed: int, retry: RetryPolicy | None = None, faults: FaultConfig | None = None) -> list[Rollout]:
-    agent = make_policy(policy, tasks[0].family, **policy_kwargs)
+def rollout_batch(tasks: list[TaskSpec], policy: PolicySpec | str, policy_kwargs: dict[str, Any] | None,
+                  samples_per_task: int, seed: int, retry: RetryPolicy | None = None,
+                  faults: FaultConfig | None = None) -> list[Rollout]:
+    """`policy`: a PolicySpec (`policy_kwargs` then empty), or a policy name and its keywords."""
+    agent = make_policy(policy, tasks[0].family, **(policy_kwargs or {}))
     return collect_with_retries(tasks, agent, samples_per_task, seed, retry or RetryPolicy(), faults)
 
 
@@ -102,7 +104,8 @@ def record_run(data_dir: str, run: Run) -> dict[str, int]:
 
 
 @flow(name="factory-family")
-def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: str, policy_kwargs: dict[str, Any],
+def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: PolicySpec | str,
+                    policy_kwargs: dict[str, Any] | None,
                     samples_per_task: int, batch_size: int, data_dir: str | None = None,
                     holdout_fraction: float = HOLDOUT_FRACTION, retry: RetryPolicy | None = None,
                     faults: FaultConfig | None = None) -> dict[str, Any]:
@@ -154,7 +157,7 @@ def make_task_runner(name: str, max_workers: int | None = None):
 
 @flow(name="factory", log_prints=True)
 def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, seed: int = 0,  # noqa: B006
-            policy: str = "scripted", mistake_rate: float = 0.25, samples_per_task: int = 2,
+            policy: PolicySpec | str = "scripted", mistake_rate: float = 0.25, samples_per_task: int = 2,
             batch_size: int = 25, data_dir: str = ".gymfoundry", task_runner: str = "threads",
             retry: RetryPolicy | None = None, faults: FaultConfig | None = None,
             holdout_fraction: float = HOLDOUT_FRACTION, learnability: str = "p(1-p)",
@@ -162,6 +165,9 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
             train_hyperparameters: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the whole factory and land everything in the warehouse under `data_dir`.
 
+    `policy` is a `PolicySpec` (scripted, a local checkpoint, an OpenAI-compatible endpoint, a
+    registered custom kind; with its sampling knobs), or a plain kind name ("scripted", ...);
+    `mistake_rate` fills a scripted spec that sets none. The spec is stored in `runs.params`.
     Re-running with the same parameters lands nothing new (ids are content hashes).
     `task_runner` spreads the rollout batches: threads, dask or ray. `retry` (default
     `RetryPolicy()`: env faults retried twice with backoff, then skipped) is fixed for the run and
@@ -176,15 +182,17 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     logger = get_run_logger()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     retry = retry or RetryPolicy()
-    policy_kwargs = {"mistake_rate": mistake_rate} if policy == "scripted" else {}
+    spec = as_spec(policy, mistake_rate)
+    if spec.kind == "scripted" and spec.mistake_rate is None:
+        spec = spec.model_copy(update={"mistake_rate": mistake_rate})
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(task_runner))
     landed, rollouts, quarantined, error = _run_families(
-        pipeline, families, data_dir, dict(tasks_per_family=tasks_per_family, seed=seed, policy=policy,
-                                           policy_kwargs=policy_kwargs, samples_per_task=samples_per_task,
+        pipeline, families, data_dir, dict(tasks_per_family=tasks_per_family, seed=seed, policy=spec,
+                                           policy_kwargs=None, samples_per_task=samples_per_task,
                                            batch_size=batch_size, holdout_fraction=holdout_fraction, retry=retry,
                                            faults=faults))
-    params = {"families": families, "tasks_per_family": tasks_per_family, "seed": seed, "policy": policy,
-              "policy_kwargs": policy_kwargs, "samples_per_task": samples_per_task,
+    params = {"families": families, "tasks_per_family": tasks_per_family, "seed": seed,
+              "policy": spec.model_dump(mode="json"), "samples_per_task": samples_per_task,
               "holdout_fraction": holdout_fraction, "learnability": learnability, "min_margin": min_margin}
     run = Run(params=params, retry_policy=retry, faults=faults, started_at=started,
               finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), landed=landed,

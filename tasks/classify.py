@@ -27,8 +27,12 @@ def touched_by_env(steps: list[Step]) -> tuple[Termination, str] | None:
 def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: dict,
              outcome: OutcomeReport | None, policy_error: str | None = None,
              env_error: str | None = None, verifier_error: str | None = None,
-             env_bug: str | None = None) -> tuple[Termination, str]:
-    """`env_error` / `env_bug`: the env itself raised (a fault raised on purpose / anything else)."""
+             env_bug: str | None = None, inference_fault: str | None = None,
+             context_exceeded: str | None = None) -> tuple[Termination, str]:
+    """`env_error` / `env_bug`: the env itself raised (a fault raised on purpose / anything else).
+    `inference_fault`: the policy's endpoint failed (after its own retries): a fault, never the
+    model's. `context_exceeded`: the endpoint refused a conversation longer than the model's
+    context: the episode is truncated there (a model outcome, as a step limit is)."""
     if env_bug:
         return Termination.env_bug, env_bug
     if env_error:
@@ -36,8 +40,12 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
     touched = touched_by_env(steps)
     if touched:
         return touched
+    if inference_fault:
+        return Termination.inference_fault, inference_fault
     if policy_error:
         return Termination.policy_error, policy_error
+    if context_exceeded:
+        return Termination.truncated, context_exceeded
     if end_info.get("termination") == "timeout":
         return Termination.timeout, end_info.get("termination_reason", "time limit")
     if truncated:

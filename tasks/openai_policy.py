@@ -5,16 +5,21 @@ becomes the action text `<tool_call>{...}</tool_call>` that the env parses like 
 Settings: `base_url` (or GYMFOUNDRY_POLICY_BASE_URL, e.g. http://localhost:8000/v1) and
 `api_key` (or GYMFOUNDRY_POLICY_API_KEY / OPENAI_API_KEY; local servers need none).
 
-Each request has `timeout_s` of wall-clock time in all (verifiers/endpoint.py). Whatever goes
-wrong at the endpoint (no answer in time, no connection, an HTTP error, an unreadable reply) is
-raised as `EndpointError`, which the rollout records as `policy_error` (an inference fault, not
-a model outcome). The key is never kept: the reply's text, and every error message, pass through
+Each request has `timeout_s` of wall-clock time in all (verifiers/endpoint.py). A request that
+gets no connection, no answer in time, 429 or 5xx is sent again up to `max_retries` times with
+backoff; whatever then goes wrong at the endpoint (those, another HTTP error, an unreadable reply)
+is raised as `EndpointError`, which the rollout records as `inference_fault` (not a model
+outcome; the run retries the episode under its RetryPolicy). A 400 whose body carries the
+structured code `context_length_exceeded` is `ContextLengthExceeded`: the episode is truncated.
+A reply that is not a valid tool call is the model's: its text goes to the env, which answers
+with an error observation. The key is never kept: the reply's text, and every error message, pass through
 `envs.secrets.redact` before they leave this class (an endpoint may echo the key)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import httpx
@@ -22,14 +27,22 @@ import httpx
 from envs.secrets import redact, register_secret
 from tasks.hf_policy import SYSTEM_PROMPT
 from tasks.policies import PolicyOutput
-from verifiers.endpoint import DeadlineClient, EndpointError
+from envs.records import PolicySpec
+from verifiers.endpoint import ContextLengthExceeded, DeadlineClient, EndpointError, context_length_code
+
+RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class OpenAIPolicy:
     def __init__(self, model: str, tools: list[dict[str, Any]] | None = None, *, base_url: str | None = None,
                  api_key: str | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
-                 system_prompt: str = SYSTEM_PROMPT, timeout_s: float = 60.0, transport: httpx.BaseTransport | None = None):
+                 system_prompt: str = SYSTEM_PROMPT, timeout_s: float = 60.0, transport: httpx.BaseTransport | None = None,
+                 top_p: float | None = None, stop: list[str] | None = None, sampling_seed: int | None = None,
+                 max_retries: int = 2, retry_backoff_s: float = 0.5, sleep=None):
         self.model = model
+        self.top_p, self.stop, self.sampling_seed = top_p, stop, sampling_seed
+        self.max_retries, self.retry_backoff_s = max_retries, retry_backoff_s
+        self._sleep = sleep or time.sleep
         self.tools = tools
         self.base_url = (base_url or os.environ.get("GYMFOUNDRY_POLICY_BASE_URL") or "").rstrip("/")
         if not self.base_url:
@@ -45,6 +58,22 @@ class OpenAIPolicy:
         self.policy_id = f"openai:{model}"
         self.version = f"{redact(self.base_url)}|t{temperature:g}"
         self.reset()
+
+    @classmethod
+    def from_spec(cls, spec: PolicySpec, tools: list[dict[str, Any]] | None = None, **kwargs: Any) -> OpenAIPolicy:
+        """The policy a spec names. The key is read from the variable `spec.api_key_env` names
+        (an error if it is named but unset); without one, the usual variables apply."""
+        api_key = None
+        if spec.api_key_env:
+            api_key = os.environ.get(spec.api_key_env)
+            if not api_key:
+                raise ValueError(f"the policy's key variable {spec.api_key_env} is not set")
+        s = spec.sampling
+        options = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p, "stop": s.stop,
+                   "sampling_seed": s.seed}
+        return cls(spec.model, tools, base_url=spec.base_url, api_key=api_key, timeout_s=spec.timeout_s,
+                   max_retries=spec.max_retries, **{k: v for k, v in options.items() if v is not None},
+                   **{**spec.options, **kwargs})
 
     def reset(self, seed: int | None = None) -> None:
         self.seed = seed
@@ -71,8 +100,13 @@ class OpenAIPolicy:
                                 "temperature": self.temperature, "logprobs": True}
         if self.tools:
             body["tools"] = self.tools
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.stop:
+            body["stop"] = self.stop
         if self.seed is not None:
-            body["seed"] = self.seed
+            body["seed"] = self.seed if self.sampling_seed is None else \
+                (self.sampling_seed * 1000003 + self.seed) & 0x7FFFFFFF
         choice = self._complete(body)
         # One redaction of the whole reply: everything kept from it below (thought, tool name,
         # arguments, the history sent back) is then free of the key, whatever field echoed it.
@@ -98,18 +132,42 @@ class OpenAIPolicy:
         # Endpoints return token strings, not ids: ids stay unknown rather than re-tokenised.
         return PolicyOutput(text=text, thought=thought or None, token_ids=None, logprobs=logprobs)
 
+    def _post(self, body: dict[str, Any]) -> httpx.Response:
+        """The endpoint's reply, after up to `max_retries` retries (with doubling backoff) of a
+        request that got no connection, no answer in time, 429 or 5xx; then an EndpointError."""
+        where = redact(self.base_url)
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self._sleep(min(self.retry_backoff_s * 2 ** (attempt - 1), 10.0))
+            try:
+                response = self.client.post("/chat/completions", json=body)
+            except httpx.TimeoutException:
+                error = f"{where} gave no complete answer within the {self.timeout_s:g} s deadline"
+                continue
+            except httpx.TransportError as exc:
+                error = redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
+                continue
+            if response.status_code in RETRIED_STATUS:
+                error = f"HTTP {response.status_code} from {where}: {redact(response.text)[:300]}"
+                continue
+            return response
+        raise EndpointError(f"{error} (after {self.max_retries + 1} request(s))")
+
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """The reply's first choice; any failure of the endpoint is an EndpointError whose message
         is redacted and says what went wrong (never the model's output)."""
         where = redact(self.base_url)
-        try:
-            response = self.client.post("/chat/completions", json=body)
-        except httpx.TimeoutException:
-            raise EndpointError(f"{where} gave no complete answer within the {self.timeout_s:g} s deadline") from None
-        except httpx.TransportError as exc:
-            raise EndpointError(redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")) from None
+        response = self._post(body)
         if response.status_code != 200:
-            raise EndpointError(f"HTTP {response.status_code} from {where}: {redact(response.text)[:300]}")
+            message = f"HTTP {response.status_code} from {where}: {redact(response.text)[:300]}"
+            if response.status_code == 400:
+                try:
+                    payload = response.json()
+                except ValueError:
+                    payload = None
+                if context_length_code(payload):
+                    raise ContextLengthExceeded(message)
+            raise EndpointError(message)
         try:
             choice = response.json()["choices"][0]
         except (ValueError, KeyError, IndexError, TypeError) as exc:

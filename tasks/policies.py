@@ -5,9 +5,11 @@ sampled token ids and logprobs (kept as sampled, never rebuilt from text)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from envs.records import PolicySpec
 from envs.registry import family_env_id, load, spec
 
 
@@ -28,8 +30,63 @@ class Policy(Protocol):
     def act(self, observation: str) -> str | PolicyOutput: ...
 
 
-def make_policy(name: str, family: str, **kwargs) -> Policy:
-    """`scripted`: the family's observation-only scripted policy (kwargs: mistake_rate)."""
+# Custom policy kinds: name -> a callable (spec, family) -> Policy.
+_CUSTOM: dict[str, Callable[[PolicySpec, str], Policy]] = {}
+
+
+def register_policy(kind: str, build: Callable[[PolicySpec, str], Policy]) -> None:
+    """Make `PolicySpec(kind=kind, ...)` build a policy with `build(spec, family)`."""
+    if kind in ("scripted", "hf", "openai"):
+        raise ValueError(f"{kind!r} is a built-in policy kind")
+    _CUSTOM[kind] = build
+
+
+def make_policy(spec: PolicySpec | str, family: str, **kwargs) -> Policy:
+    """The policy a `PolicySpec` names, for `family`. The built policy carries its spec
+    (`policy.spec`), from which its rollouts' identity knobs are derived (tasks/rollout.py).
+
+    The older form `make_policy(name, family, **kwargs)` still works: `scripted` (kwargs:
+    mistake_rate), `hf` / `openai` (kwargs: model, and the policy class's own keywords)."""
+    if isinstance(spec, str):
+        return _make_by_name(spec, family, **kwargs)
+    if kwargs:
+        raise TypeError("make_policy(spec, family) takes no keywords: put them in the spec")
+    if spec.kind == "scripted":
+        policy = _make_by_name("scripted", family, **({} if spec.mistake_rate is None else
+                                                      {"mistake_rate": spec.mistake_rate}), **spec.options)
+    elif spec.kind == "hf":
+        from tasks.hf_policy import HFPolicy, family_tools
+
+        s = spec.sampling
+        policy = HFPolicy(spec.model, family_tools(family), **{k: v for k, v in {
+            "max_new_tokens": s.max_tokens, "temperature": s.temperature}.items() if v is not None}, **spec.options)
+    elif spec.kind == "openai":
+        from tasks.hf_policy import family_tools
+        from tasks.openai_policy import OpenAIPolicy
+
+        policy = OpenAIPolicy.from_spec(spec, family_tools(family))
+    elif spec.kind in _CUSTOM:
+        policy = _CUSTOM[spec.kind](spec, family)
+    else:
+        raise ValueError(f"unknown policy kind {spec.kind!r}; available: scripted, hf, openai"
+                         + "".join(f", {k}" for k in sorted(_CUSTOM)))
+    try:
+        policy.spec = spec
+    except AttributeError:  # a policy with __slots__: its knobs are then read by attribute name
+        pass
+    return policy
+
+
+def as_spec(policy: PolicySpec | str, mistake_rate: float | None = None) -> PolicySpec:
+    """A plain name (`"scripted"`, ...) as the spec it stands for (the scripted policy's knob added)."""
+    if isinstance(policy, PolicySpec):
+        return policy
+    if isinstance(policy, dict):
+        return PolicySpec.model_validate(policy)
+    return PolicySpec(kind=policy, mistake_rate=mistake_rate if policy == "scripted" else None)
+
+
+def _make_by_name(name: str, family: str, **kwargs) -> Policy:
     if name == "scripted":
         target = spec(family_env_id(family)).scripted_policy
         if target is None:
@@ -39,6 +96,8 @@ def make_policy(name: str, family: str, **kwargs) -> Policy:
         from tasks.hf_policy import HFPolicy, family_tools
         from tasks.openai_policy import OpenAIPolicy
 
+        if "model" not in kwargs:
+            raise ValueError(f"a {name!r} policy needs a model: pass model=..., or a PolicySpec")
         model = kwargs.pop("model")
         return (HFPolicy if name == "hf" else OpenAIPolicy)(model, family_tools(family), **kwargs)
     raise ValueError(f"unknown policy {name!r}; available: scripted, hf, openai")

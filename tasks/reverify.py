@@ -34,6 +34,7 @@ from tasks.classify import classify
 # Classes the episode's own end can decide before any verdict (classify's order): the stored
 # rollout says which one, and it is kept whatever a later verifier says.
 _BEFORE_VERDICT = frozenset({Termination.env_bug, Termination.env_fault, Termination.policy_error,
+                             Termination.inference_fault,
                              Termination.timeout, Termination.truncated})
 REASON_CHARS = 2000  # as tasks.rollout stores a termination reason
 
@@ -171,6 +172,8 @@ def episode_end(rollout: Rollout) -> dict[str, Any]:
         return {**normal, "env_error": reason}
     if termination == Termination.policy_error:
         return {**normal, "policy_error": reason}
+    if termination == Termination.inference_fault:
+        return {**normal, "inference_fault": reason}
     if termination == Termination.timeout:
         return {**normal, "end_info": {"termination": "timeout", "termination_reason": reason}}
     return {"terminated": False, "truncated": True, "end_info": {"termination_reason": reason}}

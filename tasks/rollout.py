@@ -9,16 +9,19 @@ import traceback
 
 from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
-from envs.records import Budget, Cost, FaultConfig, OutcomeReport, Rollout, TaskSpec, content_hash
+from envs.records import Budget, Cost, FaultConfig, OutcomeReport, PolicySpec, Rollout, TaskSpec, content_hash
 from envs.registry import make, spec, verifier_for
 from envs.secrets import redact
 from envs.wrappers import standard_stack
 from tasks.classify import classify
 from tasks.policies import Policy, PolicyOutput
+from verifiers.endpoint import ContextLengthExceeded, EndpointError
 
 
 # Attributes by which a policy's episodes differ beyond its id and version (a scripted policy's
-# version carries its mistake rate; a checkpoint's version is its weights, not how it samples).
+# version carries its mistake rate; a checkpoint's version is its weights, not how it samples),
+# read from a policy built without a PolicySpec. A policy built from one (`policy.spec`) takes its
+# knobs from the spec's sampling instead (PolicySpec.rollout_params), plus its prompt's hash.
 POLICY_KNOBS = ("temperature", "max_new_tokens", "max_thought_tokens", "system_prompt")
 
 
@@ -28,6 +31,12 @@ def rollout_seed(base_seed: int, task: TaskSpec, sample: int) -> int:
 
 def policy_params(policy: Policy) -> dict | None:
     """The policy's knobs that are part of its rollouts' identity (the prompt by its hash)."""
+    spec = getattr(policy, "spec", None)
+    if isinstance(spec, PolicySpec):
+        params = spec.rollout_params()
+        if isinstance(getattr(policy, "system_prompt", None), str):
+            params["system_prompt"] = content_hash(policy.system_prompt)
+        return params or None
     params = {k: getattr(policy, k) for k in POLICY_KNOBS
               if isinstance(getattr(policy, k, None), (bool, int, float, str))}
     if "system_prompt" in params:
@@ -48,7 +57,7 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     env = standard_stack(base, limits=limits)
     started = time.perf_counter()
     try:  # the env (a coding sandbox) is closed whatever is raised
-        ts, policy_error, env_error, env_bug = _play(env, task, policy, seed)
+        ts, policy_error, env_error, env_bug, inference = _play(env, task, policy, seed)
         steps = list(getattr(env, "steps", []))
         env_info = env.unwrapped.runtime_info()
         outcome, verifier_error = _outcome(task, ts, steps, env)
@@ -57,7 +66,8 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     termination, reason = classify(
         steps, terminated=bool(ts and ts.terminated), truncated=bool(ts and ts.truncated),
         end_info=ts.info if ts else {}, outcome=outcome, policy_error=policy_error,
-        env_error=env_error, verifier_error=verifier_error, env_bug=env_bug)
+        env_error=env_error, verifier_error=verifier_error, env_bug=env_bug, inference_fault=inference.get("fault"),
+        context_exceeded=inference.get("context"))
     cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
                 tokens=sum(len(s.token_ids or []) for s in steps),
                 wall_time_s=round(time.perf_counter() - started, 6))
@@ -69,8 +79,11 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
 
 
 def _play(env, task: TaskSpec, policy: Policy, seed: int):
-    """Run the episode; (last time step, policy error, env fault, env bug), each error or None."""
+    """Run the episode; (last time step, policy error, env fault, env bug, inference), each error
+    or None; `inference` maps "fault" (the policy's endpoint failed: an EndpointError, raised by
+    its HTTP layer) or "context" (the endpoint refused a context too long) to the reason."""
     policy_error = env_error = env_bug = None
+    inference: dict[str, str] = {}
     ts = None
     try:
         policy.reset(seed)
@@ -81,6 +94,12 @@ def _play(env, task: TaskSpec, policy: Policy, seed: int):
         while not ts.done and policy_error is None:
             try:
                 out = policy.act(ts.observation)
+            except ContextLengthExceeded as exc:
+                inference["context"] = f"the model's context is full: {exc}"
+                break
+            except EndpointError as exc:  # where it happened: the endpoint, whatever it said
+                inference["fault"] = f"inference endpoint failed: {exc}"
+                break
             except Exception as exc:
                 policy_error = f"policy raised {type(exc).__name__}: {exc}"
                 break
@@ -95,7 +114,7 @@ def _play(env, task: TaskSpec, policy: Policy, seed: int):
         env_error = f"environment fault {type(exc).__name__}: {exc} ({_where(exc)})"
     except Exception as exc:  # env code crashed outside every tool's boundary
         env_bug = f"environment bug {type(exc).__name__}: {exc} ({_where(exc)})"
-    return ts, policy_error, env_error, env_bug
+    return ts, policy_error, env_error, env_bug, inference
 
 
 def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str | None]:

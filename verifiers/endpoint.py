@@ -37,6 +37,23 @@ class EndpointError(RuntimeError):
     """The inference endpoint failed: its message is already redacted (envs.secrets.redact)."""
 
 
+class ContextLengthExceeded(EndpointError):
+    """The endpoint refused the request because the conversation no longer fits the model's
+    context, as the reply's structured error code says (`context_length_exceeded`): the episode
+    is truncated there, not faulted."""
+
+
+CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded"})
+
+
+def context_length_code(payload: Any) -> bool:
+    """Whether an error reply's body carries the structured context-length code (OpenAI's
+    `{"error": {"code": "context_length_exceeded"}}`). The message text is never read: a server
+    that says so only in prose (e.g. vLLM's 400) is treated as an ordinary endpoint fault."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return isinstance(error, dict) and error.get("code") in CONTEXT_LENGTH_CODES
+
+
 def _time_left(timeout: float | None, error: type[Exception]) -> float | None:
     deadline = getattr(_local, "deadline", None)
     if deadline is None:
