@@ -30,6 +30,7 @@ ANALYSIS_VIEWS: dict[str, str] = {
                    / nullif(count(*) FILTER (WHERE r.termination IN ({_MODEL})), 0) AS success_rate,
                count(*) FILTER (WHERE r.termination = 'env_fault') AS env_faults,
                count(*) FILTER (WHERE r.termination = 'env_bug') AS env_bugs,
+               count(*) FILTER (WHERE r.termination = 'inference_fault') AS inference_faults,
                count(DISTINCT r.task_id) AS tasks
         FROM rollouts r JOIN tasks t USING (task_id)
         GROUP BY 1, 2, 3, 4""",

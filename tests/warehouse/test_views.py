@@ -10,7 +10,7 @@ from envs.records import TaskRejection, Termination
 def test_analysis_views(wh, build):
     tasks = [build.task("inventory", n) for n in range(3)]
     ends = [Termination.success, Termination.success, Termination.failure, Termination.env_fault,
-            Termination.env_fault, Termination.timeout, Termination.env_bug]
+            Termination.env_fault, Termination.timeout, Termination.env_bug, Termination.inference_fault]
     rollouts = [build.rollout(tasks[i % 3], seed=i, termination=t) for i, t in enumerate(ends)]
     scores = [build.score(rollouts[0], i, score=s) for i, s in enumerate([0.0, 0.0, 0.6])]
     scores += [build.score(rollouts[1], 0, score=0.8)]
@@ -19,14 +19,14 @@ def test_analysis_views(wh, build):
     wh.land(tasks=tasks, rollouts=rollouts, scores=scores, rejections=rejections).checked()
 
     (cell,) = wh.sql("select * from success_by_cell").to_pylist()
-    assert cell["difficulty_level"] == 2 and cell["rollouts"] == 7 and cell["tasks"] == 3
+    assert cell["difficulty_level"] == 2 and cell["rollouts"] == 8 and cell["tasks"] == 3
     assert cell["model_outcomes"] == 3 and cell["successes"] == 2 and cell["env_faults"] == 2
-    assert cell["env_bugs"] == 1
+    assert cell["env_bugs"] == 1 and cell["inference_faults"] == 1
     assert cell["success_rate"] == pytest.approx(2 / 3)  # faults, env bugs and timeouts say nothing about the model
 
     classes = {r["termination"]: r for r in wh.sql("select * from failure_classes").to_pylist()}
     assert {k: v["rollouts"] for k, v in classes.items()} == {"success": 2, "failure": 1, "env_fault": 2,
-                                                               "timeout": 1, "env_bug": 1}
+                                                               "timeout": 1, "env_bug": 1, "inference_fault": 1}
     assert sum(v["share"] for v in classes.values()) == pytest.approx(1.0)
 
     (rules,) = wh.sql("select * from reward_by_layer").to_pylist()
