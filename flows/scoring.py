@@ -17,6 +17,7 @@ import envs  # noqa: F401  registers the built-in environments
 from envs.profile import DomainProfile
 from envs.records import Rollout, TaskSpec
 from tasks.calibrate import fit_calibrators, render_agreement
+from tasks.reverify import rollout_filter
 from tasks.score import ScoringRun, score_steps
 from verifiers.judge import JudgeSettings
 
@@ -27,15 +28,6 @@ def score_batch(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str, j
     # The judge's API key comes from the environment of the process that scores, never a parameter.
     judge = JudgeSettings.from_env(base_url=judge_base_url, model=judge_model)
     return score_steps(rollouts, tasks, data_dir, judge, profiles=profiles, use_calibrators=use_calibrators)
-
-
-def _rollout_filter(families: list[str] | None, where: str | None) -> str | None:
-    parts = []
-    if families:
-        parts.append("task_family in (" + ", ".join("'" + f.replace("'", "''") + "'" for f in families) + ")")
-    if where:
-        parts.append(f"({where})")
-    return " and ".join(parts) or None
 
 
 @flow(name="rescore", log_prints=True)
@@ -49,7 +41,7 @@ def rescore(data_dir: str = ".gymfoundry", families: list[str] | None = None, wh
     from warehouse import Warehouse
 
     logger = get_run_logger()
-    condition = _rollout_filter(families, where)
+    condition = rollout_filter(families, where)
     with Warehouse(data_dir, read_only=True) as wh:
         rollouts = wh.load_rollouts(condition)
         tasks = wh.load_tasks("task_id in (select task_id from rollouts"

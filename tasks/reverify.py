@@ -30,6 +30,7 @@ from envs.records import Rollout, TaskSpec, Termination, Verdict
 from envs.registry import UnknownEnv, verifier_for
 from envs.secrets import redact
 from tasks.classify import classify
+from warehouse.catalog import quote_literal
 
 # Classes the episode's own end can decide before any verdict (classify's order): the stored
 # rollout says which one, and it is kept whatever a later verifier says.
@@ -65,10 +66,11 @@ class Reverified:
 
 
 def rollout_filter(families: Sequence[str] | None, where: str | None) -> str | None:
-    """A filter on the rollouts view: the families (quoted here) and `where` (SQL, as given)."""
+    """A filter on the rollouts view: the families (quoted here) and `where` (SQL, as given). The
+    rescore flow selects its rollouts with it too."""
     parts = []
     if families:
-        parts.append("task_family in (" + ", ".join("'" + f.replace("'", "''") + "'" for f in families) + ")")
+        parts.append("task_family in (" + ", ".join(quote_literal(f) for f in families) + ")")
     if where:
         parts.append(f"({where})")
     return " and ".join(parts) or None
