@@ -59,15 +59,24 @@ def test_each_retry_has_its_own_deadline_and_a_timeout_is_never_a_score():
 def test_the_policy_gives_up_at_the_deadline_as_an_inference_fault():
     task = generate_tasks("inventory", 1, 2)[0]
     with TricklingServer(chat_reply("thinking..."), interval_s=0.2) as server:
-        policy = OpenAIPolicy("m", family_tools("inventory"), base_url=server.base_url, timeout_s=DEADLINE)
+        # one request, no retry of the policy's own: the deadline bounds it whatever the server's pace
+        policy = OpenAIPolicy("m", family_tools("inventory"), base_url=server.base_url, timeout_s=DEADLINE,
+                              max_retries=0)
         started = time.monotonic()
         with pytest.raises(EndpointError, match="no complete answer within the 1 s deadline"):
             policy.act("hello")
         assert time.monotonic() - started < DEADLINE + SLACK
         r, elapsed = timed(lambda: run_episode(task, policy, seed=1))
+        # with retries, each request has its own deadline: (1 + retries) deadlines plus the backoffs
+        retrying = OpenAIPolicy("m", family_tools("inventory"), base_url=server.base_url, timeout_s=DEADLINE,
+                                max_retries=1, retry_backoff_s=0.1)
+        started = time.monotonic()
+        with pytest.raises(EndpointError):
+            retrying.act("hello")
+        assert time.monotonic() - started < 2 * DEADLINE + 0.1 + 2 * SLACK
     assert elapsed < DEADLINE + SLACK + 1.0  # plus making the env
-    assert r.termination == Termination.policy_error and r.termination not in MODEL_OUTCOMES
-    assert "EndpointError" in r.termination_reason and "1 s deadline" in r.termination_reason
+    assert r.termination == Termination.inference_fault and r.termination not in MODEL_OUTCOMES
+    assert r.termination_reason.startswith("inference endpoint failed: ") and "1 s deadline" in r.termination_reason
     assert r.steps == []
 
 

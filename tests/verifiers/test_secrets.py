@@ -105,7 +105,7 @@ def test_a_policy_endpoint_that_echoes_the_key_leaves_it_in_no_step_reason_or_lo
     assert calls[0]["Authorization"] == f"Bearer {POLICY_KEY}"
     assert r.steps[0].thought == f"My credentials are Bearer {MASK}."
     assert r.steps[0].tool_call.arguments == {"query": MASK}
-    assert r.termination.value == "policy_error" and "HTTP 500" in r.termination_reason
+    assert r.termination.value == "inference_fault" and "HTTP 500" in r.termination_reason
     assert f"upstream rejected Bearer {MASK}" in r.termination_reason
     scores = score_steps([r], [task], judge=JudgeSettings()).scores
     assert_nowhere(POLICY_KEY, r.model_dump_json(), json.dumps([s.model_dump() for s in scores]),
