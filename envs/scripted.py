@@ -7,6 +7,7 @@ it makes when out of turns or when its script ends)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections.abc import Generator
@@ -29,6 +30,12 @@ class ScriptedPolicy:
             self.rng = random.Random(seed)
         self._script: Generator[str, str, None] | None = None
         self._turns = 0
+
+    def fork(self) -> ScriptedPolicy:
+        """Another instance for a concurrent episode: the same knobs, its own state."""
+        twin = copy.copy(self)
+        twin.reset(self.seed)
+        return twin
 
     def act(self, observation: str) -> str:
         self._turns += 1

@@ -53,9 +53,10 @@ def policy_spec(args: argparse.Namespace):
                         seed=get("sampling_seed"), stop=get("stop"))
     optional = {"timeout_s": get("request_timeout"), "max_retries": get("request_retries"),
                 "max_concurrency": get("concurrency")}
+    options = {"request_token_ids": True} if get("request_token_ids") else {}
     return PolicySpec(kind=args.policy, model=get("model"), base_url=get("base_url"), api_key_env=get("api_key_env"),
-                      sampling=sampling, mistake_rate=args.mistake_rate if args.policy == "scripted" else None,
-                      **{k: v for k, v in optional.items() if v is not None})
+                      sampling=sampling, mistake_rate=get("mistake_rate") if args.policy == "scripted" else None,
+                      options=options, **{k: v for k, v in optional.items() if v is not None})
 
 
 def print_report(report: dict) -> None:
@@ -267,6 +268,28 @@ def add_prm_commands(sub) -> None:
     re.set_defaults(func=cmd_rescore)
 
 
+def add_policy_options(parser: argparse.ArgumentParser, default: str = "scripted") -> None:
+    """The options `policy_spec` reads: which policy, its model, endpoint, sampling and concurrency."""
+    parser.add_argument("--policy", default=default,
+                        help="scripted, hf (a checkpoint: --model DIR), openai (an endpoint: --model NAME --base-url "
+                             "URL), or a registered custom kind")
+    parser.add_argument("--model", help="hf: the checkpoint directory; openai: the served model's name")
+    parser.add_argument("--base-url", help="openai: the endpoint, e.g. http://localhost:8000/v1")
+    parser.add_argument("--api-key-env", help="openai: the NAME of the environment variable holding the key")
+    parser.add_argument("--concurrency", type=int, help="episodes in flight at once per worker process (the "
+                                                        "spec's max_concurrency; hf: the decoding batch)")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--max-tokens", "--max-new-tokens", dest="max_tokens", type=int, help="tokens per model turn")
+    parser.add_argument("--sampling-seed", type=int, help="combined with each episode's seed")
+    parser.add_argument("--stop", nargs="+", help="stop sequences")
+    parser.add_argument("--request-timeout", type=float, help="seconds per endpoint request (default 60)")
+    parser.add_argument("--request-retries", type=int, help="retries of a failed endpoint request (default 2) "
+                                                            "before the episode is an inference fault")
+    parser.add_argument("--request-token-ids", action="store_true",
+                        help="openai: ask a vLLM server for the sampled token ids (return_token_ids)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gymfoundry", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -275,22 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--families", nargs="+", default=["inventory"])
     run.add_argument("--tasks", type=int, default=50, help="tasks per family")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--policy", default="scripted",
-                     help="scripted, hf (a checkpoint: --model DIR), openai (an endpoint: --model NAME --base-url "
-                          "URL), or a registered custom kind")
+    add_policy_options(run)
     run.add_argument("--mistake-rate", type=float, default=0.25, help="the scripted policy's mistake rate")
-    run.add_argument("--model", help="hf: the checkpoint directory; openai: the served model's name")
-    run.add_argument("--base-url", help="openai: the endpoint, e.g. http://localhost:8000/v1")
-    run.add_argument("--api-key-env", help="openai: the NAME of the environment variable holding the key")
-    run.add_argument("--concurrency", type=int, help="episodes in flight at once (the spec's max_concurrency)")
-    run.add_argument("--temperature", type=float)
-    run.add_argument("--top-p", type=float)
-    run.add_argument("--max-tokens", type=int, help="tokens per model turn")
-    run.add_argument("--sampling-seed", type=int, help="combined with each episode's seed")
-    run.add_argument("--stop", nargs="+", help="stop sequences")
-    run.add_argument("--request-timeout", type=float, help="seconds per endpoint request (default 60)")
-    run.add_argument("--request-retries", type=int, help="retries of a failed endpoint request (default 2) "
-                                                         "before the episode is an inference fault")
     run.add_argument("--samples", type=int, default=2, help="rollouts per task")
     run.add_argument("--batch-size", type=int, default=25, help="tasks per rollout batch")
     run.add_argument("--data-dir", default=DEFAULT_DATA_DIR)

@@ -10,17 +10,18 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 import envs  # noqa: F401  registers the built-in environments
-from envs.records import Rollout, TaskSpec
+from envs.records import PolicySpec, Rollout, Sampling, TaskSpec
 from tasks.evaluate import HELDOUT_SPLITS, evaluate_policy, expected_rollout_id, heldout_tasks, summarize
 from tasks.policies import make_policy
 
 
 @task(name="evaluate-rollouts", cache_policy=NO_CACHE)
-def run_heldout(tasks: list[TaskSpec], family: str, policy: str, policy_kwargs: dict[str, Any], seed: int,
+def run_heldout(tasks: list[TaskSpec], family: str, policy: PolicySpec, seed: int,
                 samples_per_task: int, data_dir: str | None = None) -> list[Rollout]:
-    """Episodes of every task; with `data_dir`, those already landed for this very policy
-    version and seed (same rollout ids) are read back instead of played again."""
-    agent = make_policy(policy, family, **policy_kwargs)
+    """Episodes of every task, up to the spec's `max_concurrency` in flight; with `data_dir`,
+    those already landed for this very policy version and seed (same rollout ids) are read back
+    instead of played again."""
+    agent = make_policy(policy, family)
     landed = landed_rollouts(data_dir, tasks, agent, seed, samples_per_task) if data_dir else {}
     todo = [t for t in tasks if any(expected_rollout_id(t, agent, seed, k) not in landed
                                     for k in range(samples_per_task))]
@@ -53,35 +54,52 @@ def land_evaluation(data_dir: str, rollouts: list[Rollout], tasks: list[TaskSpec
     return landed
 
 
+def evaluation_spec(policy: PolicySpec | str, model: str | None, max_new_tokens: int | None,
+                    temperature: float | None, policy_kwargs: dict[str, Any] | None) -> PolicySpec:
+    """The spec `evaluate` plays: `policy` itself, or the one its kind name and the flow's older
+    keywords name (`policy_kwargs`: the scripted `mistake_rate`, an endpoint's `base_url`, and the
+    policy class's own keywords)."""
+    if isinstance(policy, PolicySpec):
+        return policy
+    if isinstance(policy, dict):  # a deployment's parameters arrive as JSON
+        return PolicySpec.model_validate(policy)
+    options = dict(policy_kwargs or {})
+    if policy == "scripted":
+        return PolicySpec(kind="scripted", mistake_rate=options.pop("mistake_rate", None), options=options)
+    sampling = Sampling(max_tokens=max_new_tokens, temperature=temperature) if policy in ("hf", "openai") else Sampling()
+    return PolicySpec(kind=policy, model=model, base_url=options.pop("base_url", None), sampling=sampling,
+                      options=options)
+
+
 @flow(name="evaluate", log_prints=True)
 def evaluate(model: str | None = None, family: str = "inventory", data_dir: str = ".gymfoundry",
-             policy: str = "hf", splits: list[str] = list(HELDOUT_SPLITS), limit: int | None = 40,  # noqa: B006
+             policy: PolicySpec | str = "hf", splits: list[str] = list(HELDOUT_SPLITS), limit: int | None = 40,  # noqa: B006
              levels: list[int] | None = None, seed: int = 0, samples_per_task: int = 1, max_new_tokens: int = 96,
              temperature: float = 0.0, land: bool = True, policy_kwargs: dict[str, Any] | None = None,
              reuse: bool = True) -> dict[str, Any]:
-    """Success rate of `model` (a local checkpoint directory for `policy="hf"`; a model name
-    on an OpenAI-compatible endpoint for `policy="openai"`) on the family's held-out tasks."""
+    """Success rate of a policy on the family's held-out tasks: a `PolicySpec` (its sampling
+    and `max_concurrency` included), or a kind name with `model` (a local checkpoint directory
+    for `policy="hf"`; a model name on an OpenAI-compatible endpoint for `policy="openai"`),
+    `max_new_tokens`, `temperature` and `policy_kwargs` (see `evaluation_spec`)."""
     logger = get_run_logger()
     tasks = heldout_tasks(data_dir, family, tuple(splits), limit, tuple(levels) if levels else None)
     if not tasks:
         raise ValueError(f"no held-out tasks of {family!r} in {data_dir}; run the factory first")
-    kwargs = dict(policy_kwargs or {})
-    if policy in ("hf", "openai"):
-        kwargs.update(model=model, max_new_tokens=max_new_tokens, temperature=temperature)
-    rollouts = run_heldout(tasks, family, policy, kwargs, seed, samples_per_task, data_dir if reuse else None)
+    spec = evaluation_spec(policy, model, max_new_tokens, temperature, policy_kwargs)
+    rollouts = run_heldout(tasks, family, spec, seed, samples_per_task, data_dir if reuse else None)
     report = summarize(rollouts, tasks)
-    report.update(model=model, family=family, policy_id=rollouts[0].policy_id,
+    report.update(model=spec.model, family=family, policy=spec.model_dump(mode="json"), policy_id=rollouts[0].policy_id,
                   policy_version=rollouts[0].policy_version)
     if land:
         report["landed"] = land_evaluation(data_dir, rollouts, tasks)
-    logger.info("%s on %d held-out %s tasks: success %.1f%%", model, len(tasks), family, 100 * report["success_rate"])
+    logger.info("%s on %d held-out %s tasks: success %.1f%%", spec.model or spec.kind, len(tasks), family, 100 * report["success_rate"])
     create_markdown_artifact(key="evaluation-report", markdown=render_report(report),
                              description="Held-out evaluation of a model")
     return report
 
 
 def render_report(report: dict[str, Any]) -> str:
-    lines = [f"# Evaluation of `{report['model']}` on {report['family']}", "",
+    lines = [f"# Evaluation of `{report['model'] or report['policy_id']}` on {report['family']}", "",
              f"Success rate: **{100 * report['success_rate']:.1f}%** over {report['episodes'] - report['excluded']} "
              f"model outcomes ({report['excluded']} of {report['episodes']} episodes excluded: environment faults "
              f"and bugs, policy and verifier errors)", "",

@@ -34,13 +34,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     _prefect_defaults()
+    from flows.cli import policy_spec
     from flows.evaluation import evaluate
 
-    kwargs = {"base_url": args.base_url} if args.base_url else {}
-    report = evaluate(model=args.model, family=args.family, data_dir=args.data_dir, policy=args.policy,
-                      limit=args.limit, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                      policy_kwargs=kwargs, samples_per_task=args.samples)
-    print(f"{report['model']} on {report['episodes']} held-out {report['family']} episodes: "
+    report = evaluate(family=args.family, data_dir=args.data_dir, policy=policy_spec(args), limit=args.limit,
+                      samples_per_task=args.samples)
+    print(f"{report['model'] or report['policy_id']} on {report['episodes']} held-out {report['family']} episodes: "
           f"success {100 * report['success_rate']:.1f}%  by level {report['by_level']}  {report['terminations']}")
     for family, by_k in report["pass_at_k"].items():
         print(f"{family}: " + "  ".join(f"pass@{k} {v['pass@k']:.4f} pass^{k} {v['pass^k']:.4f}"
@@ -74,14 +73,13 @@ def add_training_commands(sub) -> None:
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="success rate of a model on held-out tasks")
-    evaluate.add_argument("--model", required=True, help="checkpoint dir (hf) or the endpoint's model name (openai)")
-    evaluate.add_argument("--policy", default="hf", choices=["hf", "openai"])
-    evaluate.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
+    from flows.cli import add_policy_options
+
+    add_policy_options(evaluate, default="hf")
+    evaluate.add_argument("--mistake-rate", type=float, help="the scripted policy's mistake rate")
     evaluate.add_argument("--family", default="inventory")
     evaluate.add_argument("--data-dir", default=".gymfoundry")
     evaluate.add_argument("--limit", type=int, default=40)
-    evaluate.add_argument("--max-new-tokens", type=int, default=96)
-    evaluate.add_argument("--temperature", type=float, default=0.0)
     evaluate.add_argument("--samples", type=int, default=1,
                           help="episodes per task (n); the report gives pass@k and pass^k for k = 1..n")
     evaluate.set_defaults(func=cmd_evaluate)

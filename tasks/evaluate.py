@@ -12,6 +12,7 @@ from math import comb
 from typing import Any
 
 from envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
+from tasks.engine import run_concurrently
 from tasks.policies import Policy
 from tasks.rollout import policy_params, rollout_seed, run_episode
 
@@ -55,8 +56,12 @@ def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int =
 
 def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
                     slack_steps: int | None = SLACK_STEPS) -> list[Rollout]:
-    return [run_episode(task, policy, rollout_seed(seed, task, k), limits=evaluation_budget(task, slack_steps))
-            for task in tasks for k in range(samples_per_task)]
+    """Every (task, sample)'s episode, up to the policy's `max_concurrency` in flight (tasks/engine.py)."""
+    def play(agent: Policy, job: tuple[TaskSpec, int]) -> Rollout:
+        task, k = job
+        return run_episode(task, agent, rollout_seed(seed, task, k), limits=evaluation_budget(task, slack_steps))
+
+    return run_concurrently(policy, [(task, k) for task in tasks for k in range(samples_per_task)], play)
 
 
 def pass_at_k(rollouts: list[Rollout]) -> dict[str, dict[int, dict[str, float | int]]]:

@@ -5,6 +5,11 @@ becomes the action text `<tool_call>{...}</tool_call>` that the env parses like 
 Settings: `base_url` (or GYMFOUNDRY_POLICY_BASE_URL, e.g. http://localhost:8000/v1) and
 `api_key` (or GYMFOUNDRY_POLICY_API_KEY / OPENAI_API_KEY; local servers need none).
 
+With `request_token_ids` the request asks a vLLM server for the sampled token ids
+(`return_token_ids`, `return_tokens_as_token_ids`); whenever a reply carries them, they are
+stored with the logprobs (`sampled_ids`), and otherwise the ids stay empty. `fork()` gives the
+rollout engine one conversation per episode in flight over one connection pool.
+
 Each request has `timeout_s` of wall-clock time in all (verifiers/endpoint.py). A request that
 gets no connection, no answer in time, 429 or 5xx is sent again up to `max_retries` times with
 backoff; whatever then goes wrong at the endpoint (those, another HTTP error, an unreadable reply)
@@ -17,8 +22,10 @@ with an error observation. The key is never kept: the reply's text, and every er
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -33,12 +40,27 @@ from verifiers.endpoint import ContextLengthExceeded, DeadlineClient, EndpointEr
 RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
+def sampled_ids(choice: dict[str, Any], content_logprobs: list[dict] | None) -> list[int] | None:
+    """The completion's token ids as the server returned them: the choice's `token_ids` (vLLM's
+    `return_token_ids`), else every logprob token written `token_id:<n>` (vLLM's
+    `return_tokens_as_token_ids`). Anything else (token strings only, a partial or malformed
+    list) gives None: ids are never rebuilt by re-tokenising text."""
+    ids = choice.get("token_ids")
+    if isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        return list(ids)
+    tokens = [t.get("token") for t in content_logprobs or []]
+    if tokens and all(isinstance(t, str) and re.fullmatch(r"token_id:\d+", t) for t in tokens):
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    return None
+
+
 class OpenAIPolicy:
     def __init__(self, model: str, tools: list[dict[str, Any]] | None = None, *, base_url: str | None = None,
                  api_key: str | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
                  system_prompt: str = SYSTEM_PROMPT, timeout_s: float = 60.0, transport: httpx.BaseTransport | None = None,
                  top_p: float | None = None, stop: list[str] | None = None, sampling_seed: int | None = None,
-                 max_retries: int = 2, retry_backoff_s: float = 0.5, sleep=None):
+                 max_retries: int = 2, retry_backoff_s: float = 0.5, sleep=None, max_connections: int = 100,
+                 request_token_ids: bool = False):
         self.model = model
         self.top_p, self.stop, self.sampling_seed = top_p, stop, sampling_seed
         self.max_retries, self.retry_backoff_s = max_retries, retry_backoff_s
@@ -51,7 +73,11 @@ class OpenAIPolicy:
         register_secret(key)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.timeout_s = timeout_s
-        self.client = DeadlineClient(timeout_s, base_url=self.base_url, headers=headers, transport=transport)
+        self.request_token_ids = request_token_ids
+        # One connection pool for the policy and all its forks: as many connections as episodes in flight.
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.client = DeadlineClient(timeout_s, base_url=self.base_url, headers=headers, transport=transport,
+                                     limits=limits)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.system_prompt = system_prompt
@@ -72,8 +98,15 @@ class OpenAIPolicy:
         options = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p, "stop": s.stop,
                    "sampling_seed": s.seed}
         return cls(spec.model, tools, base_url=spec.base_url, api_key=api_key, timeout_s=spec.timeout_s,
-                   max_retries=spec.max_retries, **{k: v for k, v in options.items() if v is not None},
-                   **{**spec.options, **kwargs})
+                   max_retries=spec.max_retries, max_connections=max(100, spec.max_concurrency),
+                   **{k: v for k, v in options.items() if v is not None}, **{**spec.options, **kwargs})
+
+    def fork(self) -> OpenAIPolicy:
+        """Another instance for a concurrent episode: the same client (its connection pool),
+        endpoint and knobs; its own conversation."""
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
 
     def reset(self, seed: int | None = None) -> None:
         self.seed = seed
@@ -98,6 +131,8 @@ class OpenAIPolicy:
             self.messages.append({"role": "user", "content": observation})
         body: dict[str, Any] = {"model": self.model, "messages": self.messages, "max_tokens": self.max_new_tokens,
                                 "temperature": self.temperature, "logprobs": True}
+        if self.request_token_ids:  # vLLM's fields (other servers may refuse them: off by default)
+            body.update(return_token_ids=True, return_tokens_as_token_ids=True)
         if self.tools:
             body["tools"] = self.tools
         if self.top_p is not None:
@@ -128,9 +163,9 @@ class OpenAIPolicy:
             text = thought
             self.messages.append({"role": "assistant", "content": thought})
         content_logprobs = ((choice.get("logprobs") or {}).get("content")) or None
-        logprobs = [t["logprob"] for t in content_logprobs] if content_logprobs else None
-        # Endpoints return token strings, not ids: ids stay unknown rather than re-tokenised.
-        return PolicyOutput(text=text, thought=thought or None, token_ids=None, logprobs=logprobs)
+        logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
+        return PolicyOutput(text=text, thought=thought or None, token_ids=sampled_ids(choice, content_logprobs),
+                            logprobs=logprobs)
 
     def _post(self, body: dict[str, Any]) -> httpx.Response:
         """The endpoint's reply, after up to `max_retries` retries (with doubling backoff) of a

@@ -22,6 +22,10 @@ class PolicyOutput:
 
 
 class Policy(Protocol):
+    """A policy may also have `fork()`: another instance for a concurrent episode (same weights,
+    client, knobs, id and version; its own episode state), safe to use from another thread. The
+    rollout engine (tasks/engine.py) needs it to keep more than one episode in flight."""
+
     policy_id: str
     version: str
 
@@ -58,8 +62,9 @@ def make_policy(spec: PolicySpec | str, family: str, **kwargs) -> Policy:
         from tasks.hf_policy import HFPolicy, family_tools
 
         s = spec.sampling
-        policy = HFPolicy(spec.model, family_tools(family), **{k: v for k, v in {
-            "max_new_tokens": s.max_tokens, "temperature": s.temperature}.items() if v is not None}, **spec.options)
+        knobs = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "max_batch": spec.max_concurrency}
+        policy = HFPolicy(spec.model, family_tools(family), **{
+            **{k: v for k, v in knobs.items() if v is not None}, **spec.options})
     elif spec.kind == "openai":
         from tasks.hf_policy import family_tools
         from tasks.openai_policy import OpenAIPolicy

@@ -6,17 +6,21 @@ clean state (a fresh env, the policy reset with the same seed), so with a determ
 the attempt that meets no fault is exactly the fault-free episode. Each attempt is its own
 rollout (the attempt is part of its id) and is kept, classified, so the run can account for
 every episode. Model outcomes are never retried. After `max_retries` the (task, sample) is
-skipped, or the run fails: `RetryExhausted` then carries every rollout collected before it.
+skipped, or the run fails: `RetryExhausted` then carries every rollout collected before it
+(with episodes in flight, those that were in flight too). Episodes run concurrently up to the
+policy's `max_concurrency` (tasks/engine.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from envs.records import FaultConfig, RetryPolicy, Rollout, TaskSpec
+from tasks.engine import run_concurrently
 from tasks.policies import Policy
 from tasks.rollout import rollout_seed, run_episode
 
@@ -32,22 +36,33 @@ class RetryExhausted(RuntimeError):
 def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int,
                          retry: RetryPolicy, faults: FaultConfig | None = None,
                          sleep: Callable[[float], None] = time.sleep) -> list[Rollout]:
-    rollouts = []
-    for task in tasks:
-        for sample in range(samples_per_task):
-            episode_seed = rollout_seed(seed, task, sample)
-            for attempt in range(retry.max_retries + 1):
-                if attempt:
-                    sleep(retry.delay_s(attempt))
-                rollout = run_episode(task, policy, episode_seed, attempt, faults)
-                rollouts.append(rollout)
-                if rollout.termination not in retry.retry_on:
-                    break
-            else:
-                if retry.on_exhausted == "fail":
-                    raise RetryExhausted(f"task {task.task_id} sample {sample}: {retry.max_retries + 1} attempts "
-                                         f"ended in {rollout.termination.value}: {rollout.termination_reason}",
-                                         rollouts)
+    """Every (task, sample)'s attempts, up to the policy's `max_concurrency` episodes in flight
+    (tasks/engine.py), in (task, sample, attempt) order whatever order they finished in."""
+    stop = threading.Event()
+
+    def attempts(agent: Policy, job: tuple[TaskSpec, int]) -> tuple[list[Rollout], str | None]:
+        task, sample = job
+        episode_seed = rollout_seed(seed, task, sample)
+        played = []
+        for attempt in range(retry.max_retries + 1):
+            if attempt:
+                sleep(retry.delay_s(attempt))
+            rollout = run_episode(task, agent, episode_seed, attempt, faults)
+            played.append(rollout)
+            if rollout.termination not in retry.retry_on:
+                return played, None
+        if retry.on_exhausted != "fail":
+            return played, None
+        stop.set()  # nothing further starts; the episodes in flight end and are kept
+        return played, (f"task {task.task_id} sample {sample}: {retry.max_retries + 1} attempts ended in "
+                        f"{rollout.termination.value}: {rollout.termination_reason}")
+
+    jobs = [(task, sample) for task in tasks for sample in range(samples_per_task)]
+    results = [r for r in run_concurrently(policy, jobs, attempts, stop) if r is not None]
+    rollouts = [rollout for played, _ in results for rollout in played]
+    failures = [error for _, error in results if error]
+    if failures:
+        raise RetryExhausted(failures[0], rollouts)
     return rollouts
 
 

@@ -1,0 +1,84 @@
+"""The rollout engine: many episodes in flight at once, over the same env stack, wrappers,
+retry policy and records as a single episode.
+
+Each in-flight episode runs in a thread of its own with a policy instance of its own, made by
+`policy.fork()` (same weights, client, knobs, id and version; a fresh episode state). An
+endpoint policy then has up to N requests in flight; the `hf` policy's forks share a batcher
+that decodes their turns in one batched forward. N is the spec's `max_concurrency` and holds
+per worker process: every batch of one run in one process draws from the same N slots
+(`slots`), so N is what the endpoint sees however many Prefect batch tasks run side by side.
+
+A policy that cannot fork (a custom policy without `fork`) plays its episodes one after another.
+Results come back in the order of the items, whatever order the episodes finished in."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from envs.records import PolicySpec
+from tasks.policies import Policy
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+_SLOTS: dict[tuple, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def concurrency_of(policy: Policy) -> int:
+    """How many episodes of `policy` may be in flight: its spec's `max_concurrency`, or 1."""
+    spec = getattr(policy, "spec", None)
+    n = spec.max_concurrency if isinstance(spec, PolicySpec) else 1
+    return n if n > 1 and callable(getattr(policy, "fork", None)) else 1
+
+
+def slots(policy: Policy, n: int) -> threading.BoundedSemaphore:
+    """The process-wide `n` slots of one policy (by id, version and endpoint)."""
+    key = (policy.policy_id, policy.version, getattr(policy, "base_url", None), n)
+    with _SLOTS_LOCK:
+        return _SLOTS.setdefault(key, threading.BoundedSemaphore(n))
+
+
+def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Policy, Item], Result],
+                     stop: threading.Event | None = None, concurrency: int | None = None) -> list[Result | None]:
+    """`play(agent, item)` for every item, up to `concurrency` (default: `concurrency_of(policy)`)
+    at once, each with an agent of its own (a fork of `policy`; `policy` itself when serial).
+    Once `stop` is set, items not yet started are not played (their result is None). An
+    exception raised by a `play` sets it; the first (in item order) is raised here once the
+    episodes in flight have ended."""
+    n = concurrency or concurrency_of(policy)
+    stop = stop or threading.Event()
+    if n <= 1 or len(items) <= 1:
+        return [None if stop.is_set() else play(policy, item) for item in items]
+    limit = slots(policy, n)
+    agents: queue.SimpleQueue[Policy] = queue.SimpleQueue()
+
+    def one(item: Item) -> Result | None:
+        with limit:
+            if stop.is_set():
+                return None
+            agent = None
+            try:
+                try:
+                    agent = agents.get_nowait()
+                except queue.Empty:
+                    agent = policy.fork()
+                return play(agent, item)
+            except BaseException:
+                stop.set()  # an error ends the run: nothing further starts
+                raise
+            finally:
+                if agent is not None:
+                    agents.put(agent)
+
+    with ThreadPoolExecutor(max_workers=min(n, len(items)), thread_name_prefix="episode") as pool:
+        futures = [pool.submit(one, item) for item in items]
+        errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
