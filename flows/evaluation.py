@@ -76,16 +76,19 @@ def evaluate(model: str | None = None, family: str = "inventory", data_dir: str 
              policy: PolicySpec | str = "hf", splits: list[str] = list(HELDOUT_SPLITS), limit: int | None = 40,  # noqa: B006
              levels: list[int] | None = None, seed: int = 0, samples_per_task: int = 1, max_new_tokens: int = 96,
              temperature: float = 0.0, land: bool = True, policy_kwargs: dict[str, Any] | None = None,
-             reuse: bool = True) -> dict[str, Any]:
+             reuse: bool = True, concurrency: int | None = None) -> dict[str, Any]:
     """Success rate of a policy on the family's held-out tasks: a `PolicySpec` (its sampling
     and `max_concurrency` included), or a kind name with `model` (a local checkpoint directory
     for `policy="hf"`; a model name on an OpenAI-compatible endpoint for `policy="openai"`),
-    `max_new_tokens`, `temperature` and `policy_kwargs` (see `evaluation_spec`)."""
+    `max_new_tokens`, `temperature` and `policy_kwargs` (see `evaluation_spec`). `concurrency`
+    replaces the spec's `max_concurrency` (episodes in flight; an hf checkpoint's decoding batch)."""
     logger = get_run_logger()
     tasks = heldout_tasks(data_dir, family, tuple(splits), limit, tuple(levels) if levels else None)
     if not tasks:
         raise ValueError(f"no held-out tasks of {family!r} in {data_dir}; run the factory first")
     spec = evaluation_spec(policy, model, max_new_tokens, temperature, policy_kwargs)
+    if concurrency is not None:
+        spec = spec.model_copy(update={"max_concurrency": concurrency})
     rollouts = run_heldout(tasks, family, spec, seed, samples_per_task, data_dir if reuse else None)
     report = summarize(rollouts, tasks)
     report.update(model=spec.model, family=family, policy=spec.model_dump(mode="json"), policy_id=rollouts[0].policy_id,

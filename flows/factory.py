@@ -93,8 +93,8 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
 
 @task(name="assemble", cache_policy=NO_CACHE)
 def assemble(data_dir: str, families: list[str], policy_version: str | None = None, learnability: str = "p(1-p)",
-             min_margin: float = 0.5) -> dict[str, Any]:
-    return assemble_stage.assemble_datasets(data_dir, families, policy_version=policy_version,
+             min_margin: float = 0.5, policy_id: str | None = None) -> dict[str, Any]:
+    return assemble_stage.assemble_datasets(data_dir, families, policy_id=policy_id, policy_version=policy_version,
                                             learnability=learnability, min_margin=min_margin)
 
 
@@ -203,9 +203,10 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
         raise RetryExhausted(f"run {run.run_id} failed: {error}. What completed landed "
                              f"({', '.join(f'{k}={v}' for k, v in sorted(landed.items()))}) and the failed run "
                              f"is recorded in `runs`; no dataset was assembled")
-    versions = {r.policy_version for r in rollouts}  # the curriculum measures this run's policy
-    datasets = assemble(data_dir, families, versions.pop() if len(versions) == 1 else None, learnability,
-                        min_margin)
+    # The curriculum measures this run's policy (a checkpoint: its weights' fingerprint).
+    policies = {(r.policy_id, r.policy_version) for r in rollouts}
+    policy_id, policy_version = policies.pop() if len(policies) == 1 else (None, None)
+    datasets = assemble(data_dir, families, policy_version, learnability, min_margin, policy_id)
     run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record_run(data_dir, run)
     if quarantined:

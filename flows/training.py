@@ -19,7 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 import envs  # noqa: F401  registers the built-in environments
-from envs.records import TrainingRun, content_hash
+from envs.records import PolicySpec, TrainingRun, content_hash
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
 DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4, copy_steps=2400)
@@ -80,9 +80,10 @@ def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
 def train(dataset: str | None = None, method: str = "sft", base_model: str | None = None,
           data_dir: str = ".gymfoundry", output_dir: str | None = None,
           hyperparameters: dict[str, Any] | None = None, evaluate_family: str | None = None,
-          eval_limit: int | None = 40) -> dict[str, Any]:
+          eval_limit: int | None = 40, eval_concurrency: int = 1) -> dict[str, Any]:
     """Train and land a `training_runs` row. With `evaluate_family`, the checkpoint is also
-    evaluated on that family's held-out tasks and the success rate joins the run's metrics."""
+    evaluated on that family's held-out tasks (`eval_concurrency` episodes decoded in one batch)
+    and the success rate joins the run's metrics."""
     from tasks.hf_policy import checkpoint_version
 
     logger = get_run_logger()
@@ -107,7 +108,8 @@ def train(dataset: str | None = None, method: str = "sft", base_model: str | Non
     if evaluate_family:
         from flows.evaluation import evaluate
 
-        report = evaluate(model=out, family=evaluate_family, data_dir=data_dir, limit=eval_limit)
+        report = evaluate(model=out, family=evaluate_family, data_dir=data_dir, limit=eval_limit,
+                          concurrency=eval_concurrency)
         metrics["heldout"] = {k: report[k] for k in ("success_rate", "by_level", "episodes", "terminations")}
     run = run.model_copy(update={"checkpoint": out, "checkpoint_version": checkpoint_version(out),
                                  "metrics": _jsonable(metrics), "finished_at": _now()})
@@ -156,8 +158,10 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
                 mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 150,
                 train_seconds: float = 900, arms: list[str] | None = None, grpo_seconds: float = 180,
                 hyperparameters: dict[str, Any] | None = None, grpo_hyperparameters: dict[str, Any] | None = None,
-                base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Factory → tiny base model → held-out success before → each arm trained from the same base
+                base: dict[str, Any] | None = None, policy: PolicySpec | str = "scripted",
+                eval_concurrency: int = 1) -> dict[str, Any]:
+    """Factory (collecting with `policy`, a PolicySpec or kind name as `factory` takes it) →
+    tiny base model → held-out success before → each arm trained from the same base
     for the same `train_seconds` of wall time → held-out success after. Arms: `sft` (no step
     weights), `sft_weighted` (PRM step weights), `sft_then_grpo` (weighted SFT for
     `train_seconds - grpo_seconds`, then step-level GRPO in the live envs for `grpo_seconds`).
@@ -172,13 +176,14 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
     if "sft_then_grpo" in arms and not 0 < grpo_seconds < train_seconds:
         raise ValueError("sft_then_grpo needs 0 < grpo_seconds < train_seconds")
     started = time.perf_counter()
-    report = factory(families=[family], tasks_per_family=tasks, seed=seed, mistake_rate=mistake_rate,
+    report = factory(families=[family], tasks_per_family=tasks, seed=seed, policy=policy, mistake_rate=mistake_rate,
                      samples_per_task=samples_per_task, data_dir=data_dir)
     sft = report["datasets"]["sft"]
     base_started = time.perf_counter()
     base_model = default_base_model(data_dir, family, **(base or {}))
     base_seconds = round(time.perf_counter() - base_started, 1)
-    before = evaluate(model=base_model, family=family, data_dir=data_dir, limit=eval_limit)
+    before = evaluate(model=base_model, family=family, data_dir=data_dir, limit=eval_limit,
+                      concurrency=eval_concurrency)
     # A gentle learning rate keeps the base's copying circuits (3e-3 wipes them in 100 steps).
     hp = {"max_steps": 100000, "batch_size": 4, "learning_rate": 1e-3, "warmup_steps": 50,
           "time_limit_s": train_seconds, "logging_steps": 25, **(hyperparameters or {})}
@@ -186,7 +191,8 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
     def sft_run(weighted: bool, seconds: float, evaluate_after: bool = True) -> dict[str, Any]:
         return train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
                      hyperparameters={**hp, "weighted": weighted, "time_limit_s": seconds},
-                     evaluate_family=family if evaluate_after else None, eval_limit=eval_limit)
+                     evaluate_family=family if evaluate_after else None, eval_limit=eval_limit,
+                     eval_concurrency=eval_concurrency)
 
     runs, stages = {}, {}
     if "sft" in arms:
@@ -199,7 +205,8 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
                                       hyperparameters={"max_steps": 100000, "family": family, "learning_rate": 1e-4,
                                                        "tasks": 64, "num_generations": 4, "max_completion_length": 96,
                                                        **(grpo_hyperparameters or {}), "time_limit_s": grpo_seconds},
-                                      evaluate_family=family, eval_limit=eval_limit)
+                                      evaluate_family=family, eval_limit=eval_limit,
+                                      eval_concurrency=eval_concurrency)
         stages["sft_then_grpo"] = first
     figures = {"family": family, "data_dir": str(Path(data_dir).resolve()), "sft_rows": sft["rows"],
                "base_model": base_model, "base_build_seconds": base_seconds,

@@ -52,7 +52,8 @@ def cmd_loop(args: argparse.Namespace) -> int:
     from flows.training import closed_loop
 
     figures = closed_loop(family=args.family, data_dir=args.data_dir, tasks=args.tasks, eval_limit=args.eval_limit,
-                          train_seconds=args.train_seconds, arms=args.arms.split(","), grpo_seconds=args.grpo_seconds)
+                          train_seconds=args.train_seconds, arms=args.arms.split(","), grpo_seconds=args.grpo_seconds,
+                          eval_concurrency=args.eval_concurrency)
     print(json.dumps(figures, indent=2))
     return 0
 
@@ -94,4 +95,6 @@ def add_training_commands(sub) -> None:
                       help="comma-separated: sft (no step weights), sft_weighted, sft_then_grpo; each gets --train-seconds")
     loop.add_argument("--grpo-seconds", type=float, default=180,
                       help="sft_then_grpo: the last N of its --train-seconds are step-level GRPO")
+    loop.add_argument("--eval-concurrency", type=int, default=1,
+                      help="held-out episodes decoded in one batch by each checkpoint")
     loop.set_defaults(func=cmd_loop)

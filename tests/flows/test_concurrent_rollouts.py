@@ -123,3 +123,19 @@ def test_the_engine_bounds_what_is_in_flight_and_keeps_item_order():
     assert run_concurrently(serial, [1, 2, 3], serial.play) == [2, 4, 6] and serial.peak == 1
     with pytest.raises(ValueError, match="boom"):
         run_concurrently(policy, [1, "boom", 3], policy.play, concurrency=3)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_cli_evaluate_runs_held_out_episodes_concurrently_from_a_spec(tmp_path, capsys):
+    data_dir = str(tmp_path / "data")
+    assert main(["run", "--tasks", "30", "--samples", "1", "--data-dir", data_dir]) == 0
+    with OpenAIStub(respond=delayed(inventory_agent, 0.1)) as server:
+        code = main(["evaluate", "--policy", "openai", "--model", "stub", "--base-url", server.base_url,
+                     "--concurrency", "16", "--samples", "2", "--data-dir", data_dir])
+    out = capsys.readouterr().out
+    assert code == 0 and "pass@2" in out
+    with Warehouse(data_dir, read_only=True) as wh:
+        heldout = wh.sql("select count(*) n from tasks where split in ('test', 'val')").to_pylist()[0]["n"]
+        played = wh.sql("select count(*) n from rollouts where policy_id = 'openai:stub'").to_pylist()[0]["n"]
+    assert heldout >= 2 and played == 2 * heldout and len(server.requests) == 2 * played
+    assert server.max_in_flight == min(16, 2 * heldout)

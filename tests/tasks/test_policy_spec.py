@@ -104,7 +104,10 @@ def test_the_endpoint_deployment_names_its_model_with_a_spec():
     import yaml
 
     prefect_yaml = Path(__file__).resolve().parents[2] / "deployments" / "prefect.yaml"
-    (deployment,) = [d for d in yaml.safe_load(prefect_yaml.read_text())["deployments"]
-                     if d["name"] == "factory-endpoint"]
-    spec = PolicySpec.model_validate(deployment["parameters"]["policy"])
-    assert spec.kind == "openai" and spec.base_url and spec.api_key_env and spec.policy_id.startswith("openai:")
+    deployments = {d["name"]: d for d in yaml.safe_load(prefect_yaml.read_text())["deployments"]}
+    for name, entrypoint in [("factory-endpoint", "flows/factory.py:factory"),
+                             ("evaluate-endpoint", "flows/evaluation.py:evaluate")]:
+        assert deployments[name]["entrypoint"] == entrypoint
+        spec = PolicySpec.model_validate(deployments[name]["parameters"]["policy"])
+        assert spec.kind == "openai" and spec.base_url and spec.api_key_env and spec.policy_id.startswith("openai:")
+        assert spec.max_concurrency >= 128
