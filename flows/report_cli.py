@@ -1,0 +1,26 @@
+"""`gymfoundry report` (hooked into flows.cli): the HTML report of a data dir."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from flows.report import write_html_report
+
+    out = args.out or Path(args.data_dir) / "reports" / "report.html"
+    print(write_html_report(args.data_dir, out))
+    return 0
+
+
+def add_report_command(sub, default_data_dir: str = ".gymfoundry") -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML report (charts and tables, no network) of a "
+                                      "data dir",
+                       description="Charts (success by difficulty, reward by layer, training) and the analysis "
+                                   "tables in one HTML file that opens offline. Example: gymfoundry report "
+                                   "--data-dir .gymfoundry --out report.html",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data-dir", default=default_data_dir)
+    p.add_argument("--out", help="the HTML file to write (default: <data-dir>/reports/report.html)")
+    p.set_defaults(func=cmd_report)
