@@ -2,13 +2,16 @@
 
 - **SFT**: TRL conversational rows (`messages`, `tools` as a JSON string, tool-call arguments
   as JSON strings) of verified successes, with the PRM reward of each assistant turn
-  (`step_rewards`).
-- **DPO**: `prompt` / `chosen` / `rejected` message lists from the same task. Trajectory pairs:
-  the task's best verified success against each other model outcome whose value (success +
-  mean step reward) is at least `min_margin` lower. Step pairs: a success and a model failure
-  that made the same calls and saw the same results up to step k, then diverged; the prompt is
-  that shared prefix, chosen and rejected are their step-k turns (kept when the step reward of
-  chosen is at least `min_step_margin` above rejected's).
+  (`step_rewards`) and the assistant turns whose reward is negative (`masked_turns`: a success
+  can still over-reserve and then release; those turns stay in the conversation as context and
+  are kept out of the loss).
+- **DPO**: `prompt` / `chosen` / `rejected` message lists from the same task, each side ending
+  on an assistant turn (a trailing tool result would be scored as if the model wrote it).
+  Trajectory pairs: the task's best verified success against each other model outcome whose
+  value (success + mean step reward) is at least `min_margin` lower. Step pairs: a success and a
+  model failure that made the same calls and saw the same results up to step k, then diverged;
+  the prompt is that shared prefix, chosen and rejected are their step-k turns (kept when the
+  step reward of chosen is at least `min_step_margin` above rejected's).
 - **GRPO**: one prompt row per task, with the env id and the generator seed and level that
   recreate the task (`envs.make(env_id).generate_task(seed, level)`), for online RL.
 
@@ -18,7 +21,8 @@ those train tasks and check no split themselves. Every row is scanned
 for hidden values and deduplicated by content. Rows carry a sampling `weight` from the
 curriculum (tasks/curriculum.py), reduced per rollout. Each dataset is a content-addressed
 Parquet file under `<data_dir>/datasets/` plus a `datasets` row (mixture, success rates,
-parameters) and `dataset_rows` (lineage to rollouts) in the warehouse.
+parameters) and `dataset_rows` (lineage to rollouts) in the warehouse. `load_dataset` reads one
+for TRL, with tool-call arguments as the chat template wants them (docs/datasets.md).
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling too
 MODEL_FAILURES = MODEL_OUTCOMES - {Termination.success}
 DATASETS_DIR = "datasets"
 KINDS = ("sft", "dpo", "grpo")
-CONTENT = {"sft": ("messages", "tools"), "dpo": ("prompt", "chosen", "rejected", "tools"),
+TOOL_ARGUMENTS = ("dict", "string")
+MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected")
+CONTENT = {"sft": ("messages", "tools", "masked_turns"), "dpo": ("prompt", "chosen", "rejected", "tools"),
            "grpo": ("task_id", "env_id", "seed", "level")}
 OWNER: dict[str, Callable[[dict], str]] = {
     "sft": lambda row: row["rollout_id"],
@@ -102,8 +108,10 @@ def sft_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout],
         task = tasks[rollout.task_id]
         if rollout.termination != Termination.success:
             continue
+        rewards = _rewards(rollout, step_rewards)
         rows.append({"messages": prompt_messages(rollout) + turn_messages(rollout), **_row_base(task),
-                     "step_rewards": _rewards(rollout, step_rewards), "rollout_id": rollout.rollout_id})
+                     "step_rewards": rewards, "masked_turns": [k for k, r in enumerate(rewards) if r < 0],
+                     "rollout_id": rollout.rollout_id})
     return rows
 
 
@@ -133,8 +141,9 @@ def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: 
             margin = value[chosen.rollout_id] - value[other.rollout_id]
             if other is chosen or margin < min_margin:
                 continue
-            rows.append(_pair(task, chosen, other, prompt_messages(chosen), turn_messages(chosen),
-                              turn_messages(other), "trajectory", None, margin))
+            good, bad = until_last_assistant(turn_messages(chosen)), until_last_assistant(turn_messages(other))
+            if good != bad:
+                rows.append(_pair(task, chosen, other, prompt_messages(chosen), good, bad, "trajectory", None, margin))
         failures = [r for r in group if r.termination in MODEL_FAILURES]
         for good in successes:
             for bad in sorted(failures, key=lambda r: r.rollout_id):
@@ -148,6 +157,13 @@ def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: 
                 rows.append(_pair(task, good, bad, prefix, step_messages(good.steps[k])[:1],
                                   step_messages(bad.steps[k])[:1], "step", k, margin))
     return rows
+
+
+def until_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` up to and including the last assistant turn: what follows it (the tool result
+    or observation that turn received) is the env's text, not the model's."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    return messages[:last + 1]
 
 
 def divergence(a: Rollout, b: Rollout) -> int | None:
@@ -197,7 +213,11 @@ def write_dataset(rows: list[dict[str, Any]], dataset_id: str, out_dir: Path) ->
     if not path.exists():
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        table = pa.Table.from_pylist(rows)
+        if "masked_turns" in table.column_names:  # all rows without one would infer list<null>
+            table = table.set_column(table.schema.get_field_index("masked_turns"), "masked_turns",
+                                     table["masked_turns"].cast(pa.list_(pa.int64())))
+        pq.write_table(table, tmp)
         tmp.replace(path)
     return path
 
@@ -285,11 +305,38 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
     return result
 
 
-def load_dataset(path: str | Path):
-    """A dataset file as a `datasets.Dataset`, as TRL's trainers take it."""
+def load_dataset(path: str | Path, tool_arguments: str | None = None):
+    """A dataset file as a `datasets.Dataset`, as TRL's trainers take it.
+
+    `tool_arguments`: None keeps the tool-call arguments as stored (JSON strings); "dict" gives
+    them as dicts, for chat templates that `tojson` them (Qwen2.5, Llama 3.x, gpt-oss: a string
+    would be encoded twice), stored with `datasets.Json` so that calls of different tools keep
+    their own keys; "string" as JSON strings (Qwen3, DeepSeek-V3). Applied to every assistant
+    tool call of `messages`, `prompt`, `chosen` and `rejected`."""
     import datasets
 
-    return datasets.Dataset.from_parquet(str(path))
+    if tool_arguments is None:
+        return datasets.Dataset.from_parquet(str(path))
+    rows = [{k: with_tool_arguments(v, tool_arguments) if k in MESSAGE_COLUMNS else v for k, v in row.items()}
+            for row in pq.read_table(path).to_pylist()]
+    return datasets.Dataset.from_list(rows, on_mixed_types="use_json")
+
+
+def with_tool_arguments(messages: list[dict[str, Any]], form: str) -> list[dict[str, Any]]:
+    """`messages` with the arguments of every assistant tool call as a dict or a JSON string."""
+    if form not in TOOL_ARGUMENTS:
+        raise ValueError(f"unknown tool_arguments {form!r}; use one of {TOOL_ARGUMENTS} (or None: as stored)")
+    return [{**m, "tool_calls": [_call_with_arguments(c, form) for c in m["tool_calls"]]}
+            if m.get("role") == "assistant" and m.get("tool_calls") else m for m in messages]
+
+
+def _call_with_arguments(call: dict[str, Any], form: str) -> dict[str, Any]:
+    arguments = call["function"]["arguments"]
+    if form == "dict" and isinstance(arguments, str):
+        arguments = json.loads(arguments)
+    elif form == "string" and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, sort_keys=True)
+    return {**call, "function": {**call["function"], "arguments": arguments}}
 
 
 def summary(data_dir: str, families: list[str]) -> list[dict[str, Any]]:

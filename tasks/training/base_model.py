@@ -166,14 +166,62 @@ def load_model(path: str | Path, dtype=None):
 
 
 def ensure_generation_template(tokenizer) -> None:
-    """Assistant-only loss needs `{% generation %}` markers. Most hub templates lack them; a
-    ChatML tokenizer (Qwen and many others) gets this project's template, others must bring one."""
-    template = tokenizer.chat_template or ""
-    if "{% generation %}" in template or "{%- generation %}" in template:
+    """Assistant-only loss needs `{% generation %}` markers. A template that has them is kept.
+    One without them that TRL knows (TRL matches the template text exactly against the
+    originals it ships) gets TRL's training variant of it, the model's own format with markers
+    added; any other ChatML tokenizer gets this project's compact template; others must bring
+    one. `template_source` names the result."""
+    from jinja2 import TemplateError
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if tokenizer.chat_template and has_generation_markers(tokenizer.chat_template):
         return
+    if tokenizer.chat_template:
+        try:
+            training = get_training_chat_template(tokenizer)
+        except (ValueError, TemplateError):  # TRL ships no training variant of this template
+            training = None
+        if training:
+            tokenizer.chat_template = training
+            return
     vocab = tokenizer.get_vocab()
     if TURN_START in vocab and TURN_END in vocab:
         tokenizer.chat_template = CHAT_TEMPLATE
         return
-    raise ValueError("the tokenizer's chat template has no {% generation %} markers and is not ChatML; "
-                     "set tokenizer.chat_template to one that marks assistant turns")
+    raise ValueError("the tokenizer's chat template has no {% generation %} markers, TRL ships no training "
+                     "variant of it and it is not ChatML; set tokenizer.chat_template to one that marks "
+                     "assistant turns")
+
+
+def template_source(template: str | dict | None) -> str:
+    """Where a chat template comes from: "gymfoundry-compact" (this project's), "trl:<name>"
+    (a training template TRL ships), else "model" (the checkpoint's own)."""
+    from trl import chat_template_utils
+
+    if template == CHAT_TEMPLATE:
+        return "gymfoundry-compact"
+    for name, text in vars(chat_template_utils).items():
+        if name.endswith("_training_chat_template") and text == template:
+            return "trl:" + name.removesuffix("_chat_template")
+    return "model"
+
+
+_ARGUMENT_FORMS: dict[str, str] = {}
+_PROBE = [{"role": "user", "content": "hi"},
+          {"role": "assistant", "content": "", "tool_calls": [
+              {"type": "function", "function": {"name": "probe", "arguments": '{"probe_key": 1}'}}]}]
+
+
+def tool_arguments_for(tokenizer) -> str:
+    """How the tokenizer's chat template wants tool-call arguments: "dict" when it JSON-encodes
+    them itself (a JSON string would come out encoded twice) or refuses a string, else "string"."""
+    from jinja2 import TemplateError
+
+    key = str(tokenizer.chat_template)
+    if key not in _ARGUMENT_FORMS:
+        try:
+            text = tokenizer.apply_chat_template(_PROBE, tokenize=False)
+            _ARGUMENT_FORMS[key] = "dict" if '\\"probe_key\\"' in text else "string"
+        except (TemplateError, TypeError, ValueError):
+            _ARGUMENT_FORMS[key] = "dict"
+    return _ARGUMENT_FORMS[key]

@@ -214,7 +214,7 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
 
     from tasks.isolate import landed_holdout_fractions, landed_splits
     from tasks.training.base_model import load_model
-    from tasks.training.runners import TimeLimit
+    from tasks.training.runners import TimeLimit, template_metrics
 
     model, tokenizer = load_model(base_model)
     known = landed_splits(hp.data_dir)  # the splits recorded where the factory landed its tasks
@@ -244,4 +244,4 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     return {"steps": trainer.state.global_step, "examples": len(episodes.rollouts),
             "train_seconds": round(train_seconds, 2), "final_loss": history[-1][1] if history else None,
             "loss_history": history, "group_success": episodes.group_success, "rollouts": episodes.rollouts,
-            "tasks": list({t.task_id: t for t in tasks}.values())}
+            "tasks": list({t.task_id: t for t in tasks}.values()), **template_metrics(tokenizer)}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
 
 from transformers import TrainerCallback
 
-from tasks.training.base_model import load_model
+from tasks.training.base_model import load_model, template_source, tool_arguments_for
+
+logger = logging.getLogger(__name__)
 from tasks.training.curriculum import CurriculumMixin, CurriculumSampler, row_weight
 
 
@@ -65,6 +68,13 @@ def curriculum_for(examples, hp) -> CurriculumSampler | None:
                              hp.max_steps * hp.batch_size * hp.grad_accum, seed=hp.seed)
 
 
+def template_metrics(tokenizer) -> dict[str, str]:
+    """Which chat template the run trained with, and the tool-argument form it was given."""
+    used = {"chat_template": template_source(tokenizer.chat_template), "tool_arguments": tool_arguments_for(tokenizer)}
+    logger.info("training with chat template %(chat_template)s, tool-call arguments as %(tool_arguments)s", used)
+    return used
+
+
 def finish(trainer, tokenizer, output_dir: str, examples: int, started: float) -> dict[str, Any]:
     train_seconds = time.perf_counter() - started
     trainer.save_model(output_dir)
@@ -72,7 +82,7 @@ def finish(trainer, tokenizer, output_dir: str, examples: int, started: float) -
     history = [h for h in trainer.state.log_history if "loss" in h]
     return {"steps": trainer.state.global_step, "examples": examples, "train_seconds": round(train_seconds, 2),
             "final_loss": history[-1]["loss"] if history else None,
-            "loss_history": [(h["step"], round(h["loss"], 4)) for h in history]}
+            "loss_history": [(h["step"], round(h["loss"], 4)) for h in history], **template_metrics(tokenizer)}
 
 
 def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 - Observation masking: the loss covers exactly the tokens inside the chat template's
   `{% generation %}` markers (assistant turns with their end-of-turn token); system, user and
   tool turns carry none. The mask comes from the template, never from re-tokenised prefixes.
-- Step-weighted loss: each assistant turn's tokens carry the weight of that step,
+- Negative-reward turns: the assistant turns a row lists in `masked_turns` (its step reward is
+  negative: a success that over-reserved, then released) stay in the context and carry no loss.
+- Step-weighted loss: each trained assistant turn's tokens carry the weight of that step,
   exp(reward / temperature) of its PRM step reward, mean-normalised per rollout (so a rollout's
   weights average 1 and the loss is never identically zero, even when every reward is 0).
 - Trajectory chunking: a conversation longer than `max_length` is cut at step boundaries into
@@ -23,6 +25,9 @@ import torch.nn.functional as F
 from trl import SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from tasks.assemble import with_tool_arguments
+from tasks.training.base_model import tool_arguments_for
+
 STEP_WEIGHT_TEMPERATURE = 0.25
 
 
@@ -41,11 +46,36 @@ def step_weights(rewards: list[float], temperature: float = STEP_WEIGHT_TEMPERAT
 
 
 def render_ids(tokenizer, messages: list[dict], tools: list[dict] | str | None) -> tuple[list[int], list[int]]:
-    """Token ids of the conversation and its assistant mask from the template's markers."""
+    """Token ids of the conversation and its assistant mask from the template's markers, the
+    tool-call arguments given as the template wants them (`tool_arguments_for`)."""
     tools = json.loads(tools) if isinstance(tools, str) else tools
+    messages = with_tool_arguments(messages, tool_arguments_for(tokenizer))
     out = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True, return_dict=True,
                                         return_assistant_tokens_mask=True)
     return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def turn_spans(row: dict[str, Any], tokenizer) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of an SFT row and the [start, end) span of each assistant turn, checked to be
+    one span per assistant message."""
+    ids, mask = render_ids(tokenizer, row["messages"], row.get("tools"))
+    spans = assistant_spans(mask)
+    n_assistant = sum(m["role"] == "assistant" for m in row["messages"])
+    if len(spans) != n_assistant:
+        raise ValueError(f"template marked {len(spans)} assistant spans for {n_assistant} assistant turns")
+    return ids, spans
+
+
+def assistant_tokens(row: dict[str, Any], tokenizer) -> dict[str, list[int]]:
+    """An SFT row as plain TRL's SFTTrainer takes it pre-tokenised: `input_ids` and
+    `assistant_masks` (TRL builds the labels from it), the `masked_turns` left out."""
+    ids, spans = turn_spans(row, tokenizer)
+    masked = set(row.get("masked_turns") or [])
+    mask = [0] * len(ids)
+    for k, (a, b) in enumerate(spans):
+        if k not in masked:
+            mask[a:b] = [1] * (b - a)
+    return {"input_ids": ids, "assistant_masks": mask}
 
 
 def assistant_spans(mask: list[int]) -> list[tuple[int, int]]:
@@ -64,16 +94,14 @@ def sft_examples(row: dict[str, Any], tokenizer, max_length: int | None = None, 
                  weighted: bool = True, temperature: float = STEP_WEIGHT_TEMPERATURE) -> list[dict[str, list]]:
     """Trainer-ready examples (`input_ids`, `labels`, `token_weights`) of one SFT row, chunked
     at step boundaries when the conversation exceeds `max_length`."""
-    ids, mask = render_ids(tokenizer, row["messages"], row.get("tools"))
-    spans = assistant_spans(mask)
-    n_assistant = sum(m["role"] == "assistant" for m in row["messages"])
-    if len(spans) != n_assistant:
-        raise ValueError(f"template marked {len(spans)} assistant spans for {n_assistant} assistant turns")
+    ids, spans = turn_spans(row, tokenizer)
+    masked = set(row.get("masked_turns") or [])
+    kept = [k for k in range(len(spans)) if k not in masked]
     rewards = list(row.get("step_rewards") or [])
     if weighted and len(rewards) == len(spans):
-        weights = step_weights(rewards, temperature)
+        weights = dict(zip(kept, step_weights([rewards[k] for k in kept], temperature)))
     else:
-        weights = [1.0] * len(spans)
+        weights = dict.fromkeys(kept, 1.0)
     prefix_end = spans[0][0] if spans else len(ids)
     # Step k's context region starts at its assistant span and runs to the next one.
     starts = [s for s, _ in spans]
@@ -95,12 +123,13 @@ def sft_examples(row: dict[str, Any], tokenizer, max_length: int | None = None, 
             continue
         chunk = list(range(prefix_end)) + list(range(starts[context], spans[last - 1][1]))
         labels, token_weights = [], []
-        trained = {i: k for k in range(first, last) for i in range(*spans[k])}
+        trained = {i: k for k in range(first, last) if k in weights for i in range(*spans[k])}
         for i in chunk:
             hit = i in trained
             labels.append(ids[i] if hit else -100)
             token_weights.append(weights[trained[i]] if hit else 0.0)
-        examples.append({"input_ids": [ids[i] for i in chunk], "labels": labels, "token_weights": token_weights})
+        if trained:  # a chunk of masked turns only has nothing to train
+            examples.append({"input_ids": [ids[i] for i in chunk], "labels": labels, "token_weights": token_weights})
         first = last
     return examples
 

@@ -219,3 +219,111 @@ def test_trl_trainers_accept_the_datasets_unchanged(built, tmp_path):
                          args=DPOConfig(output_dir=str(tmp_path / "dpo"), **{**common, "max_length": None}))
     assert len(trainer.train_dataset) == len(dpo)
     assert trainer.train().global_step == 1
+
+
+def test_sft_rows_list_their_negative_reward_turns(built):
+    data_dir, result, _ = built
+    sft = load_dataset(result["sft"]["path"]).to_list()
+    with Warehouse(data_dir, read_only=True) as wh:
+        rewards = latest_step_rewards(wh)
+    for row in sft:
+        assert row["masked_turns"] == [k for k, r in enumerate(rewards[row["rollout_id"]]) if r < 0]
+    # Successes that over-reserved or repeated themselves: about half the rows of this fixture.
+    assert 0 < sum(bool(row["masked_turns"]) for row in sft) < len(sft)
+
+
+def as_written(messages):
+    """Messages as the row builders wrote them (Parquet gives every message every key, None where unset)."""
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
+def test_dpo_pairs_end_on_the_assistant_turn_and_keep_their_turns(built):
+    from tasks.assemble import step_messages, turn_messages
+
+    data_dir, result, _ = built
+    dpo = load_dataset(result["dpo"]["path"]).to_list()
+    with Warehouse(data_dir, read_only=True) as wh:
+        rollouts = {r.rollout_id: r for r in wh.load_rollouts()}
+    assert {row["pair_type"] for row in dpo} == {"trajectory", "step"}
+    for row in dpo:
+        assert row["chosen"][-1]["role"] == row["rejected"][-1]["role"] == "assistant"
+        chosen, rejected = rollouts[row["chosen_rollout_id"]], rollouts[row["rejected_rollout_id"]]
+        if row["pair_type"] == "trajectory":  # every turn, only the last observation dropped
+            assert as_written(row["chosen"]) == turn_messages(chosen)[:-1]
+            assert as_written(row["rejected"]) == turn_messages(rejected)[:-1]
+        else:
+            k = row["step_index"]
+            assert as_written(row["chosen"]) == step_messages(chosen.steps[k])[:1]
+            assert as_written(row["rejected"]) == step_messages(rejected.steps[k])[:1]
+
+
+def calls(messages):
+    return [c["function"]["arguments"] for m in messages if m["role"] == "assistant" for c in m["tool_calls"]]
+
+
+def test_tool_arguments_load_as_dicts_or_strings(built):
+    data_dir, result, _ = built
+    with Warehouse(data_dir, read_only=True) as wh:
+        rollouts = {r.rollout_id: r for r in wh.load_rollouts()}
+    stored, as_dicts, as_strings = (load_dataset(result["sft"]["path"], tool_arguments=form).to_list()
+                                    for form in (None, "dict", "string"))
+    for row, d, s in zip(stored, as_dicts, as_strings):
+        steps = rollouts[row["rollout_id"]].steps
+        assert calls(d["messages"]) == [step.tool_call.arguments for step in steps]  # each call its own keys
+        assert calls(s["messages"]) == calls(row["messages"]) == [json.dumps(step.tool_call.arguments, sort_keys=True)
+                                                                  for step in steps]
+        assert {**d, "messages": None} == {**row, "messages": None}
+    pairs = load_dataset(result["dpo"]["path"], tool_arguments="dict").to_list()
+    step_pair = next(p for p in pairs if p["pair_type"] == "step" and p["step_index"] > 0)
+    for column in ("prompt", "chosen", "rejected"):
+        assert all(isinstance(a, dict) for p in pairs for a in calls(p[column]))
+    assert calls(step_pair["prompt"])  # the shared prefix's calls are converted too
+    with pytest.raises(ValueError, match="unknown tool_arguments 'json'"):
+        load_dataset(result["sft"]["path"], tool_arguments="json")
+
+
+# The tool-call line of Qwen2.5's chat template (as Llama 3.x and gpt-oss do it too): arguments through tojson.
+QWEN25_LIKE = ("{%- for m in messages %}{%- if m.tool_calls %}{%- for tc in m.tool_calls %}"
+               "{%- set tc = tc.function %}"
+               "<tool_call>\n{\"name\": \"{{ tc.name }}\", \"arguments\": {{ tc.arguments | tojson }}}\n</tool_call>\n"
+               "{%- endfor %}{%- endif %}{%- endfor %}")
+
+
+def test_a_tojson_template_double_encodes_string_arguments_and_renders_dicts_right(built):
+    from tests.tasks.tiny_lm import tiny_tokenizer
+
+    _, result, _ = built
+    tokenizer = tiny_tokenizer(["a b c"], vocab_size=300)
+    tokenizer.chat_template = QWEN25_LIKE
+
+    def rendered_calls(row):
+        text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        return [json.loads(block.split("\n")[1]) for block in text.split("<tool_call>")[1:]]
+
+    stored = load_dataset(result["sft"]["path"])[0]
+    as_dicts = load_dataset(result["sft"]["path"], tool_arguments="dict")[0]
+    wanted = [json.loads(a) for a in calls(stored["messages"])]
+    assert [c["arguments"] for c in rendered_calls(as_dicts)] == wanted
+    doubled = [c["arguments"] for c in rendered_calls(stored)]
+    assert doubled == calls(stored["messages"]) and all(isinstance(a, str) for a in doubled)  # a JSON string, again
+    text = tokenizer.apply_chat_template(stored["messages"], tokenize=False)
+    assert '"arguments": "{\\"' in text
+
+
+def test_trl_sft_trainer_takes_dict_arguments(built, tmp_path):
+    from trl import SFTConfig, SFTTrainer
+
+    from tasks.training.base_model import CHAT_TEMPLATE
+    from tests.tasks.tiny_lm import tiny_model, tiny_tokenizer
+
+    _, result, _ = built
+    sft = load_dataset(result["sft"]["path"], tool_arguments="dict")
+    tokenizer = tiny_tokenizer(json.dumps(m) for m in sft["messages"][:8])
+    tokenizer.chat_template = CHAT_TEMPLATE  # the embedded model's: takes dicts and strings alike
+    trainer = SFTTrainer(model=tiny_model(len(tokenizer)), train_dataset=sft.select(range(2)),
+                         processing_class=tokenizer,
+                         args=SFTConfig(output_dir=str(tmp_path), assistant_only_loss=True, max_steps=1, use_cpu=True,
+                                        bf16=False, report_to=[], dataset_num_proc=None, disable_tqdm=True))
+    text = tokenizer.decode(trainer.train_dataset[0]["input_ids"])
+    first = sft[0]["messages"][2]["tool_calls"][0]["function"]
+    assert f'"arguments": {json.dumps(first["arguments"])}' in text
