@@ -16,27 +16,37 @@ def _prefect_defaults() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from warehouse import assert_intact
-
-    assert_intact(args.data_dir)  # damaged storage fails here, before any episode runs, naming the files
-    _prefect_defaults()
-    from flows.factory import factory
+    """Validate the whole run configuration first (in well under a second, before Prefect is
+    imported), then check the warehouse, then run the factory flow with rich progress bars."""
+    from pydantic import ValidationError
 
     from envs.records import FaultConfig, RetryPolicy
+    from flows.config import FactoryConfig, explain, from_args
 
-    retry = RetryPolicy(max_retries=args.max_retries, backoff_s=args.retry_backoff, on_exhausted=args.on_exhausted)
-    faults = FaultConfig(rate=args.fault_rate, seed=args.seed) if args.fault_rate else None
+    get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
     try:
         policy = policy_spec(args)
-    except ValueError as exc:  # pydantic's ValidationError too: a spec the options cannot make
+        retry = RetryPolicy(**{k: v for k, v in {"max_retries": get("max_retries"), "backoff_s": get("retry_backoff"),
+                                                 "on_exhausted": get("on_exhausted")}.items() if v is not None})
+        config = from_args(FactoryConfig, args, policy=policy, retry=retry,
+                           faults=FaultConfig(rate=args.fault_rate, seed=get("seed", 0)) if get("fault_rate") else None,
+                           train_hyperparameters={"time_limit_s": get("train_seconds", 900)}
+                           if get("train_after") else None)
+    except ValidationError as exc:
+        print(f"gymfoundry run: {explain(exc, FactoryConfig)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"gymfoundry run: {exc}", file=sys.stderr)
         return 2
-    report = factory(families=args.families, tasks_per_family=args.tasks, seed=args.seed, policy=policy,
-                     mistake_rate=args.mistake_rate, samples_per_task=args.samples, batch_size=args.batch_size,
-                     data_dir=args.data_dir, task_runner=args.task_runner, retry=retry, faults=faults,
-                     holdout_fraction=args.holdout_fraction, learnability=args.learnability,
-                     min_margin=args.min_margin, train_after=args.train_after,
-                     train_hyperparameters={"time_limit_s": args.train_seconds} if args.train_after else None)
+    from warehouse import assert_intact
+
+    assert_intact(config.data_dir)  # damaged storage fails here, before any episode runs, naming the files
+    _prefect_defaults()
+    from flows.factory import factory
+    from flows.progress_bars import rollout_bars
+
+    with rollout_bars(enabled=not get("quiet", False)):
+        report = factory(**{name: getattr(config, name) for name in FactoryConfig.model_fields})
     print_report(report)
     if "training" in report:
         training = report["training"]
@@ -44,19 +54,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 2 if report["quarantined"] else 0
 
 
+SPEC_OPTIONS = {"max_tokens": "--max-tokens", "top_p": "--top-p", "seed": "--sampling-seed", "stop": "--stop",
+                "temperature": "--temperature", "max_concurrency": "--concurrency", "timeout_s": "--request-timeout",
+                "max_retries": "--request-retries", "api_key_env": "--api-key-env", "kind": "--policy",
+                "mistake_rate": "--mistake-rate"}
+
+
 def policy_spec(args: argparse.Namespace):
-    """The PolicySpec the run options name (`--policy` and its model, endpoint and sampling)."""
+    """The PolicySpec the run options name (`--policy` and its model, endpoint and sampling).
+    An invalid one raises ValueError with one line naming the option."""
+    from pydantic import ValidationError
+
     from envs.records import PolicySpec, Sampling
 
     get = lambda name: getattr(args, name, None)  # noqa: E731  (demo sets only the scripted options)
-    sampling = Sampling(temperature=get("temperature"), top_p=get("top_p"), max_tokens=get("max_tokens"),
-                        seed=get("sampling_seed"), stop=get("stop"))
     optional = {"timeout_s": get("request_timeout"), "max_retries": get("request_retries"),
                 "max_concurrency": get("concurrency")}
-    options = {"request_token_ids": True} if get("request_token_ids") else {}
-    return PolicySpec(kind=args.policy, model=get("model"), base_url=get("base_url"), api_key_env=get("api_key_env"),
-                      sampling=sampling, mistake_rate=get("mistake_rate") if args.policy == "scripted" else None,
-                      options=options, **{k: v for k, v in optional.items() if v is not None})
+    try:
+        sampling = Sampling(temperature=get("temperature"), top_p=get("top_p"), max_tokens=get("max_tokens"),
+                            seed=get("sampling_seed"), stop=get("stop"))
+        return PolicySpec(kind=args.policy, model=get("model"), base_url=get("base_url"),
+                          api_key_env=get("api_key_env"), sampling=sampling,
+                          mistake_rate=get("mistake_rate") if args.policy == "scripted" else None,
+                          options={"request_token_ids": True} if get("request_token_ids") else {},
+                          **{k: v for k, v in optional.items() if v is not None})
+    except ValidationError as exc:
+        raise ValueError("; ".join(f"{SPEC_OPTIONS.get(str(e['loc'][-1]) if e['loc'] else '', '--policy')}: "
+                                   f"{e['msg'].removeprefix('Value error, ')}"
+                                   + (f" (got {e['input']!r})" if e["type"].startswith(("greater", "less")) else "")
+                                   for e in exc.errors())) from None
 
 
 def print_report(report: dict) -> None:
@@ -290,38 +316,43 @@ def add_policy_options(parser: argparse.ArgumentParser, default: str = "scripted
                         help="openai: ask a vLLM server for the sampled token ids (return_token_ids)")
 
 
+RUN_EXAMPLES = """examples:
+  gymfoundry run --families inventory coding --tasks 200 --samples 4
+  gymfoundry run --policy openai --model Qwen/Qwen2.5-7B-Instruct --base-url http://127.0.0.1:8000/v1 \\
+                 --api-key-env OPENAI_API_KEY --concurrency 128 --temperature 0.7
+  gymfoundry run --policy hf --model .gymfoundry/checkpoints/<run> --concurrency 16
+  gymfoundry run --fault-rate 0.05 --max-retries 3 --on-exhausted fail"""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import version
+
+    from envs.records import RetryPolicy
+    from flows.config import FactoryConfig, add_options
+
     parser = argparse.ArgumentParser(prog="gymfoundry", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gymfoundry {version('gymfoundry')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the factory flow")
-    run.add_argument("--families", nargs="+", default=["inventory"])
-    run.add_argument("--tasks", type=int, default=50, help="tasks per family")
-    run.add_argument("--seed", type=int, default=0)
+    run = sub.add_parser("run", help="run the factory flow", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=RUN_EXAMPLES)
+    add_options(run, FactoryConfig)
     add_policy_options(run)
-    run.add_argument("--mistake-rate", type=float, default=0.25, help="the scripted policy's mistake rate")
-    run.add_argument("--samples", type=int, default=2, help="rollouts per task")
-    run.add_argument("--batch-size", type=int, default=25, help="tasks per rollout batch")
-    run.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    run.add_argument("--task-runner", default="threads", choices=["threads", "dask", "ray"])
-    run.add_argument("--max-retries", type=int, default=2, help="retries of an env-faulted episode")
-    run.add_argument("--retry-backoff", type=float, default=0.5, help="seconds before the first retry (doubles)")
-    run.add_argument("--on-exhausted", default="skip", choices=["skip", "fail"])
-    run.add_argument("--fault-rate", type=float, default=0.0, help="inject env faults into this share of tool calls")
-    run.add_argument("--holdout-fraction", type=float, default=0.1, help="template groups locked in the holdout")
-    run.add_argument("--learnability", default="p(1-p)", choices=["p(1-p)", "1-p", "uniform"])
-    run.add_argument("--min-margin", type=float, default=0.5, help="DPO trajectory pairs: minimum value margin")
-    run.add_argument("--train-after", choices=["sft", "dpo", "grpo"],
-                     help="then train on this run's dataset of that kind (a direct subflow call)")
-    run.add_argument("--train-seconds", type=float, default=900, help="time budget of --train-after")
+    retry = RetryPolicy.model_fields
+    run.add_argument("--max-retries", type=int, help=f"retries of an env- or inference-faulted episode (default: "
+                                                     f"{retry['max_retries'].default})")
+    run.add_argument("--retry-backoff", type=float, help=f"seconds before the first retry, doubling (default: "
+                                                         f"{retry['backoff_s'].default})")
+    run.add_argument("--on-exhausted", choices=["skip", "fail"], help="when an episode's retries run out (default: skip)")
+    run.add_argument("--fault-rate", type=float, help="inject env faults into this share of tool calls (default: none)")
+    run.add_argument("--train-seconds", type=float, default=900, help="time budget of --train-after (default: 900)")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)
 
-    demo = sub.add_parser("demo", help="run the factory on the embedded default")
+    demo = sub.add_parser("demo", help="run the factory on the embedded default (50 inventory tasks, scripted)")
     demo.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    demo.set_defaults(func=cmd_run, families=["inventory"], tasks=50, seed=0, policy="scripted",
-                      mistake_rate=0.25, samples=2, batch_size=25, task_runner="threads", max_retries=2,
-                      retry_backoff=0.5, on_exhausted="skip", fault_rate=0.0, holdout_fraction=0.1,
-                      learnability="p(1-p)", min_margin=0.5, train_after=None, train_seconds=900)
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.set_defaults(func=cmd_run, policy="scripted")
 
     envs_cmd = sub.add_parser("envs", help="list registered environments")
     envs_cmd.set_defaults(func=cmd_envs)

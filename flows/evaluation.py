@@ -71,7 +71,7 @@ def evaluation_spec(policy: PolicySpec | str, model: str | None, max_new_tokens:
                       options=options)
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate")
 def evaluate(model: str | None = None, family: str = "inventory", data_dir: str = ".gymfoundry",
              policy: PolicySpec | str = "hf", splits: list[str] = list(HELDOUT_SPLITS), limit: int | None = 40,  # noqa: B006
              levels: list[int] | None = None, seed: int = 0, samples_per_task: int = 1, max_new_tokens: int = 96,

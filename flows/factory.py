@@ -4,24 +4,29 @@ orchestration (retries, concurrency through the task runner, artifacts)."""
 
 from __future__ import annotations
 
+import contextvars
 import importlib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
-from prefect.artifacts import create_markdown_artifact
+from prefect import flow, get_run_logger, tags, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
+from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, Run, StepScore, TaskRejection, TaskSpec
+from flows.config import FactoryConfig, flow_parameters
 from tasks import assemble as assemble_stage
+from tasks import progress
 from tasks.generate import generate_tasks
 from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
 from tasks.land import land_records, land_run
-from tasks.policies import as_spec, make_policy
+from tasks.policies import make_policy
 from tasks.retry import RetryExhausted, collect_with_retries, run_counts
 from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
@@ -103,33 +108,47 @@ def record_run(data_dir: str, run: Run) -> dict[str, int]:
     return land_run(data_dir, run)
 
 
-@flow(name="factory-family")
+@flow(name="factory-family", flow_run_name="{family}")
 def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: PolicySpec | str,
                     policy_kwargs: dict[str, Any] | None,
                     samples_per_task: int, batch_size: int, data_dir: str | None = None,
                     holdout_fraction: float = HOLDOUT_FRACTION, retry: RetryPolicy | None = None,
                     faults: FaultConfig | None = None) -> dict[str, Any]:
-    """One family, from task specs to scored rollouts (not yet landed)."""
-    generated = generate(family, tasks_per_family, seed)
-    valid, invalid = validate(generated)
-    isolated, leaked = isolate(valid, data_dir, holdout_fraction)
+    """One family, from task specs to scored rollouts (not yet landed). Its task runs are named
+    `<family> · <stage>`, the rollout batches `<family> · rollout i/n`."""
+    named = lambda t, stage: t.with_options(task_run_name=f"{family} · {stage}")  # noqa: E731
+    generated = named(generate, "generate")(family, tasks_per_family, seed)
+    valid, invalid = named(validate, "validate")(generated)
+    isolated, leaked = named(isolate, "isolate")(valid, data_dir, holdout_fraction)
     batches = [isolated[i:i + batch_size] for i in range(0, len(isolated), batch_size)]
-    futures = rollout_batch.map(batches, unmapped(policy), unmapped(policy_kwargs), unmapped(samples_per_task),
-                                unmapped(seed), unmapped(retry), unmapped(faults)) if batches else []
-    rollouts, error = batch_rollouts(futures)
-    scores = score(rollouts, isolated, data_dir) if rollouts else []
+    progress.start(family, len(isolated) * samples_per_task)
+    futures = [named(rollout_batch, f"rollout {i}/{len(batches)}").submit(
+        batch, policy, policy_kwargs, samples_per_task, seed, retry, faults) for i, batch in enumerate(batches, 1)]
+    meter = create_progress_artifact(0.0, key=f"{family.replace('_', '-')}-rollouts",
+                                     description=f"{family}: rollout batches done (%)") if batches else None
+    rollouts, error = batch_rollouts(futures, lambda done: update_progress_artifact(meter, 100.0 * done / len(batches)))
+    progress.finish(family)
+    scores = named(score, "score")(rollouts, isolated, data_dir) if rollouts else []
     return {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
             "error": error}
 
 
-def batch_rollouts(futures) -> tuple[list[Rollout], str | None]:
-    """Every batch's rollouts. A batch that used up the retry policy under `on_exhausted="fail"`
-    gives those it collected up to the failure, and the first such error is returned, so the
-    factory lands what completed before it fails the run. Any other failure propagates."""
+def batch_rollouts(futures, on_done=None) -> tuple[list[Rollout], str | None]:
+    """Every batch's rollouts, in batch order (`on_done(n)` after each of the n batches that
+    finish, in the order they finish). A batch that used up the retry policy under
+    `on_exhausted="fail"` gives those it collected up to the failure, and the first such error is
+    returned, so the factory lands what completed before it fails the run. Any other failure
+    propagates."""
+    outs: dict[int, Any] = {}
+    index = {id(f): i for i, f in enumerate(futures)}
+    for done, future in enumerate(as_completed(futures), 1):
+        outs[index[id(future)]] = future.result(raise_on_failure=False)
+        if on_done is not None:
+            on_done(done)
     rollouts: list[Rollout] = []
     error = None
-    for future in futures:
-        out = future.result(raise_on_failure=False)
+    for i in range(len(futures)):
+        out = outs[i]
         if isinstance(out, RetryExhausted):
             rollouts += out.rollouts
             error = error or str(out)
@@ -155,49 +174,39 @@ def make_task_runner(name: str, max_workers: int | None = None):
                          f"pip install -e '.[{name}]'") from None
 
 
-@flow(name="factory", log_prints=True)
-def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, seed: int = 0,  # noqa: B006
-            policy: PolicySpec | str = "scripted", mistake_rate: float = 0.25, samples_per_task: int = 2,
-            batch_size: int = 25, data_dir: str = ".gymfoundry", task_runner: str = "threads",
-            retry: RetryPolicy | None = None, faults: FaultConfig | None = None,
-            holdout_fraction: float = HOLDOUT_FRACTION, learnability: str = "p(1-p)",
-            min_margin: float = 0.5, train_after: str | None = None,
-            train_hyperparameters: dict[str, Any] | None = None) -> dict[str, Any]:
+@flow(name="factory")
+@flow_parameters(FactoryConfig)
+def factory(**params: Any) -> dict[str, Any]:
     """Run the whole factory and land everything in the warehouse under `data_dir`.
 
-    `policy` is a `PolicySpec` (scripted, a local checkpoint, an OpenAI-compatible endpoint, a
-    registered custom kind; with its sampling knobs), or a plain kind name ("scripted", ...);
-    `mistake_rate` fills a scripted spec that sets none. The spec is stored in `runs.params`.
-    Re-running with the same parameters lands nothing new (ids are content hashes).
-    `task_runner` spreads the rollout batches: threads, dask or ray. `retry` (default
-    `RetryPolicy()`: env faults retried twice with backoff, then skipped) is fixed for the run and
-    stored with it in `runs`; `faults` injects environment faults (envs/faults.py). When the retry
-    policy says fail, what completed (every finished batch, and the failing one up to the failure)
-    lands, the run is recorded with status "failed" and its error, and the flow fails.
+    The parameters are `flows.config.FactoryConfig`'s; the whole validated configuration is
+    stored in `runs.params`. `policy` is a `PolicySpec` (scripted, a local checkpoint, an
+    OpenAI-compatible endpoint, a registered custom kind; with its sampling knobs and
+    `max_concurrency`), or a plain kind name; `mistake_rate` fills a scripted spec that sets none.
+    Re-running with the same parameters lands nothing new (ids are content hashes). The families
+    run concurrently, each a subflow named after it and tagged `family:<name>`. The retry policy is
+    fixed for the run and stored with it; when it says fail, what completed lands, the run is
+    recorded with status "failed" and its error, and the flow fails.
 
     Every dataset with rows emits a `gymfoundry.dataset.ready` event, which the
     `train-on-new-dataset` deployment is triggered by under a Prefect server. In ad-hoc mode,
     `train_after="sft"` (or dpo / grpo) calls the training flow directly as a subflow."""
-    lock_holdout_fraction(data_dir, families, holdout_fraction)  # before any episode or landing
+    config = FactoryConfig(**params)
+    data_dir, families = config.data_dir, config.families
+    lock_holdout_fraction(data_dir, families, config.holdout_fraction)  # before any episode or landing
     logger = get_run_logger()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    retry = retry or RetryPolicy()
-    spec = as_spec(policy, mistake_rate)
-    if spec.kind == "scripted" and spec.mistake_rate is None:
-        spec = spec.model_copy(update={"mistake_rate": mistake_rate})
-    pipeline = family_pipeline.with_options(task_runner=make_task_runner(task_runner))
+    spec = config.collecting_policy()
+    pipeline = family_pipeline.with_options(task_runner=make_task_runner(config.task_runner))
     landed, rollouts, quarantined, error = _run_families(
-        pipeline, families, data_dir, dict(tasks_per_family=tasks_per_family, seed=seed, policy=spec,
-                                           policy_kwargs=None, samples_per_task=samples_per_task,
-                                           batch_size=batch_size, holdout_fraction=holdout_fraction, retry=retry,
-                                           faults=faults))
-    params = {"families": families, "tasks_per_family": tasks_per_family, "seed": seed,
-              "policy": spec.model_dump(mode="json"), "samples_per_task": samples_per_task,
-              "holdout_fraction": holdout_fraction, "learnability": learnability, "min_margin": min_margin}
-    run = Run(params=params, retry_policy=retry, faults=faults, started_at=started,
-              finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), landed=landed,
-              quarantined=quarantined, status="failed" if error else "completed", error=error,
-              **run_counts(rollouts, retry))
+        pipeline, families, data_dir, dict(tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec,
+                                           policy_kwargs=None, samples_per_task=config.samples_per_task,
+                                           batch_size=config.batch_size, holdout_fraction=config.holdout_fraction,
+                                           retry=config.retry, faults=config.faults))
+    run = Run(params=config.model_dump(mode="json"), retry_policy=config.retry, faults=config.faults,
+              started_at=started, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              landed=landed, quarantined=quarantined, status="failed" if error else "completed", error=error,
+              **run_counts(rollouts, config.retry))
     if error:
         record_run(data_dir, run)
         raise RetryExhausted(f"run {run.run_id} failed: {error}. What completed landed "
@@ -206,7 +215,7 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     # The curriculum measures this run's policy (a checkpoint: its weights' fingerprint).
     policies = {(r.policy_id, r.policy_version) for r in rollouts}
     policy_id, policy_version = policies.pop() if len(policies) == 1 else (None, None)
-    datasets = assemble(data_dir, families, policy_version, learnability, min_margin, policy_id)
+    datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id)
     run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record_run(data_dir, run)
     if quarantined:
@@ -217,12 +226,13 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
     report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets,
               "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
               "quarantined": quarantined}
-    if train_after:
+    if config.train_after:
         from flows.training import train
 
-        dataset_id = datasets[train_after]["dataset_id"] if train_after in datasets else None
-        report["training"] = train(dataset=dataset_id, method=train_after, data_dir=data_dir,
-                                   hyperparameters=train_hyperparameters)
+        method = config.train_after
+        dataset_id = datasets[method]["dataset_id"] if method in datasets else None
+        report["training"] = train(dataset=dataset_id, method=method, data_dir=data_dir,
+                                   hyperparameters=config.train_hyperparameters)
     create_markdown_artifact(key="factory-report", markdown=render_report(report),
                              description="Factory run: landed rows, datasets and outcomes")
     return report
@@ -230,16 +240,25 @@ def factory(families: list[str] = ["inventory"], tasks_per_family: int = 50, see
 
 def _run_families(pipeline, families: list[str], data_dir: str, options: dict[str, Any],
                   ) -> tuple[dict[str, int], list[Rollout], list[str], str | None]:
-    """Each family's subflow (`pipeline(family, data_dir=..., **options)`), landed as it ends: (rows landed per table, rollouts, quarantined
-    batches, the error that stopped the run or None). The retry policy saying fail stops the
-    run after landing what completed."""
+    """Every family's subflow (`pipeline(family, data_dir=..., **options)`), run concurrently
+    (each in a thread, tagged `family:<name>`), then each family landed in turn by this one
+    process: (rows landed per table, rollouts, quarantined batches, the first family's error or
+    None). A family whose retry policy said fail still lands what it completed."""
     logger = get_run_logger()
+
+    def one(family: str) -> dict[str, Any]:
+        with tags(f"family:{family}"):
+            return pipeline(family, data_dir=data_dir, **options)
+
+    with ThreadPoolExecutor(max_workers=len(families), thread_name_prefix="family") as pool:
+        outs = list(pool.map(lambda f: contextvars.copy_context().run(one, f), families))
     landed: dict[str, int] = {}
     rollouts: list[Rollout] = []
     quarantined: list[str] = []
-    for family in families:
-        out = pipeline(family, data_dir=data_dir, **options)
-        landing = land(data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"])
+    errors = []
+    for family, out in zip(families, outs):
+        landing = land.with_options(task_run_name=f"{family} · land")(data_dir, out["tasks"], out["rejections"],
+                                                                       out["rollouts"], out["scores"])
         for table, n in landing["counts"].items():
             landed[table] = landed.get(table, 0) + n
         if landing["quarantine"]:
@@ -248,8 +267,8 @@ def _run_families(pipeline, families: list[str], data_dir: str, options: dict[st
         logger.info("%s: %d tasks kept, %d rejected, %d rollouts", family, len(out["tasks"]),
                     len(out["rejections"]), len(out["rollouts"]))
         if out["error"]:
-            return landed, rollouts, quarantined, f"{family}: {out['error']}"
-    return landed, rollouts, quarantined, None
+            errors.append(f"{family}: {out['error']}")
+    return landed, rollouts, quarantined, errors[0] if errors else None
 
 
 DATASET_READY = "gymfoundry.dataset.ready"

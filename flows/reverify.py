@@ -25,7 +25,7 @@ def reverify_batch(rollouts: list[Rollout], tasks: dict[str, TaskSpec], verified
     return reverify_rollouts(rollouts, tasks, verified_at)
 
 
-@flow(name="reverify", log_prints=True)
+@flow(name="reverify")
 def reverify(data_dir: str = ".gymfoundry", families: list[str] | None = None, where: str | None = None,
              batch_size: int = 100) -> dict[str, Any]:
     """Re-verify the stored rollouts of `families` (and `where`, a filter on the rollouts view)

@@ -30,7 +30,7 @@ def score_batch(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str, j
     return score_steps(rollouts, tasks, data_dir, judge, profiles=profiles, use_calibrators=use_calibrators)
 
 
-@flow(name="rescore", log_prints=True)
+@flow(name="rescore")
 def rescore(data_dir: str = ".gymfoundry", families: list[str] | None = None, where: str | None = None,
             profile_paths: list[str] | None = None, judge_base_url: str | None = None, judge_model: str | None = None,
             use_calibrators: bool = True, batch_size: int = 200) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def fit(data_dir: str, families: list[str] | None, kind: str, holdout: float, se
     return fit_calibrators(data_dir, families, kind, holdout, seed, judge, min_labels)
 
 
-@flow(name="calibrate", log_prints=True)
+@flow(name="calibrate")
 def calibrate(data_dir: str = ".gymfoundry", families: list[str] | None = None, kind: str = "isotonic",
               holdout: float = 0.3, seed: int = 0, min_labels: int = 20, judge_base_url: str | None = None,
               judge_model: str | None = None) -> dict[str, dict[str, Any]]:

@@ -76,7 +76,7 @@ def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
     return landing.checked() if hasattr(landing, "checked") else dict(landing)
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train")
 def train(dataset: str | None = None, method: str = "sft", base_model: str | None = None,
           data_dir: str = ".gymfoundry", output_dir: str | None = None,
           hyperparameters: dict[str, Any] | None = None, evaluate_family: str | None = None,
@@ -153,7 +153,7 @@ def _jsonable(value: Any) -> Any:
 ARMS = ("sft", "sft_weighted", "sft_then_grpo")
 
 
-@flow(name="closed-loop", log_prints=True)
+@flow(name="closed-loop")
 def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", tasks: int = 2000, seed: int = 1,
                 mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 150,
                 train_seconds: float = 900, arms: list[str] | None = None, grpo_seconds: float = 180,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envs.records import FaultConfig, RetryPolicy, Rollout, TaskSpec
+from tasks import progress
 from tasks.engine import run_concurrently
 from tasks.policies import Policy
 from tasks.rollout import rollout_seed, run_episode
@@ -50,7 +51,9 @@ def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task
             rollout = run_episode(task, agent, episode_seed, attempt, faults)
             played.append(rollout)
             if rollout.termination not in retry.retry_on:
+                progress.advance(task.family)
                 return played, None
+        progress.advance(task.family)
         if retry.on_exhausted != "fail":
             return played, None
         stop.set()  # nothing further starts; the episodes in flight end and are kept
