@@ -29,6 +29,7 @@ log = logging.getLogger("gymfoundry.report")
 FIGSIZE = (6.0, 3.5)  # inches
 DPI = 100
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_CHARTED_RUNS = 8  # training runs in one chart; the table lists them all
 
 # Displayed tables: name -> (title, what each row is)
 TITLES = {
@@ -115,7 +116,7 @@ def training_curves(wh: Warehouse, run_ids: list[str]) -> dict[str, dict[str, An
         by_level = (metrics.get("heldout") or {}).get("by_level") or {}
         out[row["run_id"]] = {"loss": [(int(s), float(v)) for s, v in metrics.get("loss_history") or []],
                               "heldout": {int(k): float(v) for k, v in sorted(by_level.items(), key=lambda kv: int(kv[0]))}}
-    return out
+    return {run_id: out[run_id] for run_id in run_ids if run_id in out}
 
 
 def read_report(data_dir: str | os.PathLike, families: list[str] | None = None,
@@ -188,21 +189,23 @@ def reward_chart(scores: list[dict[str, Any]]) -> bytes | None:
 
 def training_chart(curves: dict[str, dict[str, Any]]) -> bytes | None:
     """Loss curves (left) and held-out success by level (right, grouped per run) of training runs
-    (`training_curves`); None when no run logged a loss or was evaluated."""
+    (`training_curves`, the last MAX_CHARTED_RUNS of them); None when none logged a loss or was evaluated."""
+    curves = dict(list(curves.items())[-MAX_CHARTED_RUNS:])
     if not any(c["loss"] or c["heldout"] for c in curves.values()):
         return None
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     fig, (loss_ax, heldout_ax) = _figure(2)
+    color = {run_id: f"C{i}" for i, run_id in enumerate(curves)}  # one colour per run in both panels
     for run_id, c in curves.items():
         if c["loss"]:
-            loss_ax.plot(*zip(*c["loss"]), label=run_id)
+            loss_ax.plot(*zip(*c["loss"]), label=run_id, color=color[run_id])
     loss_ax.set(title="Training loss", xlabel="step", ylabel="loss")
     evaluated = {run_id: c["heldout"] for run_id, c in curves.items() if c["heldout"]}
     width = 0.8 / max(len(evaluated), 1)
     for i, (run_id, by_level) in enumerate(evaluated.items()):
         heldout_ax.bar([level - 0.4 + width * (i + 0.5) for level in by_level], list(by_level.values()), width,
-                       label=run_id)
+                       label=run_id, color=color[run_id])
     if not evaluated:
         heldout_ax.text(0.5, 0.5, "not evaluated", ha="center", va="center", transform=heldout_ax.transAxes)
     heldout_ax.set(title="Held-out success", xlabel="difficulty level", ylabel="success rate", ylim=(0, 1.05))
