@@ -1,14 +1,18 @@
 """The DuckDB catalog: a manifest of registered batch files and one view per table.
 
 A view reads exactly the files in the manifest, so a file in the lake that was never
-registered is invisible. Paths are stored relative to the data dir and the views are
-rebuilt with absolute paths whenever the warehouse is opened, so a data dir can be moved.
+registered is invisible. Paths are stored relative to the data dir: the stored views name them
+relative (for the DuckDB CLI, opened from the data dir), and every `Warehouse` connection
+shadows them with temporary views naming the absolute paths of the dir it opened, so a moved
+or copied data dir reads its own lake.
 A table with a registered file missing gets a view that fails with a message naming the file
 (`DAMAGED`), so the damage stays confined to the queries that touch it.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +21,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 from envs.records import content_hash
-from warehouse.lake import Batch, file_sha256
+from warehouse.lake import STAGING_DIR, Batch, file_sha256, lake_path, publish
 from warehouse.tables import PARTITION, TABLES, Table
 from warehouse.views import create_analysis_views
 
@@ -58,13 +62,20 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def base_select(table: Table, files: list[Path]) -> str:
-    """The table's logical columns, from its files or, with none yet, typed and empty."""
+def base_select(table: Table, files: list[str], present: set[str] | None = None) -> str:
+    """The table's logical columns, from its files or, with none yet, typed and empty. `present`:
+    the columns some file holds (a column no file holds yet, added to the records later, reads NULL)."""
+    def null(c) -> str:
+        return f"CAST(NULL AS {c.sql_type}) AS {quote_ident(c.name)}"
+
     if not files:
-        columns = ", ".join(f"CAST(NULL AS {c.sql_type}) AS {quote_ident(c.name)}" for c in table.columns)
-        return f"SELECT {columns} WHERE false"
-    paths = ", ".join(quote_literal(p.as_posix()) for p in files)
-    columns = ", ".join(quote_ident(c.name) for c in table.columns)
+        return f"SELECT {', '.join(null(c) for c in table.columns)} WHERE false"
+    present = {c.name for c in table.columns} if present is None else present | {PARTITION}
+    paths = ", ".join(quote_literal(p) for p in files)
+    # TRY_CAST: files written before timestamps were TIMESTAMP hold the ISO text ("" for none).
+    columns = ", ".join(null(c) if c.name not in present else
+                        f"TRY_CAST({quote_ident(c.name)} AS TIMESTAMP) AS {quote_ident(c.name)}"
+                        if c.name in table.timestamps else quote_ident(c.name) for c in table.columns)
     hive = (f"hive_partitioning = true, hive_types = {{'{PARTITION}': VARCHAR}}" if table.partitioned
             else "hive_partitioning = false")
     # union_by_name: files written before a field was added to a record read it as NULL.
@@ -81,32 +92,47 @@ def damaged_select(table: Table, damaged: list[str]) -> str:
     return f"SELECT {columns} WHERE error({quote_literal(message)}) IS NULL"
 
 
-def view_sql(table: Table, files: list[Path], temporary: bool = False, data_dir: Path | None = None) -> str:
+def view_sql(table: Table, files: list[str], temporary: bool, data_dir: Path) -> str:
+    """The view of a table over its registered `files` (relative to the data dir). A stored view
+    names them relative (DuckDB resolves them against the working directory, or `file_search_path`,
+    so `cd <data dir>` before opening the catalog reads the lake of the catalog's own dir); a
+    temporary one, which every `Warehouse` connection shadows the stored ones with, absolute."""
     derived = "".join(f", {expression}" for expression in table.derived)
     kind = "TEMP VIEW" if temporary else "VIEW"
     # Checked here because DuckDB reads every footer to bind the view: one bad file would fail the
     # whole catalog's opening (and abort the transaction the view is built in).
-    damaged = [f"{f.relative_to(data_dir).as_posix() if data_dir else f} {problem}"
-               for f in files for problem in [footer_problem(f)] if problem]
-    base = damaged_select(table, damaged) if damaged else base_select(table, files)
+    footers = {f: footer(data_dir / f) for f in files}
+    damaged = [f"{f} {problem}" for f, (problem, _) in footers.items() if problem]
+    present = {name for _, names in footers.values() for name in names}
+    named = [(data_dir / f).as_posix() if temporary else f for f in files]
+    base = damaged_select(table, damaged) if damaged else base_select(table, named, present)
     return f"CREATE OR REPLACE {kind} {table.name} AS SELECT *{derived} FROM ({base})"
 
 
-def footer_problem(file: Path) -> str | None:
-    """Why DuckDB could not open the file, or None (the bytes are `warehouse check`'s to verify)."""
+def footer(file: Path) -> tuple[str | None, set[str]]:
+    """Why DuckDB could not open the file, or None, and the columns it holds (the bytes are `warehouse
+    check`'s to verify)."""
     if not file.is_file():
-        return "is missing"
+        return "is missing", set()
     try:
-        pq.read_metadata(file)
+        return None, set(pq.read_schema(file).names)
     except (OSError, ValueError) as exc:
-        return f"is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-    return None
+        return f"is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})", set()
+
+
+def footer_problem(file: Path) -> str | None:
+    return footer(file)[0]
+
+
+def registered_paths(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+    """The table's registered files, relative to the data dir."""
+    rows = con.execute("SELECT path FROM manifest WHERE table_name = ? ORDER BY landed_at, batch_id",
+                       [table]).fetchall()
+    return [path for (path,) in rows]
 
 
 def registered_files(con: duckdb.DuckDBPyConnection, data_dir: Path, table: str) -> list[Path]:
-    rows = con.execute("SELECT path FROM manifest WHERE table_name = ? ORDER BY landed_at, batch_id",
-                       [table]).fetchall()
-    return [data_dir / path for (path,) in rows]
+    return [data_dir / path for path in registered_paths(con, table)]
 
 
 @dataclass(frozen=True)
@@ -183,18 +209,29 @@ def has_manifest(con: duckdb.DuckDBPyConnection) -> bool:
 
 def rebuild_views(con: duckdb.DuckDBPyConnection, data_dir: Path, tables: list[str] | None = None,
                   temporary: bool = False) -> None:
+    """The views of `tables` (all, and the analysis views, when None). Stored views name the lake's
+    files relative to the data dir: the connection resolves them through `file_search_path`, which
+    `bind` sets to the data dir."""
     manifest = has_manifest(con)
     for name in tables or list(TABLES):
-        files = registered_files(con, data_dir, name) if manifest else []
+        files = registered_paths(con, name) if manifest else []
         con.execute(view_sql(TABLES[name], files, temporary, data_dir))
     if tables is None:
         create_analysis_views(con, temporary)
 
 
+def bind(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
+    """Let a writer's connection build the stored views (relative paths) of this data dir."""
+    con.execute("SET file_search_path = ?", [str(data_dir)])
+
+
 def register(con: duckdb.DuckDBPyConnection, data_dir: Path, batches: list[Batch], landed_at,
              before_commit: Callable[[], None] | None = None) -> None:
-    """Register the batches and refresh the affected views, all in one transaction: a crash
-    before the commit leaves none of them registered."""
+    """Register staged batches, then move them into the lake and refresh the affected views.
+
+    The manifest's commit is the landing: a crash before it leaves the batches in staging only,
+    where no reader of the lake looks (the next writer removes them); a crash after it, before
+    every file was moved, is completed by the next writer (`recover_staging`)."""
     if not batches:
         return
     landing_id = "l-" + content_hash(sorted(b.batch_id for b in batches) + [str(landed_at)], 20)
@@ -203,10 +240,90 @@ def register(con: duckdb.DuckDBPyConnection, data_dir: Path, batches: list[Batch
         con.executemany(f"INSERT INTO manifest ({', '.join(MANIFEST_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         [[b.batch_id, b.table, b.task_family, b.path, b.row_count, landed_at, b.sha256, landing_id]
                          for b in batches])
-        rebuild_views(con, data_dir, sorted({b.table for b in batches}))
         if before_commit is not None:
             before_commit()
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
+    for batch in batches:
+        publish(data_dir, batch.path)
+    tables = sorted({b.table for b in batches})
+    rebuild_views(con, data_dir, tables)
+    rebuild_views(con, data_dir, tables, temporary=True)
+
+
+def recover_staging(con: duckdb.DuckDBPyConnection, data_dir: Path) -> list[str]:
+    """Finish what a killed writer left in staging (writer only, holding the catalog's lock): a
+    registered file still staged moves into the lake; anything else there (a batch never
+    registered, a temp file) is removed. Returns notes for the log."""
+    staging = data_dir / STAGING_DIR
+    if not staging.is_dir():
+        return []
+    registered = {e.path: e for e in entries(con)}
+    moved, removed = [], []
+    for file in sorted(p for p in staging.rglob("*") if p.is_file()):
+        path = lake_path(file.relative_to(data_dir).as_posix())
+        entry = registered.get(path)
+        target = data_dir / path
+        if entry is not None and (not target.is_file() or file_sha256(target) != entry.sha256) \
+                and file_sha256(file) == entry.sha256:
+            publish(data_dir, path)
+            moved.append(path)
+        else:
+            file.unlink()
+            removed.append(file.relative_to(data_dir).as_posix())
+    notes = []
+    if moved:
+        notes.append(f"moved {len(moved)} registered files a killed landing left in staging into the lake: "
+                     f"{', '.join(moved[:5])}")
+    if removed:
+        notes.append(f"removed {len(removed)} unregistered files a killed landing left in staging")
+    return notes
+
+
+# The DuckDB CLI users install (PyPI `duckdb-cli` 1.5) reads storage versions 64-68; the Python
+# package writes a newer one unless told. The catalog is written in the version 1.5 reads.
+STORAGE_VERSION = "v1.5.0"
+READABLE_STORAGE = 68  # the newest storage version number DuckDB 1.5 reads
+CONFIG = {"storage_compatibility_version": STORAGE_VERSION}  # every connection: DuckDB refuses mixed configs
+
+
+def storage_number(path: Path) -> int | None:
+    """The storage version number in a DuckDB file's header, None if it is no DuckDB file."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    if len(header) < 20 or header[8:12] != b"DUCK":
+        return None
+    return int.from_bytes(header[12:20], "little")
+
+
+def downgrade(path: Path, connect: Callable[[], duckdb.DuckDBPyConnection]) -> Path | None:
+    """Copy a catalog written in a storage version the DuckDB CLI cannot read into a new file in
+    STORAGE_VERSION, keeping the old file beside it (`catalog.duckdb.v<N>.bak`); None when it reads
+    already. The views are not copied: every writer rebuilds them. Runs under the write lock."""
+    number = storage_number(path) if path.exists() else None
+    if number is None or number <= READABLE_STORAGE:
+        return None
+    fresh = path.with_name(path.name + ".downgrading")
+    fresh.unlink(missing_ok=True)
+    con = connect()
+    try:
+        con.execute("CHECKPOINT")
+        (old,) = con.execute("SELECT current_database()").fetchone()
+        con.execute(f"ATTACH {quote_literal(str(fresh))} AS fresh (STORAGE_VERSION '{STORAGE_VERSION}')")
+        tables = con.execute("SELECT table_name, sql FROM duckdb_tables() WHERE database_name = ? "
+                             "AND schema_name = 'main'", [old]).fetchall()
+        con.execute("USE fresh")
+        for name, ddl in tables:
+            con.execute(ddl)  # the table's own DDL: keys and constraints stay
+            con.execute(f"INSERT INTO fresh.main.{quote_ident(name)} SELECT * FROM "
+                        f"{quote_ident(old)}.main.{quote_ident(name)}")
+        con.execute(f"USE {quote_ident(old)}")
+        con.execute("DETACH fresh")
+    finally:
+        con.close()
+    backup = path.with_name(f"{path.name}.v{number}.bak")
+    shutil.copy2(path, backup)
+    os.replace(fresh, path)
+    return backup

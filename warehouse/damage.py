@@ -112,6 +112,7 @@ def landings_to_quarantine(con: duckdb.DuckDBPyConnection, data_dir: Path,
     while pending:
         con.execute("DELETE FROM manifest WHERE landing_id IN (SELECT unnest(?))", [sorted(pending)])
         catalog.rebuild_views(con, data_dir)
+        catalog.rebuild_views(con, data_dir, temporary=True)  # what the connection's queries read
         pending = set()
         for landing, failures in dangling(con, data_dir).items():
             if landing not in out:

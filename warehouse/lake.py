@@ -2,7 +2,10 @@
 `<data_dir>/lake/<table>/task_family=<family>/<batch_id>.parquet` (or `lake/<table>/<batch_id>.parquet`
 for a table that is not partitioned).
 
-Writing a file does not make it visible; only the catalog's manifest does (see catalog.py).
+A batch is written to the same path under `<data_dir>/staging/` and moved into the lake only
+once the catalog registered it (see catalog.register), so a reader that globs the lake's folders
+directly (`read_parquet('lake/rollouts/**/*.parquet')`) never counts a batch a killed run left
+unregistered. Only the catalog's manifest makes a file visible to the views.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ from warehouse.tables import PARTITION, Table
 # Family names become directory names and hive partition values; keep them plain.
 FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LAKE_DIR = "lake"
+STAGING_DIR = "staging"  # mirrors the lake's layout: `staging/<table>/task_family=<family>/<batch>.parquet`
 TEMP_SUFFIX = ".tmp"  # `.<batch>.<pid>.tmp`: a writer killed before its rename leaves one behind
 READ_ONLY_MODE = 0o444
 
@@ -32,7 +37,7 @@ class Batch:
     batch_id: str
     table: str
     task_family: str  # "" for a table that is not partitioned
-    path: str  # relative to the data dir, with forward slashes
+    path: str  # in the lake, relative to the data dir, with forward slashes (staged under staging_path(path))
     row_count: int
     sha256: str  # of the file's bytes, as written
 
@@ -50,13 +55,13 @@ def check_family(family: str) -> None:
 
 
 def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, Any]]) -> Batch:
-    """Write rows of one family as one Parquet file (temp name, then an atomic rename)."""
+    """Write rows of one family as one Parquet file into staging (temp name, then an atomic rename)."""
     if table.partitioned:
         check_family(family)
     bid = batch_id(table, family, rows)
-    folder = f"lake/{table.name}/{PARTITION}={family}" if table.partitioned else f"lake/{table.name}"
+    folder = f"{LAKE_DIR}/{table.name}/{PARTITION}={family}" if table.partitioned else f"{LAKE_DIR}/{table.name}"
     relative = f"{folder}/{bid}.parquet"
-    target = data_dir / relative
+    target = data_dir / staging_path(relative)
     target.parent.mkdir(parents=True, exist_ok=True)
     file_rows = [{k: v for k, v in row.items() if k != PARTITION} for row in rows]
     arrow = pa.Table.from_pylist(file_rows, schema=table.file_schema)
@@ -66,6 +71,31 @@ def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, 
     make_read_only(temp)
     os.replace(temp, target)  # replaces a read-only leftover of a killed run too (the directory is writable)
     return Batch(bid, table.name, family, relative, len(rows), digest)
+
+
+def staging_path(path: str) -> str:
+    """Where the lake file `path` (relative to the data dir) is staged."""
+    return STAGING_DIR + path.removeprefix(LAKE_DIR)
+
+
+def lake_path(staged: str) -> str:
+    return LAKE_DIR + staged.removeprefix(STAGING_DIR)
+
+
+def publish(data_dir: Path, path: str) -> None:
+    """Move a registered batch from staging to its place in the lake (nothing staged: done already)."""
+    source, target = data_dir / staging_path(path), data_dir / path
+    if not source.is_file():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(source, target)
+    except OSError:  # a lake folder on another filesystem: copy, then rename within it
+        temp = target.with_name(f".{target.stem}.{os.getpid()}{TEMP_SUFFIX}")
+        shutil.copyfile(source, temp)
+        make_read_only(temp)
+        os.replace(temp, target)
+        source.unlink()
 
 
 def file_sha256(path: Path) -> str:

@@ -21,6 +21,7 @@ SCALARS: dict[type, pa.DataType] = {str: pa.string(), int: pa.int64(), float: pa
 
 SQL_TYPES: dict[pa.DataType, str] = {
     pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN",
+    pa.timestamp("us"): "TIMESTAMP",
 }
 
 

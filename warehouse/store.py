@@ -4,7 +4,9 @@ DuckDB allows one writing process per database file: exactly one process opens a
 catalog for writing (the factory flow, or whoever lands results) and workers hand their
 records to it. A writer excludes every other process, readers included; any number of
 `read_only=True` readers may share the catalog while no writer holds it. So open for writing
-only around landing, and read with `read_only=True` (a CLI query needs no write lock).
+only around landing, and read with `read_only=True` (a CLI query needs no write lock). A writer
+that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s`, then
+raises `CatalogLocked` (`tasks.land` then spools the batch, see `warehouse.spool`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -29,9 +32,7 @@ from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Roll
                           TaskRejection, TaskSpec, Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
 from warehouse.lake import LAKE_DIR, check_family, write_batch
-from warehouse.schema import to_row
 from warehouse.tables import PARTITION, TABLES, Reference, Table
-from warehouse.views import ANALYSIS_VIEWS
 
 DEFAULT_DATA_DIR = ".gymfoundry"
 CATALOG_FILE = "catalog.duckdb"
@@ -60,18 +61,26 @@ class Warehouse:
             if not path.exists():
                 raise FileNotFoundError(f"no warehouse catalog at {path}")
             self.con = _connect(path, True, lock_timeout_s)
-            # The stored views may name the old location of a moved data dir; temp views shadow them.
+            # The stored views name the lake relative to the working directory; these name this dir's.
             catalog.rebuild_views(self.con, self.data_dir, temporary=True)
             confine(self.con, self.data_dir)
         else:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            backup = catalog.downgrade(path, lambda: _connect(path, False, lock_timeout_s))
+            if backup is not None:
+                log.warning("warehouse %s: the catalog was in a storage version the DuckDB CLI cannot read; "
+                            "copied it into storage version %s (the old file is kept as %s)",
+                            self.data_dir, catalog.STORAGE_VERSION, backup.name)
             self.con = _connect(path, False, lock_timeout_s)
+            catalog.bind(self.con, self.data_dir)
             self.con.execute("BEGIN TRANSACTION")
             self.con.execute(catalog.MANIFEST_DDL)
             self.con.execute(catalog.QUARANTINE_DDL)
             notes = catalog.migrate_manifest(self.con, self.data_dir)
+            notes += catalog.recover_staging(self.con, self.data_dir)
             catalog.rebuild_views(self.con, self.data_dir)
             self.con.execute("COMMIT")
+            catalog.rebuild_views(self.con, self.data_dir, temporary=True)
             for note in notes:
                 log.warning("warehouse %s: %s", self.data_dir, note)
         self.skipped: list[dict[str, Any]] = []  # rows a `load_*` could not read back (see `_records`)
@@ -92,7 +101,8 @@ class Warehouse:
              runs: Iterable[Run] | None = None, datasets: Iterable[DatasetManifest] | None = None,
              dataset_rows: Iterable[DatasetRow] | None = None, family_of: Mapping[str, str] | None = None,
              outcomes: Iterable[Verdict] | None = None, rollout_outcomes: bool = False,
-             holdout_locks: Iterable[HoldoutLock] | None = None, gate: bool = True) -> Landing:
+             holdout_locks: Iterable[HoldoutLock] | None = None, gate: bool = True,
+             run_id: str | None = None, flow_run_id: str | None = None) -> Landing:
         """Land one batch: every table given, in one transaction, after the quality gates.
 
         Only rows with new keys land (a rollout already landed is skipped with all its steps).
@@ -101,7 +111,9 @@ class Warehouse:
         to quarantine whole (`Landing.quarantine`) and nothing of it reaches the tables.
 
         `outcomes` are verdicts to land in `outcomes`; with `rollout_outcomes`, each rollout new in
-        this batch also lands its own outcome there as the factory's verdict (`Verdict.of_rollout`)."""
+        this batch also lands its own outcome there as the factory's verdict (`Verdict.of_rollout`).
+        `run_id` and `flow_run_id` (the factory run and its Prefect flow run) are written on the
+        rollouts new in this batch: a rollout landed before keeps the run that first landed it."""
         rows: dict[str, list[dict[str, Any]]] = {}
         if tasks is not None:
             rows["tasks"] = [_row(TABLES["tasks"], t) for t in tasks]
@@ -113,12 +125,13 @@ class Warehouse:
             for rollout in rollouts:
                 by_id.setdefault(rollout.rollout_id, rollout)
             families.update({rid: r.family for rid, r in by_id.items()})
-            new = self._new_rows(TABLES["rollouts"], [_row(TABLES["rollouts"], r) for r in by_id.values()])
+            new = self._new_rows(TABLES["rollouts"], [_row(TABLES["rollouts"], r, run_id=run_id, flow_run_id=flow_run_id)
+                                                      for r in by_id.values()])
             rows["rollouts"] = new
             rows["steps"] = [_row(TABLES["steps"], step, rollout_id=row["rollout_id"], task_family=row[PARTITION])
                              for row in new for step in by_id[row["rollout_id"]].steps]
             if rollout_outcomes:
-                now = _utcnow().isoformat(timespec="seconds") + "Z"
+                now = datetime.now(timezone.utc).isoformat(timespec="seconds")
                 verdicts = [Verdict.of_rollout(by_id[row["rollout_id"]], now) for row in new]
                 rows["outcomes"] = [_row(TABLES["outcomes"], v) for v in verdicts if v is not None]
         if outcomes is not None:
@@ -267,17 +280,13 @@ class Warehouse:
             yield
             return
         for name, table in TABLES.items():
-            files = [f for f in self.files(name) if f.relative_to(self.data_dir).as_posix() not in paths]
+            files = [f for f in catalog.registered_paths(self.con, name) if f not in paths]
             self.con.execute(catalog.view_sql(table, files, True, self.data_dir))
         catalog.create_analysis_views(self.con, temporary=True)
         try:
             yield
         finally:
-            if self.read_only:  # its views are temporary anyway (see __init__)
-                catalog.rebuild_views(self.con, self.data_dir, temporary=True)
-            else:
-                for name in [*TABLES, *ANALYSIS_VIEWS]:
-                    self.con.execute(f"DROP VIEW IF EXISTS temp.{catalog.quote_ident(name)}")
+            catalog.rebuild_views(self.con, self.data_dir, temporary=True)
 
     def repair(self) -> Repair:
         """Move every landing with a missing or changed file to quarantine, with every landing whose
@@ -307,6 +316,7 @@ class Warehouse:
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
+        catalog.rebuild_views(self.con, self.data_dir, temporary=True)
         # After the commit: a crash here leaves unregistered files, which no view reads.
         for folder, landing_entries, failures in moves:
             damage.move_to_quarantine(self.data_dir, folder, landing_entries, failures, created.isoformat() + "Z")
@@ -416,6 +426,8 @@ class Landing:
     counts: dict[str, int]
     quarantine: Path | None = None
     report: quality.QualityReport | None = None
+    spooled: Path | None = None  # the catalog was locked: the batch waits there for the next landing
+    drained: list[Path] = field(default_factory=list)  # spooled batches this landing landed first
 
     @property
     def ok(self) -> bool:
@@ -456,6 +468,14 @@ def assert_intact(data_dir: str | os.PathLike) -> None:
                                "run `gymfoundry warehouse repair` to quarantine them, then re-run")
 
 
+class CatalogLocked(RuntimeError):
+    """Another process held the catalog's lock for longer than the writer waited."""
+
+    def __init__(self, path: Path, holder: str, waited_s: float, error: str):
+        super().__init__(f"the warehouse catalog {path} is locked by {holder}; waited {waited_s:.0f} s ({error})")
+        self.path, self.holder, self.waited_s = path, holder, waited_s
+
+
 class QuarantinedBatch(RuntimeError):
     def __init__(self, landing: Landing):
         super().__init__(f"batch failed the quality gates and went to {landing.quarantine}: "
@@ -493,24 +513,42 @@ def confine(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
     con.execute("SET lock_configuration = true")
 
 
+LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
+
+
+def lock_holder(message: str) -> str:
+    """Who holds the lock, from DuckDB's message: `<program> (PID n)`."""
+    found = LOCK_HOLDER.search(message)
+    return f"{found['program']} (PID {found['pid']})" if found else "another process"
+
+
 def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckDBPyConnection:
-    """DuckDB lets one process write a file; another writer waits for the lock up to the timeout."""
-    deadline = time.monotonic() + lock_timeout_s
+    """DuckDB lets one process write a file, and a writer and readers exclude each other: a held
+    lock is retried with backoff (0.2 s doubling to 5 s) for `lock_timeout_s`, saying who holds it."""
+    start = time.monotonic()
+    delay, holder = 0.2, None
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            return duckdb.connect(str(path), read_only=read_only, config=catalog.CONFIG)
         except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+            if "lock" not in str(exc).lower():
                 raise
-            time.sleep(0.2)
+            waited = time.monotonic() - start
+            if waited + delay > lock_timeout_s:
+                log.error("warehouse catalog %s is still locked by %s after %.0f s; giving up",
+                          path, lock_holder(str(exc)), waited)
+                raise CatalogLocked(path, lock_holder(str(exc)), waited, str(exc)) from None
+            if lock_holder(str(exc)) != holder:
+                holder = lock_holder(str(exc))
+                log.warning("warehouse catalog %s is locked by %s (a reader or writer in another process: "
+                            "close it to let this %s proceed); retrying for up to %.0f s", path, holder,
+                            "read" if read_only else "landing", lock_timeout_s)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def _row(table: Table, record: Record, **added: Any) -> dict[str, Any]:
-    row = to_row(record, table.exclude)
-    if table.family_field:
-        row[PARTITION] = row.pop(table.family_field)
-    row.update(added)
-    return row
+    return table.row(record, **added)
 
 
 def _record(table: Table, row: dict[str, Any], **fields: Any) -> Record:

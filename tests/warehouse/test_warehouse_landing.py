@@ -79,14 +79,19 @@ def test_only_new_keys_land_and_duplicates_within_a_call_collapse(wh, build):
     assert len(wh.files("tasks")) == 2
 
 
-def test_file_written_but_not_registered_is_invisible(wh, data_dir, build):
+def staged_files(data_dir):
+    return sorted(p.relative_to(data_dir).as_posix() for p in (data_dir / "staging").rglob("*.parquet"))
+
+
+def test_file_written_but_not_registered_stays_in_staging(wh, data_dir, build):
     task = build.task("inventory", 0)
-    write_batch(data_dir, TABLES["tasks"], "inventory", [_row(TABLES["tasks"], task)])
-    assert len(lake_files(data_dir)) == 1
+    batch = write_batch(data_dir, TABLES["tasks"], "inventory", [_row(TABLES["tasks"], task)])
+    assert staged_files(data_dir) == ["staging/" + batch.path.removeprefix("lake/")] and lake_files(data_dir) == []
     assert wh.count("tasks") == 0
-    # Landing the same rows later (a re-run after a crash) reuses the file name and registers it.
+    # Landing the same rows later (a re-run after a crash) reuses the file name, registers it and moves it.
     assert wh.land_tasks([task]) == {"tasks": 1}
-    assert len(lake_files(data_dir)) == 1 and wh.load_tasks() == [task]
+    assert lake_files(data_dir) == [batch.path] and staged_files(data_dir) == []
+    assert wh.load_tasks() == [task]
 
 
 def test_empty_views_have_typed_columns(wh):
@@ -167,8 +172,9 @@ def test_moved_data_dir_stays_readable(data_dir, tmp_path, build):
     with Warehouse(moved) as wh:
         assert wh.load_tasks() == sorted(tasks, key=lambda t: t.task_id)
         assert wh.land_rollouts(rollouts) == {"rollouts": 0, "steps": 0}
-    # The stored views were rebuilt for the new place, so a plain DuckDB client reads them too.
+    # The stored views name the lake relative to the data dir: a plain DuckDB client that searches there reads them.
     con = duckdb.connect(str(moved / "catalog.duckdb"), read_only=True)
+    con.execute("set file_search_path = ?", [str(moved)])
     assert con.execute("select count(*) from steps").fetchall() == [(9,)]
     con.close()
 
