@@ -3,6 +3,7 @@ import base64
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 from matplotlib.image import imread
@@ -162,3 +163,14 @@ def test_report_command(run_dir, tmp_path, capsys):
     args = parser.parse_args(["report", "--data-dir", str(tmp_path / "none")])
     with pytest.raises(FileNotFoundError, match="no warehouse catalog"):
         args.func(args)
+
+
+def test_the_docs_python_snippet_runs(run_dir, tmp_path, monkeypatch):
+    data_dir, _, _ = run_dir
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "report.md").read_text()
+    (snippet,) = re.findall(r"```python\n(.*?)```", doc, re.S)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".gymfoundry").symlink_to(data_dir)
+    scope = {}
+    exec(snippet, scope)
+    assert scope["path"] == Path("report.html") and (tmp_path / "report.html").read_text().count("<img ") == 3
