@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from envs.records import FaultConfig, PolicySpec, RetryPolicy
+from tasks.evaluate import HELDOUT_SPLITS
 from tasks.isolate import HOLDOUT_FRACTION
 
 TaskRunner = Literal["threads", "dask", "ray"]
@@ -110,13 +111,14 @@ class FactoryConfig(Config):
 class EvaluationConfig(Config):
     """Held-out evaluation of a policy on one family."""
 
+    model: str | None = Field(None, description="with a kind name: the checkpoint dir (hf) or the endpoint's model")
     family: str = Field("inventory", description="the family whose held-out tasks are played",
                         json_schema_extra={"cli": "--family"})
     data_dir: str = Field(".gymfoundry", min_length=1, description="the warehouse directory",
                           json_schema_extra={"cli": "--data-dir"})
     policy: PolicySpec | str = Field("hf", description="a PolicySpec, or a kind name with `model`")
-    model: str | None = Field(None, description="with a kind name: the checkpoint dir (hf) or the endpoint's model")
-    splits: list[Literal["test", "val"]] = Field(["test", "val"], min_length=1, description="held-out splits played")
+    splits: list[Literal["test", "val"]] = Field(default_factory=lambda: list(HELDOUT_SPLITS), min_length=1,
+                                                 description="held-out splits played")
     limit: int | None = Field(40, ge=1, description="at most this many tasks", json_schema_extra={"cli": "--limit"})
     levels: list[int] | None = Field(None, description="only these difficulty levels")
     seed: int = Field(0, description="the episodes' seed", json_schema_extra={"cli": "--seed"})
@@ -151,6 +153,8 @@ class TrainingConfig(Config):
     evaluate_family: str | None = Field(None, description="evaluate the checkpoint on held-out tasks of this family",
                                         json_schema_extra={"cli": "--evaluate"})
     eval_limit: int | None = Field(40, ge=1, description="held-out tasks evaluated")
+    min_rows: int = Field(0, ge=0, description="train only when the dataset has at least this many rows (else the "
+                          "run completes without training)", json_schema_extra={"cli": "--min-rows"})
     eval_concurrency: int = Field(1, ge=1, description="held-out episodes decoded in one batch")
 
     @field_validator("evaluate_family")

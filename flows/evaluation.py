@@ -11,7 +11,8 @@ from prefect.cache_policies import NO_CACHE
 
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import PolicySpec, Rollout, Sampling, TaskSpec
-from tasks.evaluate import HELDOUT_SPLITS, evaluate_policy, expected_rollout_id, heldout_tasks, summarize
+from flows.config import EvaluationConfig, flow_parameters
+from tasks.evaluate import evaluate_policy, expected_rollout_id, heldout_tasks, summarize
 from tasks.policies import make_policy
 
 
@@ -72,16 +73,20 @@ def evaluation_spec(policy: PolicySpec | str, model: str | None, max_new_tokens:
 
 
 @flow(name="evaluate")
-def evaluate(model: str | None = None, family: str = "inventory", data_dir: str = ".gymfoundry",
-             policy: PolicySpec | str = "hf", splits: list[str] = list(HELDOUT_SPLITS), limit: int | None = 40,  # noqa: B006
-             levels: list[int] | None = None, seed: int = 0, samples_per_task: int = 1, max_new_tokens: int = 96,
-             temperature: float = 0.0, land: bool = True, policy_kwargs: dict[str, Any] | None = None,
-             reuse: bool = True, concurrency: int | None = None) -> dict[str, Any]:
+@flow_parameters(EvaluationConfig)
+def evaluate(**params: Any) -> dict[str, Any]:
     """Success rate of a policy on the family's held-out tasks: a `PolicySpec` (its sampling
     and `max_concurrency` included), or a kind name with `model` (a local checkpoint directory
     for `policy="hf"`; a model name on an OpenAI-compatible endpoint for `policy="openai"`),
     `max_new_tokens`, `temperature` and `policy_kwargs` (see `evaluation_spec`). `concurrency`
-    replaces the spec's `max_concurrency` (episodes in flight; an hf checkpoint's decoding batch)."""
+    replaces the spec's `max_concurrency` (episodes in flight; an hf checkpoint's decoding batch).
+    The parameters are `flows.config.EvaluationConfig`'s."""
+    config = EvaluationConfig(**params)
+    model, family, data_dir, policy = config.model, config.family, config.data_dir, config.policy
+    splits, limit, levels, seed, samples_per_task = (config.splits, config.limit, config.levels, config.seed,
+                                                     config.samples_per_task)
+    max_new_tokens, temperature, policy_kwargs = config.max_new_tokens, config.temperature, config.policy_kwargs
+    land, reuse, concurrency = config.land, config.reuse, config.concurrency
     logger = get_run_logger()
     tasks = heldout_tasks(data_dir, family, tuple(splits), limit, tuple(levels) if levels else None)
     if not tasks:

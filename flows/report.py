@@ -112,10 +112,10 @@ def training_curves(wh: Warehouse, run_ids: list[str]) -> dict[str, dict[str, An
     out = {}
     for row in _rows(wh, "SELECT run_id, metrics FROM training_runs WHERE run_id IN (SELECT unnest(?)) "
                          "ORDER BY run_id", [list(run_ids)]):
-        metrics = json.loads(row["metrics"] or "{}")
+        metrics = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else row["metrics"] or {}
         by_level = (metrics.get("heldout") or {}).get("by_level") or {}
         out[row["run_id"]] = {"loss": [(int(s), float(v)) for s, v in metrics.get("loss_history") or []],
-                              "heldout": {int(k): float(v) for k, v in sorted(by_level.items(), key=lambda kv: int(kv[0]))}}
+                              "heldout": {int(k): float(by_level[k]) for k in sorted(by_level, key=int)}}
     return {run_id: out[run_id] for run_id in run_ids if run_id in out}
 
 

@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 import envs  # noqa: F401  registers the built-in environments
+from flows.config import TrainingConfig, flow_parameters
 from envs.records import PolicySpec, TrainingRun, content_hash
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
@@ -77,13 +78,22 @@ def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
 
 
 @flow(name="train")
-def train(dataset: str | None = None, method: str = "sft", base_model: str | None = None,
-          data_dir: str = ".gymfoundry", output_dir: str | None = None,
-          hyperparameters: dict[str, Any] | None = None, evaluate_family: str | None = None,
-          eval_limit: int | None = 40, eval_concurrency: int = 1) -> dict[str, Any]:
+@flow_parameters(TrainingConfig)
+def train(**params: Any) -> dict[str, Any]:
     """Train and land a `training_runs` row. With `evaluate_family`, the checkpoint is also
     evaluated on that family's held-out tasks (`eval_concurrency` episodes decoded in one batch)
-    and the success rate joins the run's metrics."""
+    and the success rate joins the run's metrics. The parameters are
+    `flows.config.TrainingConfig`'s."""
+    config = TrainingConfig(**params)
+    dataset, method, base_model, data_dir = config.dataset, config.method, config.base_model, config.data_dir
+    output_dir, hyperparameters, evaluate_family = config.output_dir, config.hyperparameters, config.evaluate_family
+    eval_limit, eval_concurrency = config.eval_limit, config.eval_concurrency
+    if config.min_rows and dataset:
+        rows = dataset_rows(dataset, data_dir)
+        if rows < config.min_rows:
+            get_run_logger().info("dataset %s has %d rows, fewer than min_rows=%d: not training", dataset, rows,
+                                  config.min_rows)
+            return {"skipped": f"{rows} rows < min_rows {config.min_rows}", "dataset": dataset, "rows": rows}
     from tasks.hf_policy import checkpoint_version
 
     logger = get_run_logger()
@@ -117,6 +127,14 @@ def train(dataset: str | None = None, method: str = "sft", base_model: str | Non
     logger.info("%s run %s: %s steps, final loss %s, checkpoint %s", method, run.run_id, metrics.get("steps"),
                 metrics.get("final_loss"), out)
     return {**run.model_dump(mode="json"), "landed": landed}
+
+
+def dataset_rows(dataset: str, data_dir: str) -> int:
+    """The row count of a dataset (id or path), from its Parquet footer."""
+    import pyarrow.parquet as pq
+
+    _, path = resolve_dataset(dataset, data_dir)
+    return pq.ParquetFile(path).metadata.num_rows
 
 
 def refuse_holdout_rows(path: Path, data_dir: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 
 def _prefect_defaults() -> None:
@@ -14,15 +15,23 @@ def _prefect_defaults() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    _prefect_defaults()
-    from flows.training import train
+    from pydantic import ValidationError
+
+    from flows.config import TrainingConfig, explain, from_args
 
     hp = json.loads(args.hyperparameters) if args.hyperparameters else {}
     for key in ("max_steps", "learning_rate", "batch_size", "time_limit_s"):
         if getattr(args, key) is not None:
             hp[key] = getattr(args, key)
-    run = train(dataset=args.dataset, method=args.method, base_model=args.base_model, data_dir=args.data_dir,
-                output_dir=args.output_dir, hyperparameters=hp, evaluate_family=args.evaluate)
+    try:
+        config = from_args(TrainingConfig, args, hyperparameters=hp)
+    except ValidationError as exc:
+        print(f"gymfoundry train: {explain(exc, TrainingConfig)}", file=sys.stderr)
+        return 2
+    _prefect_defaults()
+    from flows.training import train
+
+    run = train(**{name: getattr(config, name) for name in TrainingConfig.model_fields})
     metrics = run["metrics"]
     print(f"training run {run['run_id']}: {metrics.get('steps')} steps, final loss {metrics.get('final_loss')}, "
           f"{metrics.get('seconds_per_step')} s/step, peak RSS {metrics.get('peak_rss_mb')} MB")
@@ -34,11 +43,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     _prefect_defaults()
+    from pydantic import ValidationError
+
     from flows.cli import policy_spec
+    from flows.config import EvaluationConfig, explain, from_args
+
+    try:
+        config = from_args(EvaluationConfig, args, policy=policy_spec(args))
+    except ValidationError as exc:
+        print(f"gymfoundry evaluate: {explain(exc, EvaluationConfig)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"gymfoundry evaluate: {exc}", file=sys.stderr)
+        return 2
     from flows.evaluation import evaluate
 
-    report = evaluate(family=args.family, data_dir=args.data_dir, policy=policy_spec(args), limit=args.limit,
-                      samples_per_task=args.samples)
+    report = evaluate(**{name: getattr(config, name) for name in EvaluationConfig.model_fields})
     print(f"{report['model'] or report['policy_id']} on {report['episodes']} held-out {report['family']} episodes: "
           f"success {100 * report['success_rate']:.1f}%  by level {report['by_level']}  {report['terminations']}")
     for family, by_k in report["pass_at_k"].items():
@@ -60,29 +80,23 @@ def cmd_loop(args: argparse.Namespace) -> int:
 
 def add_training_commands(sub) -> None:
     train = sub.add_parser("train", help="train a model on a factory dataset (SFT / DPO / GRPO)")
-    train.add_argument("--dataset", help="dataset id under <data-dir>/datasets/ or a Parquet path (not for grpo)")
-    train.add_argument("--method", default="sft", choices=["sft", "dpo", "grpo"])
-    train.add_argument("--base-model", help="a local checkpoint dir; default: build the embedded tiny model")
-    train.add_argument("--data-dir", default=".gymfoundry")
-    train.add_argument("--output-dir")
+    from flows.config import TrainingConfig, add_options
+
+    add_options(train, TrainingConfig)
     train.add_argument("--max-steps", type=int)
     train.add_argument("--learning-rate", type=float)
     train.add_argument("--batch-size", type=int)
     train.add_argument("--time-limit-s", type=float)
     train.add_argument("--hyperparameters", help="JSON object of further hyperparameters (see tasks.train)")
-    train.add_argument("--evaluate", metavar="FAMILY", help="evaluate the checkpoint on held-out tasks of FAMILY")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="success rate of a model on held-out tasks")
     from flows.cli import add_policy_options
+    from flows.config import EvaluationConfig, add_options
 
+    add_options(evaluate, EvaluationConfig)
     add_policy_options(evaluate, default="hf")
     evaluate.add_argument("--mistake-rate", type=float, help="the scripted policy's mistake rate")
-    evaluate.add_argument("--family", default="inventory")
-    evaluate.add_argument("--data-dir", default=".gymfoundry")
-    evaluate.add_argument("--limit", type=int, default=40)
-    evaluate.add_argument("--samples", type=int, default=1,
-                          help="episodes per task (n); the report gives pass@k and pass^k for k = 1..n")
     evaluate.set_defaults(func=cmd_evaluate)
 
     loop = sub.add_parser("loop", help="closed loop: factory, tiny model, held-out success before and after each training arm")

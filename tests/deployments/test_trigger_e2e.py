@@ -131,4 +131,4 @@ def test_an_sft_dataset_event_creates_a_training_run_and_a_dpo_one_does_not(pref
     (run,) = runs
     assert run.state_type == StateType.SCHEDULED
     assert run.parameters == {"dataset": "sft-e2e", "data_dir": str(tmp_path.resolve()), "method": "sft",
-                              "hyperparameters": {"time_limit_s": 900}}
+                              "min_rows": 200, "hyperparameters": {"time_limit_s": 900}}
