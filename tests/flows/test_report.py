@@ -63,7 +63,8 @@ def test_tables_are_the_views_of_the_families(run_dir):
         == rollouts == data["counts"]["rollouts"] > 0
     assert {"rules", "combined"} <= {r["layer"] for r in data["reward_by_layer"]}
     assert len(data["step_scores"]) == sql(data_dir, "select count(score) as n from step_scores")[0]["n"]
-    assert {r["dataset_id"] for r in data["dataset_composition"]} == {d["dataset_id"] for d in report["datasets"].values()}
+    datasets = {d["dataset_id"] for d in report["datasets"].values()}
+    assert {r["dataset_id"] for r in data["dataset_composition"]} == datasets
     assert [(r["run_id"], r["method"], r["steps"], r["final_loss"], r["heldout_success"])
             for r in data["training_runs"]] == [(sft_run.run_id, "sft", 4, 1.25, 0.25),
                                                 (dpo_run.run_id, "dpo", 2, 0.5, None)]
