@@ -12,6 +12,11 @@ engine plays C x `--episodes-per-slot` inventory episodes through `collect_with_
 factory's batch path: env stack, wrappers, verifier, classification, records). The ideal rate
 is C / (latency x turns); the figure is the median of `--repeats` runs. The peak number of
 requests in flight the server saw is printed beside it.
+
+The engine's own cost bounds the rate too: episodes run in one interpreter, so at most
+1 / (CPU time per episode) of them finish per second however many are in flight. That ceiling
+is measured first, serially against a second server answering at once (latency 0), and each
+row also gives its rate over min(ideal, ceiling).
 """
 
 from __future__ import annotations
@@ -113,12 +118,18 @@ def main() -> None:
 
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--latency", str(args.latency)],
                               stdout=subprocess.PIPE, text=True)
+    instant = subprocess.Popen([sys.executable, __file__, "--serve", "--latency", "0"], stdout=subprocess.PIPE,
+                               text=True)
     try:
         base = f"http://127.0.0.1:{server.stdout.readline().strip()}"
+        ceiling = statistics.median(run(f"http://127.0.0.1:{instant.stdout.readline().strip()}/v1", 1, 200, seed=r)
+                                    for r in range(args.repeats))
         turns = 2
-        results = []
-        print(f"{os.cpu_count()} cores; server latency {args.latency} s; {turns} requests per episode")
-        print(f"{'C':>5} {'episodes':>8} {'eps/s (median)':>15} {'ideal':>8} {'ratio':>6} {'peak in flight':>15}")
+        results = [{"ceiling_episodes_per_s": round(ceiling, 2)}]
+        print(f"{os.cpu_count()} cores; server latency {args.latency} s; {turns} requests per episode; "
+              f"CPU-bound ceiling {ceiling:.1f} episodes/s ({1000 / ceiling:.2f} ms per episode)")
+        print(f"{'C':>5} {'episodes':>8} {'eps/s (median)':>15} {'ideal':>8} {'ratio':>6} {'vs ceiling':>10} "
+              f"{'peak in flight':>15}")
         for c in args.concurrency:
             episodes = c * args.episodes_per_slot
             rates, peaks = [], []
@@ -127,12 +138,16 @@ def main() -> None:
                 peaks.append(httpx.get(base + "/stats").json()["peak"])
             ideal = c / (args.latency * turns)
             median = statistics.median(rates)
+            bound = min(ideal, ceiling)
             results.append({"concurrency": c, "episodes": episodes, "episodes_per_s": round(median, 2),
-                            "ideal": round(ideal, 2), "ratio": round(median / ideal, 3), "peak_in_flight": max(peaks),
+                            "ideal": round(ideal, 2), "ratio": round(median / ideal, 3),
+                            "ratio_to_bound": round(median / bound, 3), "peak_in_flight": max(peaks),
                             "runs": [round(x, 2) for x in rates]})
-            print(f"{c:>5} {episodes:>8} {median:>15.2f} {ideal:>8.1f} {median / ideal:>6.3f} {max(peaks):>15}")
+            print(f"{c:>5} {episodes:>8} {median:>15.2f} {ideal:>8.1f} {median / ideal:>6.3f} {median / bound:>10.3f} "
+                  f"{max(peaks):>15}")
     finally:
         server.kill()
+        instant.kill()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
