@@ -4,12 +4,20 @@ PRAGMA, CALL, PREPARE/EXECUTE, ...).
 
 A read-only DuckDB connection refuses catalog changes but still writes files (`COPY (...) TO`
 overwrote an immutable batch), so every statement of the text is classified by DuckDB's own
-parser (`duckdb.extract_statements`) before any of it runs.
+parser (`duckdb.extract_statements`) before any of it runs. `render` prints a result.
 """
 
 from __future__ import annotations
 
+import csv
+import datetime
+import decimal
+import io
+import json
+from typing import Any
+
 import duckdb
+import pyarrow as pa
 
 QUERY = duckdb.StatementType.SELECT  # SELECT, WITH, FROM-first, VALUES, DESCRIBE, SHOW, SUMMARIZE, UNPIVOT
 PIVOTS = {"pivot", "pivot_wider"}    # PIVOT parses as MULTI (DuckDB plans it in two steps)
@@ -63,3 +71,52 @@ def _keywords(text: str) -> list[tuple[int, str]]:
         end = tokens[i + 1][0] if i + 1 < len(tokens) else len(text)
         out.append((offset, text[offset:end].strip().lower()))
     return out
+
+
+FORMATS = ("table", "csv", "json")
+
+
+def render(table: pa.Table, fmt: str = "table", max_rows: int = 20) -> str:
+    """A query's result as `gymfoundry sql --format` prints it: `table` (polars' layout, at most
+    `max_rows` rows shown, the shape below), `csv` (a header line, then every row; nested values as
+    JSON, NULL empty) or `json` (a list of objects, every row; timestamps in ISO 8601)."""
+    if fmt == "table":
+        import polars as pl
+
+        with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=80, tbl_hide_dataframe_shape=False):
+            return str(pl.from_arrow(table))
+    if fmt == "json":
+        rows = [json.dumps(row, default=_json_value, ensure_ascii=False) for row in table.to_pylist()]
+        return "[\n" + ",\n".join(rows) + "\n]" if rows else "[]"  # one object a line
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(table.column_names)
+        for row in table.to_pylist():
+            writer.writerow([_csv_value(v) for v in row.values()])
+        return out.getvalue().rstrip("\n")
+    raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=_json_value, ensure_ascii=False)
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    return str(_json_value(value))

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from envs.records import content_hash
 from warehouse import catalog
-from warehouse.lake import LAKE_DIR, TEMP_SUFFIX, file_sha256
+from warehouse.lake import LAKE_DIR, STAGING_DIR, TEMP_SUFFIX, file_sha256, staging_path
 from warehouse.tables import PARTITION, TABLES, Table
 
 # List columns naming rows of another table (not gate references: `check`'s integrity checks them).
@@ -30,13 +30,14 @@ LINEAGE = {"dataset_rows": (("rollout_ids", "rollouts"),)}
 DAMAGE = ("missing", "changed")  # the kinds `check` fails on and `repair` quarantines
 # The other kinds are reported, not damage: `unknown_checksum` (registered before checksums were
 # kept, seen read-only), `unregistered` (invisible to every view; a writer killed after writing
-# leaves one and its re-run registers it), `temp` (a writer killed before its rename).
+# leaves one in staging, the next writer removes it), `temp` (a writer killed before its rename),
+# `staged` (registered, still in staging: the writer was killed before it moved it; the next writer does).
 
 
 @dataclass(frozen=True)
 class FileProblem:
     path: str  # relative to the data dir
-    kind: str  # missing | changed | unknown_checksum | unregistered | temp
+    kind: str  # missing | changed | unknown_checksum | unregistered | temp | staged
     reason: str
     table: str | None = None
     batch_id: str | None = None
@@ -60,6 +61,9 @@ def verify(data_dir: Path, entry: catalog.Entry, checksum: bool = True) -> FileP
         return FileProblem(entry.path, kind, reason, entry.table_name, entry.batch_id, entry.landing_id)
 
     if not file.is_file():
+        if (data_dir / staging_path(entry.path)).is_file():
+            return problem("staged", "registered, but the landing was killed before it moved the file from "
+                                     "staging into the lake; the next landing (or `warehouse repair`) moves it")
         return problem("missing", f"registered file of table {entry.table_name} is missing")
     if checksum and entry.sha256 is not None:
         digest = file_sha256(file)
@@ -88,8 +92,13 @@ def strays(data_dir: Path, registered: set[str]) -> list[FileProblem]:
                                                      "not damage, `warehouse repair` removes it"))
         else:
             out.append(FileProblem(relative, "unregistered", "in the lake but not in the manifest, so no view "
-                                                             "reads it (a writer killed before registering "
-                                                             "leaves one; its re-run registers it)"))
+                                                             "reads it (left by a version that wrote batches "
+                                                             "into the lake before registering them)"))
+    for file in sorted((data_dir / STAGING_DIR).rglob("*")):
+        relative = file.relative_to(data_dir).as_posix()
+        if file.is_file() and relative.replace(STAGING_DIR, LAKE_DIR, 1) not in registered:
+            out.append(FileProblem(relative, "unregistered", "in staging, never registered (a landing killed "
+                                                             "before it registered); the next landing removes it"))
     return out
 
 

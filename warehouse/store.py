@@ -255,7 +255,8 @@ class Warehouse:
         damaged = [p for p in problems if p.kind in damage.DAMAGE]
         results = {"files": quality.TableResult("files", len(catalog.entries(self.con)), not damaged,
                                                 [damage.failure(p) for p in damaged])}
-        with self._views_without({p.path for p in damaged}):
+        # Files still in staging are no damage (the next writer moves them) but no view can read them yet.
+        with self._views_without({p.path for p in problems if p.kind in (*damage.DAMAGE, "staged")}):
             for name, table in TABLES.items():
                 results[name] = self._check_table(table)
             results["integrity"] = quality.integrity(lambda sql: self.sql(sql).to_pylist()[0]["n"])

@@ -68,13 +68,15 @@ ANALYSIS_VIEWS: dict[str, str] = {
         FROM rollouts
         GROUP BY 1, 2, 3, 4""",
     # Step rewards per layer and scorer version; rollout_mean averages each rollout's mean step reward.
+    # A layer with no score of status ok (the judge when none is configured) has no row.
     "reward_by_layer": """
         SELECT * FROM (
             SELECT task_family, layer, scorer_id, scorer_version, count(*) AS steps, count(score) AS scored,
                    avg(score) AS mean, stddev_samp(score) AS stddev, min(score) AS min,
                    quantile_cont(score, 0.1) AS p10, quantile_cont(score, 0.5) AS p50,
                    quantile_cont(score, 0.9) AS p90, max(score) AS max
-            FROM step_scores GROUP BY 1, 2, 3, 4)
+            FROM step_scores GROUP BY 1, 2, 3, 4
+            HAVING count(*) FILTER (WHERE status = 'ok') > 0)
         JOIN (
             SELECT task_family, layer, scorer_id, scorer_version, count(*) AS rollouts,
                    avg(rollout_mean) AS rollout_mean

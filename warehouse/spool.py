@@ -1,0 +1,51 @@
+"""The spool: batches a landing could not land because another process held the catalog.
+
+A reader holding the catalog (a notebook's connection, a `duckdb` CLI session) blocks every
+writer. Rather than fail the run and lose what it collected, `tasks.land` writes the batch's
+records here as one JSON file, `<data_dir>/spool/<utc time>-<hash>.json`, and the next landing
+lands every spooled batch first, in the order they were spooled, and removes each once it
+landed. Ids are content hashes, so a spooled batch that landed before its file was removed
+adds nothing when it lands again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from envs.records import Record, Rollout, Run, StepScore, TaskRejection, TaskSpec, content_hash
+
+SPOOL_DIR = "spool"
+# `Warehouse.land` keyword -> the record it takes.
+RECORDS: dict[str, type[Record]] = {"tasks": TaskSpec, "rejections": TaskRejection, "rollouts": Rollout,
+                                    "scores": StepScore, "runs": Run}
+
+
+def save(data_dir: str | os.PathLike, records: dict[str, list[Record]], options: dict[str, Any]) -> Path:
+    """Spool a batch: `records` by `Warehouse.land` keyword, `options` the landing's other keywords."""
+    payload = {"spooled_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "options": options,
+               "records": {k: [r.model_dump(mode="json") for r in v] for k, v in records.items() if v}}
+    folder = Path(data_dir) / SPOOL_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    path = folder / f"{stamp}-{content_hash(payload['records'], 12)}.json"
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps(payload) + "\n")
+    os.replace(temp, path)  # a spool file is whole or absent
+    return path
+
+
+def pending(data_dir: str | os.PathLike) -> list[Path]:
+    """Spooled batches, oldest first."""
+    folder = Path(data_dir) / SPOOL_DIR
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
+def load(path: Path) -> tuple[dict[str, list[Record]], dict[str, Any]]:
+    """A spooled batch's records (by `Warehouse.land` keyword) and options."""
+    payload = json.loads(path.read_text())
+    records = {k: [RECORDS[k].model_validate(r) for r in rows] for k, rows in payload["records"].items()}
+    return records, payload["options"]
