@@ -18,7 +18,6 @@ from flows.report import (PNG_SIGNATURE, TITLES, charts, publish_run_artifacts, 
                           read_report, reward_chart, success_chart, training_chart, write_html_report)
 from flows.report_cli import add_report_command
 from warehouse import TABLES, Warehouse
-from warehouse.schema import to_row
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -29,7 +28,7 @@ SIZE = (350, 600)  # FIGSIZE x DPI, in pixels (rows, columns)
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, prefect_harness):
     """A small factory run and two training runs (one evaluated on held-out tasks, one not), landed
-    as the training flow lands them, without training a model."""
+    without training a model."""
     data_dir = tmp_path_factory.mktemp("report")
     report = factory(families=["inventory"], tasks_per_family=12, seed=3, data_dir=str(data_dir))
     sft = report["datasets"]["sft"]["dataset_id"]
@@ -40,7 +39,7 @@ def run_dir(tmp_path_factory, prefect_harness):
             TrainingRun(method="dpo", base_model="tiny", families=["inventory"], started_at="2026-01-02T00:00:00",
                         metrics={"steps": 2, "final_loss": 0.5, "loss_history": [[1, 0.75], [2, 0.5]]})]
     with Warehouse(data_dir) as wh:
-        wh.land_rows({"training_runs": [to_row(r, TABLES["training_runs"].exclude) for r in runs]}).checked()
+        wh.land_rows({"training_runs": [TABLES["training_runs"].row(r) for r in runs]}).checked()
     return data_dir, report, runs
 
 
