@@ -152,3 +152,38 @@ def test_a_writer_keeps_its_full_sql(wh):
     # Landing code needs DDL; only the read-only path is the console.
     assert wh.sql("create temp view scratch as select 1 as a").num_rows == 0
 
+
+
+def test_render_prints_a_result_as_table_csv_or_json(data_dir, build):
+    import json
+    from datetime import datetime
+
+    import pyarrow as pa
+
+    from envs.records import RetryPolicy, Run
+    from warehouse.console import render
+
+    land(data_dir, build)
+    with Warehouse(data_dir) as wh:
+        wh.land(runs=[Run(params={}, retry_policy=RetryPolicy(), started_at="2026-05-01T12:00:00+00:00")]).checked()
+    with Warehouse(data_dir, read_only=True) as wh:
+        result = wh.sql("select r.task_family, r.seed, r.success, r.tokens, r.run_id, [1, 2] as ids, "
+                        "'a, \"b\"' as text, u.started_at from rollouts r, runs u")
+    assert render(result, "csv", 10) == ('task_family,seed,success,tokens,run_id,ids,text,started_at\n'
+                                         'inventory,0,true,42,,"[1, 2]","a, ""b""",2026-05-01T12:00:00')
+    assert json.loads(render(result, "json", 10)) == [
+        {"task_family": "inventory", "seed": 0, "success": True, "tokens": 42, "run_id": None, "ids": [1, 2],
+         "text": 'a, "b"', "started_at": "2026-05-01T12:00:00"}]
+    assert render(result.slice(0, 0), "json", 10) == "[]"
+    assert render(result.slice(0, 0), "csv", 10) == "task_family,seed,success,tokens,run_id,ids,text,started_at"
+    table = render(result, "table", 10)  # what `gymfoundry sql` printed before it had formats
+    assert table.splitlines()[0] == "shape: (1, 8)" and "2026-05-01 12:00:00" in table and "inventory" in table
+
+    many = pa.table({"n": list(range(30)), "at": [datetime(2026, 1, 1, 0, 0, i) for i in range(30)]})
+    short = render(many, "table", 5)
+    assert short.splitlines()[0] == "shape: (30, 2)" and "…" in short and " 29 " in short and " 12 " not in short
+    assert " 12 " in render(many, "table", 50)
+    assert len(render(many, "csv", 5).splitlines()) == 31  # machine formats hold every row
+    assert len(json.loads(render(many, "json", 5))) == 30
+    with pytest.raises(ValueError, match="table, csv, json"):
+        render(many, "xml", 5)
