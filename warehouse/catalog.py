@@ -286,7 +286,7 @@ def recover_staging(con: duckdb.DuckDBPyConnection, data_dir: Path) -> list[str]
 # package writes a newer one unless told. The catalog is written in the version 1.5 reads.
 STORAGE_VERSION = "v1.5.0"
 READABLE_STORAGE = 68  # the newest storage version number DuckDB 1.5 reads
-CONFIG = {"storage_compatibility_version": STORAGE_VERSION}  # every connection: DuckDB refuses mixed configs
+CONFIG = {"storage_compatibility_version": STORAGE_VERSION}  # a writer's connections
 
 
 def storage_number(path: Path) -> int | None:

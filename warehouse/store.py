@@ -530,7 +530,9 @@ def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckD
     delay, holder = 0.2, None
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only, config=catalog.CONFIG)
+            # The storage version matters where a file is created (by a writer). A reader passes no
+            # config, so it shares a process with the user's own `duckdb.connect(..., read_only=True)`.
+            return duckdb.connect(str(path), read_only=read_only, config={} if read_only else catalog.CONFIG)
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise
