@@ -391,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.training_cli import add_training_commands
 
     add_training_commands(sub)
+    from flows.report_cli import add_report_command
+
+    add_report_command(sub, DEFAULT_DATA_DIR)
     return parser
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from envs.records import FaultConfig, PolicySpec, RetryPolicy
 from tasks.evaluate import HELDOUT_SPLITS
-from tasks.isolate import HOLDOUT_FRACTION
+from tasks.isolate import HOLDOUT_FRACTION, check_holdout_fraction
 
 TaskRunner = Literal["threads", "dask", "ray"]
 Learnability = Literal["p(1-p)", "1-p", "uniform"]
@@ -76,8 +76,8 @@ class FactoryConfig(Config):
     retry: RetryPolicy | None = Field(default_factory=RetryPolicy, description="which episode classes are retried, how "
                                                                         "often, and what happens when retries run out")
     faults: FaultConfig | None = Field(None, description="environment faults to inject (tests of the retry policy)")
-    holdout_fraction: float = Field(HOLDOUT_FRACTION, gt=0, lt=1, description="share of each family's template "
-                                    "groups locked in the holdout", json_schema_extra={"cli": "--holdout-fraction"})
+    holdout_fraction: float = Field(HOLDOUT_FRACTION, description="share of each family's template groups locked "
+                                    "in the holdout, in [0, 1]", json_schema_extra={"cli": "--holdout-fraction"})
     learnability: Learnability = Field("p(1-p)", description="curriculum weight of a family × level cell from its "
                                        "success rate p", json_schema_extra={"cli": "--learnability"})
     min_margin: float = Field(0.5, ge=0, description="DPO trajectory pairs: minimum value margin",
@@ -95,6 +95,12 @@ class FactoryConfig(Config):
     @classmethod
     def _check_policy(cls, v: Any) -> Any:
         return _policy(v)
+
+    @field_validator("holdout_fraction")
+    @classmethod
+    def _check_fraction(cls, v: float) -> float:
+        check_holdout_fraction(None, [], v)  # the rule's owner (the lock is checked when the run starts)
+        return v
 
     @field_validator("retry", mode="before")
     @classmethod

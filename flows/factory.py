@@ -21,6 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, Run, StepScore, TaskRejection, TaskSpec
 from flows.config import FactoryConfig, flow_parameters
+from flows.report import publish_run_artifacts
 from tasks import assemble as assemble_stage
 from tasks import progress
 from tasks.generate import generate_tasks
@@ -235,6 +236,7 @@ def factory(**params: Any) -> dict[str, Any]:
                                    hyperparameters=config.train_hyperparameters)
     create_markdown_artifact(key="factory-report", markdown=render_report(report),
                              description="Factory run: landed rows, datasets and outcomes")
+    publish_run_artifacts(data_dir, families, run.run_id, [d["dataset_id"] for d in datasets.values()])
     return report
 
 

@@ -9,6 +9,7 @@ training time → held-out evaluation of each, and reports the figures."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 import envs  # noqa: F401  registers the built-in environments
 from flows.config import TrainingConfig, flow_parameters
+from flows.report import publish_training_artifacts
 from envs.records import PolicySpec, TrainingRun, content_hash
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
@@ -48,15 +50,44 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
     base whose tokenizer saw it is never reused."""
     from tasks.isolate import landed_holdout_fractions, landed_splits
     from tasks.train import checkpoint_exists
-    from tasks.training.base_model import build_base_model, text_tasks
+    from tasks.training.base_model import text_tasks
 
     config = {**DEFAULT_BASE, **overrides}
     known, fractions = landed_splits(data_dir), landed_holdout_fractions(data_dir)
     texts_from = [t.task_id for _, t in text_tasks(family, known=known, holdout_fraction=fractions)]
     out = Path(data_dir) / "models" / f"base-{family}-{content_hash([config, texts_from], 8)}"
-    if not checkpoint_exists(out):
-        build_base_model(out, family=family, known_splits=known, holdout_fraction=fractions, **config)
+    if not checkpoint_exists(out):  # built under a temporary name: a crash never leaves a half-built base
+        partial = out.with_name(out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        build_base(str(partial), family, known, fractions, {**config, "copy_steps": 0})
+        if config.get("copy_steps"):
+            copy_pretraining(str(partial), config["copy_steps"], config.get("seed", 0))
+        partial.rename(out)
     return str(out)
+
+
+@task(name="build-base", cache_policy=NO_CACHE)
+def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, config: dict[str, Any]) -> str:
+    """The embedded default's tokenizer and randomly initialised model, saved under `out`."""
+    from tasks.training.base_model import build_base_model
+
+    return str(build_base_model(Path(out), family=family, known_splits=known, holdout_fraction=fractions, **config))
+
+
+@task(name="copy-pretraining", cache_policy=NO_CACHE)
+def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
+    """`steps` of copy pretraining of the model under `path`, saved in place (its metrics in
+    `copy_pretraining.json`)."""
+    from tasks.training.base_model import load_model
+    from tasks.training.copy_pretraining import pretrain_copying
+
+    model, tokenizer = load_model(path)
+    metrics = pretrain_copying(model, tokenizer, str(Path(path) / "copy-pretraining"), steps, seed=seed)
+    (Path(path) / "copy_pretraining.json").write_text(json.dumps(metrics))
+    model.save_pretrained(path)
+    get_run_logger().info("copy pretraining: %d steps, final loss %s", metrics.get("steps", steps),
+                          metrics.get("final_loss"))
+    return metrics
 
 
 @task(name="train-model", cache_policy=NO_CACHE)
@@ -70,10 +101,9 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
 @task(name="land-training-run", cache_policy=NO_CACHE)
 def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
     from warehouse import TABLES, Warehouse
-    from warehouse.schema import to_row
 
     with Warehouse(data_dir) as wh:
-        landing = wh.land_rows({"training_runs": [to_row(run, TABLES["training_runs"].exclude)]})
+        landing = wh.land_rows({"training_runs": [TABLES["training_runs"].row(run)]})
     return landing.checked() if hasattr(landing, "checked") else dict(landing)
 
 
@@ -124,6 +154,7 @@ def train(**params: Any) -> dict[str, Any]:
     run = run.model_copy(update={"checkpoint": out, "checkpoint_version": checkpoint_version(out),
                                  "metrics": _jsonable(metrics), "finished_at": _now()})
     landed = land_run(data_dir, run)
+    publish_training_artifacts(data_dir, run.run_id)
     logger.info("%s run %s: %s steps, final loss %s, checkpoint %s", method, run.run_id, metrics.get("steps"),
                 metrics.get("final_loss"), out)
     return {**run.model_dump(mode="json"), "landed": landed}
