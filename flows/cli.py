@@ -134,14 +134,12 @@ def cmd_new_family(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    import polars as pl
-
     from warehouse import Warehouse
+    from warehouse.console import render
 
     with Warehouse(args.data_dir, read_only=True) as wh:
         table = wh.sql(args.query)
-    with pl.Config(tbl_rows=args.max_rows, tbl_cols=-1, fmt_str_lengths=80, tbl_hide_dataframe_shape=False):
-        print(pl.from_arrow(table))
+    print(render(table, args.format, args.max_rows))
     return 0
 
 
@@ -371,7 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     sql = sub.add_parser("sql", help="run a SQL query on the warehouse")
     sql.add_argument("query")
     sql.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    sql.add_argument("--max-rows", type=int, default=50)
+    sql.add_argument("--max-rows", type=int, default=50, help="rows shown by --format table (default: 50)")
+    sql.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                     help="table (default), csv with a header, or json (a list of objects; every row)")
     sql.set_defaults(func=cmd_sql)
 
     warehouse_cmd = sub.add_parser("warehouse", help="warehouse maintenance")

@@ -151,6 +151,8 @@ class TrainingConfig(Config):
     method: Method = Field("sft", description="SFT, DPO or step-level GRPO", json_schema_extra={"cli": "--method"})
     base_model: str | None = Field(None, description="a local checkpoint dir; default: build the embedded tiny model",
                                    json_schema_extra={"cli": "--base-model"})
+    base_config: dict[str, Any] | None = Field(None, description="without base_model: the embedded default's settings "
+                                               "(vocab_size, hidden_size, layers, heads, copy_steps, seed)")
     data_dir: str = Field(".gymfoundry", min_length=1, description="the warehouse directory",
                           json_schema_extra={"cli": "--data-dir"})
     output_dir: str | None = Field(None, description="where the checkpoint goes (default <data_dir>/checkpoints/<run>)",

@@ -16,7 +16,7 @@ from tasks.evaluate import evaluate_policy, expected_rollout_id, heldout_tasks, 
 from tasks.policies import make_policy
 
 
-@task(name="evaluate-rollouts", cache_policy=NO_CACHE)
+@task(name="evaluate-rollouts", task_run_name="evaluate-rollouts", cache_policy=NO_CACHE)
 def run_heldout(tasks: list[TaskSpec], family: str, policy: PolicySpec, seed: int,
                 samples_per_task: int, data_dir: str | None = None) -> list[Rollout]:
     """Episodes of every task, up to the spec's `max_concurrency` in flight; with `data_dir`,
@@ -42,7 +42,7 @@ def landed_rollouts(data_dir: str, tasks: list[TaskSpec], agent, seed: int, samp
         return {}
 
 
-@task(name="land-evaluation", cache_policy=NO_CACHE)
+@task(name="land-evaluation", task_run_name="land-evaluation", cache_policy=NO_CACHE)
 def land_evaluation(data_dir: str, rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, int]:
     from tasks.score import score_rollouts
     from warehouse import Warehouse

@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.futures import as_completed
+from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import envs  # noqa: F401  registers the built-in environments
@@ -33,17 +34,17 @@ from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
 
 
-@task(name="generate", cache_policy=NO_CACHE)
+@task(name="generate", task_run_name="generate", cache_policy=NO_CACHE)
 def generate(family: str, n: int, seed: int) -> list[TaskSpec]:
     return generate_tasks(family, n, seed)
 
 
-@task(name="validate", cache_policy=NO_CACHE)
+@task(name="validate", task_run_name="validate", cache_policy=NO_CACHE)
 def validate(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]]:
     return validate_tasks(tasks)
 
 
-@task(name="isolate", cache_policy=NO_CACHE)
+@task(name="isolate", task_run_name="isolate", cache_policy=NO_CACHE)
 def isolate(tasks: list[TaskSpec], data_dir: str | None = None,
             holdout_fraction: float = HOLDOUT_FRACTION) -> tuple[list[TaskSpec], list[TaskRejection]]:
     """Templates already in the warehouse keep their split (the holdout stays locked)."""
@@ -62,7 +63,8 @@ def _crashed_not_exhausted(task, task_run, state) -> bool:
     return False
 
 
-@task(name="rollout-batch", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1,
+@task(name="rollout-batch", task_run_name="rollout-batch", cache_policy=NO_CACHE, retries=1,
+      retry_delay_seconds=1,
       retry_condition_fn=_crashed_not_exhausted)
 def rollout_batch(tasks: list[TaskSpec], policy: PolicySpec | str, policy_kwargs: dict[str, Any] | None,
                   samples_per_task: int, seed: int, retry: RetryPolicy | None = None,
@@ -72,7 +74,7 @@ def rollout_batch(tasks: list[TaskSpec], policy: PolicySpec | str, policy_kwargs
     return collect_with_retries(tasks, agent, samples_per_task, seed, retry or RetryPolicy(), faults)
 
 
-@task(name="score", cache_policy=NO_CACHE)
+@task(name="score", task_run_name="score", cache_policy=NO_CACHE)
 def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None = None) -> list[StepScore]:
     """All PRM layers: rules, the judge where GYMFOUNDRY_JUDGE_* configures one, and the family's
     current calibrator under `data_dir`."""
@@ -80,11 +82,22 @@ def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None =
     return score_rollouts(rollouts, tasks, data_dir)
 
 
-@task(name="land", cache_policy=NO_CACHE)
+@task(name="land", task_run_name="land", cache_policy=NO_CACHE)
 def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
-         scores: list[StepScore]) -> dict[str, Any]:
-    """One transaction after the quality gates; a failing batch goes to quarantine, loudly."""
-    landing = land_records(data_dir, tasks, rejections, rollouts, scores)
+         scores: list[StepScore], run_id: str | None = None, flow_run_id: str | None = None) -> dict[str, Any]:
+    """One transaction after the quality gates; a failing batch goes to quarantine, loudly. The
+    rollouts carry the run's id and its Prefect flow run id. A batch the catalog's lock kept out
+    (a reader holding it) is spooled, loudly, and lands first in the next landing."""
+    landing = land_records(data_dir, tasks, rejections, rollouts, scores, run_id=run_id, flow_run_id=flow_run_id)
+    if landing.drained:
+        get_run_logger().info("landed %d spooled batch(es) of earlier runs first", len(landing.drained))
+    if landing.spooled:
+        get_run_logger().error("SPOOLED: the catalog stayed locked by another process; a batch of %d rollouts is "
+                               "kept in %s and lands with the next run", len(rollouts), landing.spooled)
+        create_markdown_artifact(
+            key="spooled-batch", description="The catalog was locked: a batch waits in the spool",
+            markdown="# Spooled batch\n\nThe catalog stayed locked by another process (see the log). "
+                     f"{len(rollouts)} rollouts wait in `{landing.spooled}` and land with the next run.")
     if not landing.ok:
         report = landing.report.summary() if landing.report else ""
         get_run_logger().error("QUARANTINED: a batch of %d tasks, %d rollouts and %d step scores failed the quality "
@@ -94,17 +107,18 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
             key="quarantined-batch", description="A batch failed the quality gates and went to quarantine",
             markdown=f"# Quarantined batch\n\nNothing of it landed. Rows and report: `{landing.quarantine}`\n\n"
                      + "\n".join(f"- {line}" for line in report.split("; ")))
-    return {"counts": landing.counts, "quarantine": str(landing.quarantine) if landing.quarantine else None}
+    return {"counts": landing.counts, "quarantine": str(landing.quarantine) if landing.quarantine else None,
+            "spooled": str(landing.spooled) if landing.spooled else None}
 
 
-@task(name="assemble", cache_policy=NO_CACHE)
+@task(name="assemble", task_run_name="assemble", cache_policy=NO_CACHE)
 def assemble(data_dir: str, families: list[str], policy_version: str | None = None, learnability: str = "p(1-p)",
              min_margin: float = 0.5, policy_id: str | None = None) -> dict[str, Any]:
     return assemble_stage.assemble_datasets(data_dir, families, policy_id=policy_id, policy_version=policy_version,
                                             learnability=learnability, min_margin=min_margin)
 
 
-@task(name="record-run", cache_policy=NO_CACHE)
+@task(name="record-run", task_run_name="record-run", cache_policy=NO_CACHE)
 def record_run(data_dir: str, run: Run) -> dict[str, int]:
     return land_run(data_dir, run)
 
@@ -199,12 +213,18 @@ def factory(**params: Any) -> dict[str, Any]:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec = config.collecting_policy()
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(config.task_runner))
-    landed, rollouts, quarantined, error = _run_families(
-        pipeline, families, data_dir, dict(tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec,
-                                           policy_kwargs=None, samples_per_task=config.samples_per_task,
-                                           batch_size=config.batch_size, holdout_fraction=config.holdout_fraction,
-                                           retry=config.retry, faults=config.faults))
-    run = Run(params=config.model_dump(mode="json"), retry_policy=config.retry, faults=config.faults,
+    outs = _run_families(pipeline, families, data_dir, dict(
+        tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec, policy_kwargs=None,
+        samples_per_task=config.samples_per_task, batch_size=config.batch_size,
+        holdout_fraction=config.holdout_fraction, retry=config.retry, faults=config.faults))
+    errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
+    error = errors[0] if errors else None
+    # The warehouse does not record where it lives (a moved or copied data dir is the same data).
+    params = config.model_dump(mode="json", exclude={"data_dir"})
+    run_id = Run(params=params, retry_policy=config.retry, faults=config.faults,
+                 status="failed" if error else "completed", error=error).run_id
+    landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id)
+    run = Run(params=params, retry_policy=config.retry, faults=config.faults,
               started_at=started, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
               landed=landed, quarantined=quarantined, status="failed" if error else "completed", error=error,
               **run_counts(rollouts, config.retry))
@@ -240,27 +260,32 @@ def factory(**params: Any) -> dict[str, Any]:
     return report
 
 
-def _run_families(pipeline, families: list[str], data_dir: str, options: dict[str, Any],
-                  ) -> tuple[dict[str, int], list[Rollout], list[str], str | None]:
-    """Every family's subflow (`pipeline(family, data_dir=..., **options)`), run concurrently
-    (each in a thread, tagged `family:<name>`), then each family landed in turn by this one
-    process: (rows landed per table, rollouts, quarantined batches, the first family's error or
-    None). A family whose retry policy said fail still lands what it completed."""
-    logger = get_run_logger()
-
+def _run_families(pipeline, families: list[str], data_dir: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every family's subflow (`pipeline(family, data_dir=..., **options)`), run concurrently,
+    each in a thread and tagged `family:<name>`; their outputs in the order of `families`."""
     def one(family: str) -> dict[str, Any]:
         with tags(f"family:{family}"):
             return pipeline(family, data_dir=data_dir, **options)
 
+    # Each thread runs in a copy of this flow's context (taken here, in the flow's thread), so each
+    # family's subflow is a child of this run, against the same API and settings.
+    contexts = [contextvars.copy_context() for _ in families]
     with ThreadPoolExecutor(max_workers=len(families), thread_name_prefix="family") as pool:
-        outs = list(pool.map(lambda f: contextvars.copy_context().run(one, f), families))
+        return list(pool.map(lambda context, family: context.run(one, family), contexts, families))
+
+
+def _land_families(data_dir: str, families: list[str], outs: list[dict[str, Any]], run_id: str,
+                   flow_run_id: str | None) -> tuple[dict[str, int], list[Rollout], list[str]]:
+    """Each family's records landed in turn by this one process (a family whose retry policy said
+    fail lands what it completed): (rows landed per table, rollouts, quarantined batches)."""
+    logger = get_run_logger()
     landed: dict[str, int] = {}
     rollouts: list[Rollout] = []
     quarantined: list[str] = []
-    errors = []
     for family, out in zip(families, outs):
-        landing = land.with_options(task_run_name=f"{family} · land")(data_dir, out["tasks"], out["rejections"],
-                                                                       out["rollouts"], out["scores"])
+        landing = land.with_options(task_run_name=f"{family} · land")(
+            data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"], run_id,
+            str(flow_run_id) if flow_run_id else None)
         for table, n in landing["counts"].items():
             landed[table] = landed.get(table, 0) + n
         if landing["quarantine"]:
@@ -268,9 +293,7 @@ def _run_families(pipeline, families: list[str], data_dir: str, options: dict[st
         rollouts += out["rollouts"]
         logger.info("%s: %d tasks kept, %d rejected, %d rollouts", family, len(out["tasks"]),
                     len(out["rejections"]), len(out["rollouts"]))
-        if out["error"]:
-            errors.append(f"{family}: {out['error']}")
-    return landed, rollouts, quarantined, errors[0] if errors else None
+    return landed, rollouts, quarantined
 
 
 DATASET_READY = "gymfoundry.dataset.ready"

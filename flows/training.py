@@ -66,7 +66,7 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
     return str(out)
 
 
-@task(name="build-base", cache_policy=NO_CACHE)
+@task(name="build-base", task_run_name="build-base", cache_policy=NO_CACHE)
 def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, config: dict[str, Any]) -> str:
     """The embedded default's tokenizer and randomly initialised model, saved under `out`."""
     from tasks.training.base_model import build_base_model
@@ -74,7 +74,7 @@ def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, con
     return str(build_base_model(Path(out), family=family, known_splits=known, holdout_fraction=fractions, **config))
 
 
-@task(name="copy-pretraining", cache_policy=NO_CACHE)
+@task(name="copy-pretraining", task_run_name="copy-pretraining", cache_policy=NO_CACHE)
 def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
     """`steps` of copy pretraining of the model under `path`, saved in place (its metrics in
     `copy_pretraining.json`)."""
@@ -90,7 +90,7 @@ def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
     return metrics
 
 
-@task(name="train-model", cache_policy=NO_CACHE)
+@task(name="train-model", task_run_name="train-model", cache_policy=NO_CACHE)
 def train_model(dataset_path: str | None, method: str, base_model: str, output_dir: str,
                 hyperparameters: dict[str, Any]) -> dict[str, Any]:
     from tasks.train import train as run
@@ -98,7 +98,7 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
     return run(dataset_path, method, base_model, output_dir, hyperparameters)
 
 
-@task(name="land-training-run", cache_policy=NO_CACHE)
+@task(name="land-training-run", task_run_name="land-training-run", cache_policy=NO_CACHE)
 def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
     from warehouse import TABLES, Warehouse
 
@@ -134,7 +134,7 @@ def train(**params: Any) -> dict[str, Any]:
     if method == "grpo":  # its live tasks follow the splits recorded here
         hyperparameters.setdefault("data_dir", str(data_dir))
     families = _families(dataset_path) if dataset_path else [hyperparameters.get("family", "inventory")]
-    base = base_model or default_base_model(data_dir, families[0])
+    base = base_model or default_base_model(data_dir, families[0], **(config.base_config or {}))
     run = TrainingRun(method=method, base_model=base, base_model_version=checkpoint_version(base),
                       dataset_id=dataset_id, dataset_path=str(dataset_path) if dataset_path else None,
                       families=families, hyperparameters=hyperparameters, started_at=_now())

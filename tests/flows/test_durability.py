@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUN = ["run", "--families", "inventory", "--tasks", "8", "--seed", "13", "--samples", "2"]
 # Columns that measure the run rather than describe the data (timings, clocks).
 VOLATILE = {"steps": {"latency_s"}, "runs": {"started_at", "finished_at"}, "datasets": {"created_at"},
-            "outcomes": {"verified_at"}}
+            "outcomes": {"verified_at"}, "rollouts": {"flow_run_id"}}
 
 
 def contents(data_dir: Path) -> dict:
@@ -67,8 +67,9 @@ def test_sigkill_during_landing_then_rerun_equals_an_uninterrupted_run(tmp_path)
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     kill_during_landing(killed, tmp_path / "landing.pid")
 
-    written = [p for p in (killed / "lake").rglob("*.parquet")]
-    assert written  # the batch's files were on disk ...
+    written = [p for p in (killed / "staging").rglob("*.parquet")]
+    assert written  # the batch's files were on disk, staged ...
+    assert not list((killed / "lake").rglob("*.parquet"))  # ... outside the lake direct readers scan ...
     with Warehouse(killed, read_only=True) as wh:  # ... and no reader saw any of them
         assert {name: wh.count(name) for name in TABLES} == {name: 0 for name in TABLES}
         assert wh.sql("select count(*) as n from manifest").to_pylist() == [{"n": 0}]

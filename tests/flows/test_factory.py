@@ -75,6 +75,11 @@ def test_cli_run_and_sql(tmp_path, capsys):
     assert main(["sql", "--data-dir", data_dir, "select termination, count(*) as n from rollouts group by 1"]) == 0
     out = capsys.readouterr().out
     assert "termination" in out and "success" in out
+    query = "select count(*) as n, min(task_family) as family from rollouts"
+    assert main(["sql", "--data-dir", data_dir, "--format", "csv", query]) == 0
+    assert capsys.readouterr().out == "n,family\n20,inventory\n"
+    assert main(["sql", "--data-dir", data_dir, "--format", "json", query]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 20, "family": "inventory"}]
     assert main(["sql", "--data-dir", data_dir, "select * from no_such_table"]) == 1
     assert "error" in capsys.readouterr().err
 
