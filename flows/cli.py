@@ -43,9 +43,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     assert_intact(config.data_dir)  # damaged storage fails here, before any episode runs, naming the files
     _prefect_defaults()
     from flows.factory import factory
-    from flows.progress_bars import rollout_bars
+    from flows.progress_bars import progress_bars
 
-    with rollout_bars(enabled=not get("quiet", False)):
+    with progress_bars(enabled=not get("quiet", False)):
         report = factory(**{name: getattr(config, name) for name in FactoryConfig.model_fields})
     print_report(report)
     if "training" in report:

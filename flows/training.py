@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 import envs  # noqa: F401  registers the built-in environments
 from flows.config import TrainingConfig, flow_parameters
 from flows.report import publish_training_artifacts
+from tasks import progress
+from tasks.progress import PERMILLE, TRAINING
 from envs.records import PolicySpec, TrainingRun, content_hash
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
@@ -93,9 +96,32 @@ def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
 @task(name="train-model", task_run_name="train-model", cache_policy=NO_CACHE)
 def train_model(dataset_path: str | None, method: str, base_model: str, output_dir: str,
                 hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's losses go to this task run's log, and its progress (in thousandths of its
+    budget of steps or time) to a progress artifact, updated at most every 2 s."""
     from tasks.train import train as run
 
-    return run(dataset_path, method, base_model, output_dir, hyperparameters)
+    logger, here = get_run_logger(), threading.get_ident()
+    meter = create_progress_artifact(0.0, key="training-progress", description=f"{method} training (%)")
+    state = {"done": 0, "shown": 0.0}
+
+    def on(event: str, label: str, n: int, detail: str | None) -> None:
+        if threading.get_ident() != here or label != TRAINING:
+            return  # another run's trainer in this process
+        if event == "note":
+            logger.info("%s", detail)
+        elif event == "advance":
+            state["done"] += n
+            if time.monotonic() - state["shown"] > 2:
+                update_progress_artifact(meter, 100.0 * state["done"] / PERMILLE)
+                state["shown"] = time.monotonic()
+
+    stop = progress.listen(on)
+    try:
+        metrics = run(dataset_path, method, base_model, output_dir, hyperparameters)
+    finally:
+        stop()
+    update_progress_artifact(meter, 100.0)
+    return metrics
 
 
 @task(name="land-training-run", task_run_name="land-training-run", cache_policy=NO_CACHE)

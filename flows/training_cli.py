@@ -31,7 +31,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     _prefect_defaults()
     from flows.training import train
 
-    run = train(**{name: getattr(config, name) for name in TrainingConfig.model_fields})
+    from flows.progress_bars import progress_bars
+
+    with progress_bars():
+        run = train(**{name: getattr(config, name) for name in TrainingConfig.model_fields})
     metrics = run["metrics"]
     print(f"training run {run['run_id']}: {metrics.get('steps')} steps, final loss {metrics.get('final_loss')}, "
           f"{metrics.get('seconds_per_step')} s/step, peak RSS {metrics.get('peak_rss_mb')} MB")
@@ -69,11 +72,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_loop(args: argparse.Namespace) -> int:
     _prefect_defaults()
+    from flows.progress_bars import progress_bars
     from flows.training import closed_loop
 
-    figures = closed_loop(family=args.family, data_dir=args.data_dir, tasks=args.tasks, eval_limit=args.eval_limit,
-                          train_seconds=args.train_seconds, arms=args.arms.split(","), grpo_seconds=args.grpo_seconds,
-                          eval_concurrency=args.eval_concurrency)
+    with progress_bars():
+        figures = closed_loop(family=args.family, data_dir=args.data_dir, tasks=args.tasks,
+                              eval_limit=args.eval_limit, train_seconds=args.train_seconds,
+                              arms=args.arms.split(","), grpo_seconds=args.grpo_seconds,
+                              eval_concurrency=args.eval_concurrency)
     print(json.dumps(figures, indent=2))
     return 0
 

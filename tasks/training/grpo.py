@@ -214,6 +214,7 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
 
     from tasks.isolate import landed_holdout_fractions, landed_splits
     from tasks.training.base_model import load_model
+    from tasks.training.progress import ReportProgress
     from tasks.training.runners import TimeLimit, template_metrics
 
     model, tokenizer = load_model(base_model)
@@ -234,7 +235,7 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
         trainer = trainer_class(model=model, reward_funcs=verified_outcome, args=args,
                                 train_dataset=Dataset.from_list([{"prompt": t.task_id} for t in tasks]),
                                 processing_class=tokenizer, rollout_func=episodes,
-                                callbacks=[TimeLimit(hp.time_limit_s)])
+                                callbacks=[TimeLimit(hp.time_limit_s), ReportProgress(time_limit_s=hp.time_limit_s)])
     started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - started

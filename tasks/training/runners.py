@@ -10,9 +10,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tasks.training.base_model import load_model, template_source, tool_arguments_for
+from tasks.training.curriculum import CurriculumMixin, CurriculumSampler, row_weight
+from tasks.training.progress import ReportProgress
 
 logger = logging.getLogger(__name__)
-from tasks.training.curriculum import CurriculumMixin, CurriculumSampler, row_weight
 
 
 class TimeLimit(TrainerCallback):
@@ -106,7 +107,7 @@ def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any
     args = SFTConfig(**common_args(hp, output_dir), max_length=None,
                      dataset_kwargs={"skip_prepare_dataset": True})
     trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
-                      data_collator=WeightedCollator(tokenizer.pad_token_id), callbacks=[time_limit(hp)])
+                      data_collator=WeightedCollator(tokenizer.pad_token_id), callbacks=[time_limit(hp), ReportProgress(time_limit_s=hp.time_limit_s)])
     trainer.curriculum_sampler = curriculum_for(examples, hp)
     started = time.perf_counter()
     trainer.train()
@@ -134,7 +135,7 @@ def run_dpo(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any
     trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer,
                       data_collator=MaskedPreferenceCollator(pad_token_id=tokenizer.pad_token_id,
                                                              max_length=hp.max_length),
-                      callbacks=[time_limit(hp)])
+                      callbacks=[time_limit(hp), ReportProgress(time_limit_s=hp.time_limit_s)])
     trainer.curriculum_sampler = curriculum_for(examples, hp)
     started = time.perf_counter()
     trainer.train()
