@@ -309,6 +309,13 @@ def announce_dataset(kind: str, dataset: dict[str, Any], data_dir: str, run_id: 
                  "path": dataset["path"], "data_dir": str(Path(data_dir).resolve()), "run_id": run_id})
 
 
+def describe_retry(policy: dict[str, Any]) -> str:
+    """A retry policy as a sentence (the run report's)."""
+    return (f"{', '.join(policy['retry_on'])} retried up to {policy['max_retries']} times (backoff "
+            f"{policy['backoff_s']:g} s × {policy['backoff_factor']:g}, at most {policy['max_backoff_s']:g} s), "
+            f"then {policy['on_exhausted']}")
+
+
 def render_report(report: dict[str, Any]) -> str:
     lines = [f"# Factory run\n\nData: `{report['data_dir']}`\n", "| family | termination | rollouts |",
              "|---|---|---|"]
@@ -318,6 +325,6 @@ def render_report(report: dict[str, Any]) -> str:
     run = report["run"]
     lines += ["", f"Run `{run['run_id']}`: {run['attempted']} rollouts attempted, {run['retries']} retries, "
                   f"{run['skips']} skipped; by class: " + ", ".join(f"{k}={v}" for k, v in run["by_class"].items()),
-              f"Retry policy: {run['retry_policy']}"]
+              "Retry policy: " + describe_retry(run["retry_policy"])]
     lines += [f"**QUARANTINED** batch: `{q}`" for q in report["quarantined"]]
     return "\n".join(lines)
