@@ -18,24 +18,20 @@ def _prefect_defaults() -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate the whole run configuration first (in well under a second, before Prefect is
     imported), then check the warehouse, then run the factory flow with rich progress bars."""
-    from pydantic import ValidationError
-
     from envs.records import FaultConfig, RetryPolicy
-    from flows.config import FactoryConfig, explain, from_args
+    from flows.config import FactoryConfig, from_args
 
     get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+
+    def values() -> dict:
+        retry = {"max_retries": get("max_retries"), "backoff_s": get("retry_backoff"), "on_exhausted": get("on_exhausted")}
+        return {"policy": policy_spec(args), "retry": RetryPolicy(**{k: v for k, v in retry.items() if v is not None}),
+                "faults": FaultConfig(rate=args.fault_rate, seed=get("seed", 0)) if get("fault_rate") else None,
+                "train_hyperparameters": {"time_limit_s": get("train_seconds", 900)} if get("train_after") else None}
+
     try:
-        policy = policy_spec(args)
-        retry = RetryPolicy(**{k: v for k, v in {"max_retries": get("max_retries"), "backoff_s": get("retry_backoff"),
-                                                 "on_exhausted": get("on_exhausted")}.items() if v is not None})
-        config = from_args(FactoryConfig, args, policy=policy, retry=retry,
-                           faults=FaultConfig(rate=args.fault_rate, seed=get("seed", 0)) if get("fault_rate") else None,
-                           train_hyperparameters={"time_limit_s": get("train_seconds", 900)}
-                           if get("train_after") else None)
-    except ValidationError as exc:
-        print(f"gymfoundry run: {explain(exc, FactoryConfig)}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
+        config = from_args(FactoryConfig, args, values)
+    except ValueError as exc:  # one line naming each invalid option
         print(f"gymfoundry run: {exc}", file=sys.stderr)
         return 2
     from warehouse import assert_intact
@@ -46,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.progress_bars import progress_bars
 
     with progress_bars(enabled=not get("quiet", False)):
-        report = factory(**{name: getattr(config, name) for name in FactoryConfig.model_fields})
+        report = factory(**config.params())
     print_report(report)
     if "training" in report:
         training = report["training"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+from collections.abc import Callable
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -51,6 +52,10 @@ def _policy(value: Any) -> Any:
 
 class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def params(self) -> dict[str, Any]:
+        """The fields as the flow's keyword arguments (nested records stay records)."""
+        return {name: getattr(self, name) for name in type(self).model_fields}
 
 
 class FactoryConfig(Config):
@@ -219,10 +224,14 @@ def add_options(parser: argparse.ArgumentParser, model: type[Config]) -> None:
         parser.add_argument(flag, **options)
 
 
-def from_args(model: type[Config], args: argparse.Namespace, **values: Any) -> Config:
-    """The model from the options given (the rest take their defaults) and `values`."""
+def from_args(model: type[Config], args: argparse.Namespace, values: Callable[[], dict[str, Any]] = dict) -> Config:
+    """The model from the options given (the rest take their defaults) and `values()`. Raises
+    ValueError with one line naming each invalid option and what it allows."""
     given = {name: getattr(args, name) for name, _, _ in _cli_fields(model) if hasattr(args, name)}
-    return model(**{**given, **values})
+    try:
+        return model(**{**given, **values()})
+    except ValidationError as exc:
+        raise ValueError(explain(exc, model)) from None
 
 
 def explain(error: ValidationError, model: type[Config]) -> str:

@@ -1,15 +1,26 @@
-"""The README's Python snippets run as written (a quick start that fails is the first bug a
-user meets)."""
+"""The README's tour and the docs it links run as written (a quick start that fails is the first
+bug a user meets): its Python, its `gymfoundry sql` and `gymfoundry report` commands, the Python
+of the docs/ pages this test owns, and every relative link of the README and docs/ resolves.
+(docs/warehouse.md, docs/datasets.md and docs/report.md have their own tests.)"""
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The docs/ pages whose Python blocks this file runs; the others are run by the tests named in
+# the README's last line.
+OWN_PYTHON = {"environments.md": 1, "architecture.md": 0, "records.md": 0, "prm.md": 0, "training.md": 0,
+              "operations.md": 0, "scaling.md": 0, "experiments.md": 0}
 
 
-def snippets() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+def blocks(path: Path, kind: str) -> list[str]:
+    return re.findall(rf"```{kind}\n(.*?)```", path.read_text(), re.DOTALL)
 
 
 def test_readme_has_the_two_commands_first():
@@ -17,17 +28,99 @@ def test_readme_has_the_two_commands_first():
     assert text.index("make demo") < text.index("make test") < text.index("## ")
 
 
-def test_readme_python_snippets_run(tmp_path, prefect_harness, monkeypatch):
-    quick_start, warehouse_query, analysis_views, factory_run = snippets()
+def test_readme_is_a_front_door():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    linked = set(re.findall(r"\(docs/([\w-]+\.md)", text))
+    assert linked == {p.name for p in DOCS.glob("*.md")}, "every page under docs/ is linked from the README"
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in [README, *sorted(DOCS.glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).resolve().is_file():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but - and _ dropped, spaces as -."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_anchor_names_a_heading():
+    broken = []
+    for page in [README, *sorted(DOCS.glob("*.md"))]:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)#([^)\s]+)\)", page.read_text()):
+            if anchor not in anchors((page.parent / target).resolve()):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    assert not broken
+
+
+def test_this_file_runs_every_python_block_of_its_pages():
+    for name, n in OWN_PYTHON.items():
+        assert len(blocks(DOCS / name, "python")) == n, f"docs/{name}: a Python block no test runs"
+
+
+def test_the_environment_walkthrough_runs():
+    (walkthrough,) = blocks(DOCS / "environments.md", "python")
+    exec(compile(walkthrough, "docs/environments.md", "exec"), {})
+
+
+def test_the_tour_runs(tmp_path, prefect_harness, monkeypatch):
+    (python,) = blocks(README, "python")
     monkeypatch.chdir(tmp_path)
-    exec(compile(quick_start, "README quick start", "exec"), {})
-    factory_run = factory_run.replace("tasks_per_family=50", "tasks_per_family=10")
-    exec(compile(factory_run, "README factory run", "exec"), {})
-    os.symlink(tmp_path / "D", tmp_path / ".gymfoundry")
+    python = python.replace("tasks_per_family=50", "tasks_per_family=10")
     scope: dict = {}
-    exec(compile(warehouse_query, "README warehouse query", "exec"), scope)
-    assert scope["by_level"].height > 0 and len(scope["frame"]) == 5
-    assert scope["rollouts"] and all(r.success for r in scope["rollouts"])
-    scope = {}
-    exec(compile(analysis_views, "README analysis views", "exec"), scope)
-    assert scope["cells"].height > 0 and len(scope["classes"]) > 0 and len(scope["mix"]) > 0
+    exec(compile(python, "README tour", "exec"), scope)
+    assert scope["report"]["landed"]["rollouts"] == 20 and Path("tour", scope["report"]["datasets"]["sft"]["path"]).is_file() \
+        or Path(scope["report"]["datasets"]["sft"]["path"]).is_file()
+    assert scope["cells"].height > 0 and set(scope["cells"]["task_family"]) == {"inventory"}
+    assert len(scope["mix"]) > 0 and {"sft", "dpo"} <= set(scope["mix"].columns)
+
+    # The tour's commands read the demo's data dir, ./.gymfoundry.
+    os.symlink(tmp_path / "tour", tmp_path / ".gymfoundry")
+    commands = [line for block in blocks(README, "bash") for line in block.splitlines()
+                if line.startswith(("gymfoundry sql", "gymfoundry report"))]
+    assert len(commands) == 3
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    outputs = []
+    for command in commands:
+        done = subprocess.run(["bash", "-c", command.split("  #")[0]], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, f"{command}\n{done.stderr}"
+        outputs.append(done.stdout)
+    assert "inventory" in outputs[0] and "success_rate" in outputs[0]
+    assert "success" in outputs[1]
+    html = (tmp_path / "tour" / "reports" / "report.html").read_text()
+    assert "data:image/png;base64," in html
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in DOCS.glob("*.md"))])
+def test_no_page_names_a_cli_option_that_does_not_exist(page):
+    """Every `gymfoundry <command> ... --option` line in a bash block names an option that
+    command's --help lists."""
+    path = README if page == "README.md" else DOCS / page
+    lines = [line for block in blocks(path, "bash") for line in _joined(block) if line.lstrip().startswith("gymfoundry ")]
+    helps: dict[tuple[str, ...], str] = {}
+    for line in lines:
+        words = line.split("#")[0].split()
+        command = tuple(w for w in words[1:3] if not w.startswith("-") and not w.startswith('"'))[:2]
+        command = command if command[:1] in (("warehouse",), ("labels",)) else command[:1]
+        if command not in helps:
+            helps[command] = _help(command)
+        for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", line.split("#")[0]):
+            assert option in helps[command], f"{page}: gymfoundry {' '.join(command)} has no {option}"
+
+
+def _joined(block: str) -> list[str]:
+    return block.replace("\\\n", " ").splitlines()
+
+
+def _help(command: tuple[str, ...]) -> str:
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "gymfoundry"), *command, "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -64,17 +64,19 @@ def wait_until_healthy(server: subprocess.Popen, api_url: str, log: Path) -> Non
     pytest.fail(f"Prefect server at {api_url} {state}; its log ends:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """A Prefect server of its own (database, home, port), killed with its children afterwards."""
-    home = tmp_path_factory.mktemp("prefect-server")
+@contextmanager
+def running_server(home: Path, **services: bool):
+    """A Prefect server of its own (database, home, port) with SERVICES_ENABLED updated by
+    `services`; its API URL; killed with its children afterwards."""
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
+    env = server_env(home, port)
+    env.update({f"PREFECT_SERVER_SERVICES_{name}_ENABLED": str(on).lower() for name, on in services.items()})
     log = home / "server.log"
     with log.open("w") as out:
         server = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=server_env(home, port), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until_healthy(server, api_url, log)
         yield api_url
@@ -85,6 +87,12 @@ def prefect_server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("prefect-server")) as api_url:
+        yield api_url
 
 
 @contextmanager

@@ -5,11 +5,8 @@ output (Python bytecode from `datasets`) in any log."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
+import time
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -19,7 +16,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.factory import factory
 from flows.training import train
-from tests.deployments.test_trigger_e2e import free_port, server_env, wait_until_healthy
+from tests.deployments.test_trigger_e2e import running_server
 
 BYTECODE = re.compile(r"\b(RESUME|LOAD_GLOBAL|LOAD_FAST|LOAD_CONST|RETURN_VALUE|CALL_FUNCTION)\b")
 
@@ -27,26 +24,8 @@ BYTECODE = re.compile(r"\b(RESUME|LOAD_GLOBAL|LOAD_FAST|LOAD_CONST|RETURN_VALUE|
 @pytest.fixture(scope="module")
 def recording_server(tmp_path_factory):
     """A Prefect server of its own that records task runs (from their events) and logs."""
-    home = tmp_path_factory.mktemp("prefect-ui")
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = server_env(home, port)
-    env.update(PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED="true", PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED="false")
-    log = home / "server.log"
-    with log.open("w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                   "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        wait_until_healthy(server, api_url, log)
+    with running_server(tmp_path_factory.mktemp("prefect-ui"), TASK_RUN_RECORDER=True, TRIGGERS=False) as api_url:
         yield api_url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def children(client, parent_id):
@@ -57,8 +36,6 @@ def children(client, parent_id):
 
 def settle(client, flow_run_id, names: set[str], timeout_s: float = 30):
     """Task runs are recorded from events a little after they end: wait until `names` are all there."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while True:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
