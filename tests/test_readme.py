@@ -1,8 +1,11 @@
-"""The README's tour and the docs it links run as written (a quick start that fails is the first
-bug a user meets): its Python, its `gymfoundry sql` and `gymfoundry report` commands, the Python
-of the docs/ pages this test owns, and every relative link of the README and docs/ resolves.
-(docs/warehouse.md, docs/datasets.md and docs/report.md have their own tests.)"""
+"""The README's tour and the docs it links work as written (a quick start that fails is the first
+bug a user meets): the README's Python and its `gymfoundry sql` / `gymfoundry report` commands
+run, the Python of the docs/ pages listed in OWN_PYTHON runs, every `--option` a page's bash
+names exists, the refusals docs/operations.md shows are what the CLI prints, and every relative
+link and anchor resolves. (docs/warehouse.md, docs/datasets.md and docs/report.md have tests of
+their own.)"""
 
+import functools
 import os
 import re
 import subprocess
@@ -13,8 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-# The docs/ pages whose Python blocks this file runs; the others are run by the tests named in
-# the README's last line.
+# The docs/ pages whose Python blocks this file runs (and how many each has).
 OWN_PYTHON = {"environments.md": 1, "architecture.md": 0, "records.md": 0, "prm.md": 0, "training.md": 0,
               "operations.md": 0, "scaling.md": 0, "experiments.md": 0}
 
@@ -75,10 +77,10 @@ def test_the_tour_runs(tmp_path, prefect_harness, monkeypatch):
     python = python.replace("tasks_per_family=50", "tasks_per_family=10")
     scope: dict = {}
     exec(compile(python, "README tour", "exec"), scope)
-    assert scope["report"]["landed"]["rollouts"] == 20 and Path("tour", scope["report"]["datasets"]["sft"]["path"]).is_file() \
-        or Path(scope["report"]["datasets"]["sft"]["path"]).is_file()
+    sft = scope["report"]["datasets"]["sft"]["path"]
+    assert scope["report"]["landed"]["rollouts"] > 0 and (Path(sft).is_file() or Path("tour", sft).is_file())
     assert scope["cells"].height > 0 and set(scope["cells"]["task_family"]) == {"inventory"}
-    assert len(scope["mix"]) > 0 and {"sft", "dpo"} <= set(scope["mix"].columns)
+    assert len(scope["mix"]) > 0 and "sft" in scope["mix"].columns
 
     # The tour's commands read the demo's data dir, ./.gymfoundry.
     os.symlink(tmp_path / "tour", tmp_path / ".gymfoundry")
@@ -104,23 +106,37 @@ def test_no_page_names_a_cli_option_that_does_not_exist(page):
     command's --help lists."""
     path = README if page == "README.md" else DOCS / page
     lines = [line for block in blocks(path, "bash") for line in _joined(block) if line.lstrip().startswith("gymfoundry ")]
-    helps: dict[tuple[str, ...], str] = {}
     for line in lines:
         words = line.split("#")[0].split()
         command = tuple(w for w in words[1:3] if not w.startswith("-") and not w.startswith('"'))[:2]
         command = command if command[:1] in (("warehouse",), ("labels",)) else command[:1]
-        if command not in helps:
-            helps[command] = _help(command)
         for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", line.split("#")[0]):
-            assert option in helps[command], f"{page}: gymfoundry {' '.join(command)} has no {option}"
+            assert re.search(rf"(?<![\w-]){option}(?![\w-])", _help(command)), \
+                f"{page}: gymfoundry {' '.join(command)} has no {option}"
 
 
 def _joined(block: str) -> list[str]:
     return block.replace("\\\n", " ").splitlines()
 
 
+@functools.cache
 def _help(command: tuple[str, ...]) -> str:
     done = subprocess.run([str(ROOT / ".venv" / "bin" / "gymfoundry"), *command, "--help"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_the_refusals_operations_md_shows_are_what_the_cli_prints():
+    pairs = re.findall(r"^\s*\$ gymfoundry (.+)\n\s*(.+)$", (DOCS / "operations.md").read_text(), re.MULTILINE)
+    assert len(pairs) == 2
+    for arguments, message in pairs:
+        done = subprocess.run([str(ROOT / ".venv" / "bin" / "gymfoundry"), *arguments.split()], capture_output=True,
+                              text=True, timeout=10)
+        shown, printed = message.strip(), done.stderr.strip()
+        assert done.returncode == 2, printed
+        if "known families: " in shown:  # a family added since the page was written is listed too
+            shown, families = shown.split("known families: ")
+            printed, known = printed.split("known families: ")
+            assert set(families.split(", ")) <= set(known.split(", "))
+        assert printed == shown
