@@ -16,7 +16,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.factory import factory
 from flows.training import train
-from tests.deployments.test_trigger_e2e import running_server
+from tests.deployments.test_trigger_e2e import events_sent_to, running_server
 
 BYTECODE = re.compile(r"\b(RESUME|LOAD_GLOBAL|LOAD_FAST|LOAD_CONST|RETURN_VALUE|CALL_FUNCTION)\b")
 
@@ -51,7 +51,8 @@ def logs_of(client, flow_run_ids) -> list[str]:
 
 def test_a_factory_run_and_a_training_run_are_legible_in_the_ui(recording_server, tmp_path):
     data_dir = str(tmp_path / "data")
-    with temporary_settings({PREFECT_API_URL: recording_server}):
+    # task runs are recorded from their events: the process-wide events worker must send them here
+    with temporary_settings({PREFECT_API_URL: recording_server}), events_sent_to(recording_server):
         state = factory(families=["inventory", "coding"], tasks_per_family=3, samples_per_task=1, seed=2,
                         data_dir=data_dir, batch_size=2, return_state=True)
         report = state.result()
