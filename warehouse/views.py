@@ -1,4 +1,4 @@
-"""Analysis views over the table views, for SQL users (each is documented in the README).
+"""Analysis views over the table views, for SQL users (each is documented in docs/warehouse.md).
 
 Rates are reduced per rollout, never per step or dataset row; success rates count model
 outcomes only (environment faults, timeouts, policy and verifier errors say nothing about

@@ -139,3 +139,22 @@ def test_cli_evaluate_runs_held_out_episodes_concurrently_from_a_spec(tmp_path, 
         played = wh.sql("select count(*) n from rollouts where policy_id = 'openai:stub'").to_pylist()[0]["n"]
     assert heldout >= 2 and played == 2 * heldout and len(server.requests) == 2 * played
     assert server.max_in_flight == min(16, 2 * heldout)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_python_example_of_docs_models_runs_against_a_local_server(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    (snippet,) = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-key-for-the-doc-example")
+    with OpenAIStub(respond=inventory_agent) as server:
+        code = snippet.replace("http://127.0.0.1:8000/v1", server.base_url).replace("tasks_per_family=200",
+                                                                                      "tasks_per_family=40")
+        exec(compile(code, "docs/models.md", "exec"), {})
+    with Warehouse(tmp_path / ".gymfoundry", read_only=True) as wh:
+        rows = wh.sql("select policy_id, count(*) n from rollouts group by 1").to_pylist()
+    assert rows == [{"policy_id": "openai:Qwen/Qwen2.5-7B-Instruct", "n": rows[0]["n"]}] and rows[0]["n"] > 80
+    assert all(h["Authorization"] == "Bearer sk-test-key-for-the-doc-example" for h in server.headers)

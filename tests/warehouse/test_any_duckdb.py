@@ -17,7 +17,7 @@ from warehouse.lake import write_batch
 from warehouse.store import _row
 
 DUCKDB_CLI = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "duckdb"
-# From the README's "Analysis views" section.
+# The query of the README's tour and of docs/warehouse.md's "Analysis views".
 README_QUERY = ("select task_family, difficulty_level, policy_version, success_rate, rollouts "
                 "from success_by_cell order by all")
 

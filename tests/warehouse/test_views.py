@@ -1,4 +1,4 @@
-"""The analysis views answer what the README says they answer, reduced per rollout."""
+"""The analysis views answer what docs/warehouse.md says they answer, reduced per rollout."""
 
 from __future__ import annotations
 
