@@ -15,7 +15,7 @@ from collections.abc import Generator
 
 from envs.scripted import ScriptedPolicy, tool_result
 
-from .rules import EXPOSURES, TOPICS, required_disclosures, unsuitable_reasons
+from .rules import EXPOSURES, FIELD, TOPICS, required_disclosures, unsuitable_reasons
 
 GOAL_KIND = re.compile(r"Recommend one (savings|insurance) product")
 OPENING = re.compile(r'A client says: "(.*)"')
@@ -23,8 +23,6 @@ RISK = re.compile(r"(\d) out of 5")
 HORIZON = re.compile(r"(\d+) years?\b")
 BUDGET = re.compile(r"\$([\d,]+)")
 GUESS = {"risk_tolerance": 3, "horizon_years": 10, "budget": 10_000, "exclusions": []}  # what it assumes unasked
-FIELD = {"risk_tolerance": "risk_tolerance", "horizon": "horizon_years", "budget": "budget",
-         "exclusions": "exclusions"}
 QUESTIONS = {
     "risk_tolerance": ["What is your risk tolerance, from 1 to 5?",
                        "How much risk are you comfortable taking, on a 1-5 scale?",

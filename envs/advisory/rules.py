@@ -8,6 +8,8 @@ import re
 from typing import Any
 
 TOPICS = ("risk_tolerance", "horizon", "budget", "exclusions")  # the suitability facts, asked in this order
+FIELD = {"risk_tolerance": "risk_tolerance", "horizon": "horizon_years", "budget": "budget",
+         "exclusions": "exclusions"}  # topic -> its field in a profile (record_suitability's arguments)
 EXPOSURES = ("tobacco", "crypto", "fossil_fuels", "weapons", "gambling")  # what a client may exclude
 DISCLOSURES = ("fees", "risk", "no_guarantee", "lock_up")
 
@@ -29,7 +31,7 @@ def prohibited_claims(text: str) -> list[str]:
     lowered = text.lower().replace("\u2019", "'")
     found: list[str] = []
     for match in _PHRASE.finditer(lowered):
-        before = _WORD.findall(lowered[:match.start()])[-NEGATION_WINDOW:]
+        before = _WORD.findall(lowered[:match.start()])[-NEGATION_WINDOW:] if NEGATION_WINDOW else []
         if not any(w in NEGATIONS for w in before) and match.group(0) not in found:
             found.append(match.group(0))
     return found

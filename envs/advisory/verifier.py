@@ -25,11 +25,9 @@ from verifiers.base import ReplayVerifier, calls_of
 
 from .facts import AdvisoryFacts
 from .generator import spoken
-from .rules import TOPICS, prohibited_claims, required_disclosures, suitable, unsuitable_reasons
+from .rules import FIELD, TOPICS, prohibited_claims, required_disclosures, suitable, unsuitable_reasons
 from .world import NONE, AdvisoryEnv
 
-FIELD = {"risk_tolerance": "risk_tolerance", "horizon": "horizon_years", "budget": "budget",
-         "exclusions": "exclusions"}
 
 
 def judge(facts: AdvisoryFacts, state: dict[str, Any]) -> tuple[list[str], list[str]]:
