@@ -119,6 +119,9 @@ class Simulator:
     def state(memory: dict[str, Any]) -> dict[str, Any]:
         return {"turns": memory["turns"], "told": list(memory["told"]), "ended": memory["ended"]}
 
+    def release(self) -> None:
+        """Free what the backend holds (an HTTP client); the env calls it when it closes."""
+
     def _reply(self, persona: Persona, memory: dict[str, Any], message: str) -> Reply:
         raise NotImplementedError
 
@@ -167,9 +170,16 @@ class LLMSimulator(Simulator):
         if not self.base_url or not self.model:
             raise ValueError("the LLM user simulator needs base_url and model (or GYMFOUNDRY_USER_BASE_URL / _MODEL)")
         key = api_key or os.environ.get("GYMFOUNDRY_USER_API_KEY")
-        self.client = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport,
-                                   headers={"Authorization": f"Bearer {key}"} if key else {})
+        self._client_args = dict(base_url=self.base_url, timeout=timeout_s, transport=transport,
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
+        self.client = httpx.Client(**self._client_args)
         self.seed, self.role = seed, role
+
+    def release(self) -> None:
+        import httpx
+
+        self.client.close()
+        self.client = httpx.Client(**self._client_args)  # an env may be reset again after close()
 
     def system_prompt(self, persona: Persona) -> str:
         facts = "\n".join(f"- {t.replace('_', ' ')}: {f.value}" for t, f in persona.facts.items())
