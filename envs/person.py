@@ -21,7 +21,7 @@ Two backends, one interface (`Simulator.reply(persona, memory, message) -> Reply
   the simulator's failure is the environment's, never the agent's.
 
 `Reply.disclosed` lists the topics told in that reply (both backends: a topic counts as told when
-its value appears in the text), so a verifier can check what the agent learned and when."""
+its value appears in the text as a whole, `says`), so a verifier can check what the agent learned and when."""
 
 from __future__ import annotations
 
@@ -73,6 +73,11 @@ def asks(message: str, words: list[str]) -> bool:
     return any(re.search(rf"(?<![a-z0-9]){re.escape(w.lower())}(?![a-z0-9])", text) for w in words)
 
 
+def says(text: str, value: str) -> bool:
+    """Whether `text` states `value` as a whole (not "5 years" inside "15 years")."""
+    return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", text) is not None
+
+
 FILLERS = {
     "terse": ["Ok.", "Go on.", "And?"],
     "chatty": ["Sure, happy to help however I can.", "Thanks, I appreciate it.", "Alright, what else do you need?"],
@@ -101,7 +106,7 @@ class Simulator:
                          reason="out_of_patience")
         out = self._reply(persona, memory, message)
         for topic, fact in persona.facts.items():
-            if fact.value in out.text and topic not in out.disclosed:
+            if says(out.text, fact.value) and topic not in out.disclosed:
                 out.disclosed.append(topic)
         memory["told"] += [t for t in out.disclosed if t not in memory["told"]]
         if out.ended:

@@ -212,3 +212,10 @@ def test_broken_gold_tasks_are_rejected_with_a_reason():
     assert f"the customer was never told the refund of {amount.text} for {amount.order_id}" in reasons[silent.task_id]
     assert reasons[wrong.task_id].startswith("reference step 1 (get_order) failed") or \
         reasons[wrong.task_id].startswith("reference step 2 (get_order) failed")
+
+
+def test_a_value_counts_as_told_only_as_a_whole():
+    from envs.person import says
+
+    assert says("My horizon is 5 years.", "5 years") and not says("My horizon is 15 years.", "5 years")
+    assert says("Write to ann@example.com.", "ann@example.com") and not says("ann@example.community", "ann@example.com")
