@@ -38,4 +38,4 @@ def test_evaluate_reports_pass_at_k_as_the_view_does(tmp_path):
 
 def test_cli_evaluate_takes_samples():
     args = build_parser().parse_args(["evaluate", "--model", "m", "--samples", "4"])
-    assert args.samples == 4
+    assert args.samples_per_task == 4
