@@ -212,9 +212,9 @@ def test_the_flow_says_so_loudly_when_a_batch_is_quarantined(tmp_path, prefect_h
     import flows.factory as factory_module
     from tasks.land import land_records
 
-    def land_corrupted(data_dir, tasks, rejections, rollouts, scores):
+    def land_corrupted(data_dir, tasks, rejections, rollouts, scores, **lineage):
         bad = StepScore.model_construct(**{**scores[0].model_dump(), "score": 9.0})
-        return land_records(data_dir, tasks, rejections, rollouts, [bad, *scores[1:]])
+        return land_records(data_dir, tasks, rejections, rollouts, [bad, *scores[1:]], **lineage)
 
     monkeypatch.setattr(factory_module, "land_records", land_corrupted)
     report = factory_module.factory(families=["inventory"], tasks_per_family=4, seed=3, data_dir=str(tmp_path))
