@@ -122,8 +122,8 @@ def main() -> None:
                                text=True)
     try:
         base = f"http://127.0.0.1:{server.stdout.readline().strip()}"
-        ceiling = statistics.median(run(f"http://127.0.0.1:{instant.stdout.readline().strip()}/v1", 1, 200, seed=r)
-                                    for r in range(args.repeats))
+        at_once = f"http://127.0.0.1:{instant.stdout.readline().strip()}/v1"
+        ceiling = statistics.median(run(at_once, 1, 200, seed=r) for r in range(args.repeats))
         turns = 2
         results = [{"ceiling_episodes_per_s": round(ceiling, 2)}]
         print(f"{os.cpu_count()} cores; server latency {args.latency} s; {turns} requests per episode; "
