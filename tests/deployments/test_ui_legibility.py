@@ -23,9 +23,18 @@ BYTECODE = re.compile(r"\b(RESUME|LOAD_GLOBAL|LOAD_FAST|LOAD_CONST|RETURN_VALUE|
 
 @pytest.fixture(scope="module")
 def recording_server(tmp_path_factory):
-    """A Prefect server of its own that records task runs (from their events) and logs."""
+    """A Prefect server of its own that records task runs (from their events) and logs. Tagged
+    task runs start Prefect's process-wide concurrency-slot services with a client of this
+    server: they are drained before it stops, or later tests' tagged runs would call a dead API."""
+    from prefect.concurrency.services import ConcurrencySlotAcquisitionService, \
+        ConcurrencySlotAcquisitionWithLeaseService
+
     with running_server(tmp_path_factory.mktemp("prefect-ui"), TASK_RUN_RECORDER=True, TRIGGERS=False) as api_url:
-        yield api_url
+        try:
+            yield api_url
+        finally:
+            for service in (ConcurrencySlotAcquisitionService, ConcurrencySlotAcquisitionWithLeaseService):
+                service.drain_all(timeout=10)
 
 
 def children(client, parent_id):
