@@ -114,6 +114,12 @@ class ToolEnv(AgentEnv):
         """What every event-log entry records about the state at the time of the call."""
         return {}
 
+    def approves(self, call: ToolCall) -> bool:
+        """Whether the world itself has approved `call` (a family whose agent asks for approval
+        keeps the grants in its state). The permission guard asks this when it was given no
+        approver; by default nothing is approved."""
+        return False
+
     def event_args(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
         """The arguments as the event log keeps them (a family may shorten large ones)."""
         return copy.deepcopy(args)

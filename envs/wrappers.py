@@ -155,7 +155,8 @@ class ToolBudget(Wrapper):
 
 
 class PermissionGuard(Wrapper):
-    """Refuses calls to tool categories that need approval unless `approver(call)` says yes.
+    """Refuses calls to tool categories that need approval unless `approver(call)` says yes
+    (by default the env's own `approves(call)`: grants the agent obtained inside the world).
     A refused call never reaches the environment: state is untouched."""
 
     def __init__(self, env: AgentEnv, require_approval: set[ToolCategory] | None = None,
@@ -164,7 +165,7 @@ class PermissionGuard(Wrapper):
         profile = env.unwrapped.profile
         self.require_approval = set(require_approval if require_approval is not None
                                     else profile.approval_required)
-        self.approver = approver
+        self.approver = approver or getattr(env.unwrapped, "approves", None)
 
     def step(self, action) -> TimeStep:
         if not self.require_approval:

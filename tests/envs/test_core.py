@@ -141,6 +141,24 @@ def test_permission_guard_refuses_without_touching_state():
     assert approved.state()["value"] == 1
 
 
+def test_permission_guard_asks_the_world_when_given_no_approver():
+    class Granting(CounterEnv):  # the world approves an add of 1 only once it holds a grant
+        def approves(self, call):
+            return self._state["value"] >= 1 and call.arguments.get("n") == 1
+
+    env = PermissionGuard(Granting(), require_approval={ToolCategory.write})
+    env.reset(seed=1)
+    assert obs(env.step(ToolCall(name="add", arguments={"n": 1})))["error"]["type"] == "permission_denied"
+    env.unwrapped._state["value"] = 1
+    assert not env.step(ToolCall(name="add", arguments={"n": 1})).info["error"]
+    assert obs(env.step(ToolCall(name="add", arguments={"n": 2})))["error"]["type"] == "permission_denied"
+    assert env.state()["value"] == 2
+    refused = PermissionGuard(Granting(), require_approval={ToolCategory.write}, approver=lambda call: False)
+    refused.reset(seed=1)
+    refused.unwrapped._state["value"] = 1
+    assert obs(refused.step(ToolCall(name="add", arguments={"n": 1})))["error"]["type"] == "permission_denied"
+
+
 def test_observation_truncation():
     env = ObservationTruncation(CounterEnv(), max_chars=10)
     ts = env.reset(task=derived(CounterEnv.generate_task(1), goal="g" * 50))
