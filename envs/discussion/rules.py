@@ -1,0 +1,93 @@
+"""The discussion family's rules, one owner each: who accepts an option, the feasible set, the
+grammar of a claim about a participant's stance, and when a text repeats a confidential fact.
+The generator, the world, the verifier, the policy and the tests all read them here.
+
+Claims. A claim says what one participant (or everyone) stated: `<subject> <verb> <option>`.
+In `decide(claims=[...])` each claim is one string in the strict form `<name> prefers|accepts|
+rejects <option>`; the rationale is scanned with the same grammar and a few more verbs
+(CLAIM_VERBS), subjects naming everyone (EVERYONE) standing for every participant. Matching is on
+normalized text (`normalize`: case folded, apostrophes dropped, every other run of punctuation
+or space one space), so phrasing and punctuation cannot hide a claim the grammar names; a
+paraphrase outside the grammar ("Ana is keen on the Old Mill") is not a claim here (the judge's
+rubric covers it).
+
+Leaks. A confidential fact is a short phrase (`Participant.confidential`); a text repeats it when
+the normalized phrase occurs in the normalized text on word boundaries: the factory's literal
+leak rule (envs.leaks), made blind to case, spacing and punctuation."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+STANCES = ("prefers", "accepts", "rejects")
+NONE = "none"  # decide(option="none"): no option clears every participant's threshold
+CLAIM_VERBS = {
+    "prefers": ("prefers", "prefer", "favours", "favors", "wants", "chose", "picked", "first choice is"),
+    "accepts": ("accepts", "accept", "can accept", "can live with", "is fine with", "are fine with", "supports",
+                "support", "agreed to", "agree to", "agrees to", "agree on", "agrees on", "voted for"),
+    "rejects": ("rejects", "reject", "cannot accept", "cant accept", "can not accept", "opposes", "oppose",
+                "voted against", "ruled out", "rules out"),
+}
+EVERYONE = ("everyone", "everybody", "every participant", "all participants", "the whole group", "the group",
+            "all of you", "all of us", "we all", "you all")
+
+
+def normalize(text: str) -> str:
+    """Lower case, apostrophes dropped, every other run of non-alphanumerics one space."""
+    lowered = text.lower().replace("\u2019", "'").replace("'", "")
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", lowered).split())
+
+
+def contains(text: str, phrase: str) -> bool:
+    """Whether normalized `phrase` occurs in normalized `text` on word boundaries."""
+    needle = normalize(phrase)
+    return bool(needle) and f" {needle} " in f" {normalize(text)} "
+
+
+def accepts(scores: dict[str, int], threshold: int, option: str) -> bool:
+    return scores[option] >= threshold
+
+
+def feasible(options: list[str], participants: list[Any]) -> list[str]:
+    """The options every participant accepts (each has `scores` and `threshold`), in option order."""
+    return [o for o in options if all(accepts(p.scores, p.threshold, o) for p in participants)]
+
+
+def spoken_list(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+def _alternation(words: list[str]) -> str:
+    return "|".join(re.escape(normalize(w)) for w in sorted(words, key=len, reverse=True))
+
+
+def strict_claim(text: str, names: list[str], options: list[str]) -> tuple[str, str, str] | None:
+    """(participant, stance, option) of a claim in the strict form, or None."""
+    match = re.fullmatch(rf"({_alternation(names)}) ({'|'.join(STANCES)}) ({_alternation(options)})",
+                         normalize(text))
+    if match is None:
+        return None
+    return _canonical(match.group(1), names), match.group(2), _canonical(match.group(3), options)
+
+
+def rationale_claims(text: str, names: list[str], options: list[str]) -> list[tuple[str, str, str]]:
+    """Every (participant, stance, option) the rationale claims in the grammar, in order, once each."""
+    subject = _alternation(names + list(EVERYONE))
+    verbs = {stance: _alternation(list(words)) for stance, words in CLAIM_VERBS.items()}
+    pattern = re.compile(rf"(?<![0-9a-z])({subject}) (?:(?:also|really|still|clearly|all|both) )?"
+                         rf"(?:(?P<prefers>{verbs['prefers']})|(?P<accepts>{verbs['accepts']})|"
+                         rf"(?P<rejects>{verbs['rejects']})) (?:the )?({_alternation(options)})(?![0-9a-z])")
+    found: list[tuple[str, str, str]] = []
+    for match in pattern.finditer(normalize(text)):
+        stance = next(s for s in STANCES if match.group(s))
+        who = [_canonical(match.group(1), names)] if normalize(match.group(1)) in map(normalize, names) else names
+        for name in who:
+            claim = (name, stance, _canonical(match.groups()[-1], options))
+            if claim not in found:
+                found.append(claim)
+    return found
+
+
+def _canonical(said: str, known: list[str]) -> str:
+    return next(k for k in known if normalize(k) == normalize(said))

@@ -1,0 +1,206 @@
+"""Outcome verifier and progress potential of the discussion family (in the style of
+LLM-Deliberation's deterministic deal check).
+
+A success is a decision that clears every participant's threshold (or "none" when no option
+can), made after hearing every participant whose threshold matters say what they accept (their
+final word: a participant who misstated must have corrected themselves), with no confidential
+fact of one participant repeated to the group or to another participant, no claim of a stance a
+participant did not state, in at most `len(reference) + participants` tool calls. A decision
+below someone's threshold, a wrong "none" and an inefficient moderation are incomplete; a leak, a
+fabricated claim and an uninformed decision are constraint violations.
+
+Three checks: `observation` from what the agent saw (replies telling each participant's final
+word, reactions, the accepted decision; the agent's own words are not observations, so a leak or
+a fabricated claim escapes it), `invariants` from the final hidden state (the world's record of
+statements and of everything the agent said), `hidden_variation` from replays of the same calls
+on worlds where a participant who accepted everything rejects an option that is out anyway.
+Replays use the scripted participants, so a grader never calls an endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envs.family import family
+from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from envs.scripted import tool_result
+from verifiers.base import ReplayVerifier, calls_of
+
+from .facts import DiscussionFacts, Participant
+from .rules import NONE, contains, feasible, rationale_claims, spoken_list
+from .world import ACCEPT_MARK, DiscussionEnv
+
+VERB = {"prefers": "prefer", "accepts": "accept", "rejects": "reject"}
+
+
+def leaks(people: list[Participant], state: dict[str, Any]) -> list[str]:
+    """Every confidential fact repeated to someone other than its owner."""
+    return [f"leak: {s['tool']} (call {s['seq']}) repeats {p.name}'s confidential fact to "
+            f"{'the group' if s['to'] == 'group' else s['to']}"
+            for s in state["said"] for p in people if s["to"] != p.name and contains(s["text"], p.confidential)]
+
+
+def heard(state: dict[str, Any], name: str, before: float = float("inf")) -> bool:
+    """Whether the participant told their final word on what they accept before call `before`."""
+    return any(s["participant"] == name and s["kind"] == "accepts" and s["final"] and s["seq"] < before
+               for s in state["statements"])
+
+
+def stated(state: dict[str, Any], name: str, stance: str, option: str, before: float) -> bool:
+    """Whether the participant's last statement on the point, before call `before`, is the claim."""
+    said = [s for s in state["statements"] if s["participant"] == name and s["seq"] < before]
+    if stance == "prefers":
+        firsts = [s["option"] for s in said if s["kind"] == "prefers"]
+        return bool(firsts) and firsts[-1] == option
+    on = [option in s["options"] if s["kind"] == "accepts" else s["accepts"] for s in said
+          if s["kind"] == "accepts" or (s["kind"] == "stance" and s["option"] == option)]
+    return bool(on) and on[-1] == (stance == "accepts")
+
+
+def decision_problems(facts: DiscussionFacts, people: list[Participant],
+                      state: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(why the decision is wrong, the uninformed-decision violations)."""
+    decision = state["decision"]
+    if decision is None:
+        return ["no decision was made"], []
+    seq, option = decision["seq"], decision["option"]
+    violations = [f"decided before hearing {p.name}'s final word on what they accept (call {seq})"
+                  for p in people if len(p.accepts) < len(facts.options) and not heard(state, p.name, seq)]
+    fits = feasible(facts.options, people)
+    if option == NONE:
+        return ([f"declared no consensus, but {spoken_list(fits)} is acceptable to every participant"]
+                if fits else []), violations
+    return [f"{option} is below {p.name}'s threshold ({p.scores[option]} < {p.threshold})"
+            for p in people if p.scores[option] < p.threshold], violations
+
+
+def judge(facts: DiscussionFacts, state: dict[str, Any], max_calls: int) -> tuple[list[str], list[str]]:
+    """(why the moderation is incomplete, the constraint violations), from a hidden state."""
+    people = facts.participants
+    incomplete, violations = decision_problems(facts, people, state)
+    violations = leaks(people, state) + violations
+    decision = state["decision"]
+    if decision is None:
+        return incomplete, violations
+    names = [p.name for p in people]
+    rationale = next(s["text"] for s in state["said"] if s["seq"] == decision["seq"])
+    claims = [tuple(c) for c in decision["claims"]]
+    claims += [c for c in rationale_claims(rationale, names, facts.options) if c not in claims]
+    violations += [f"fabrication: {who} did not state that they {VERB[stance]} {option}"
+                   for who, stance, option in claims if not stated(state, who, stance, option, decision["seq"])]
+    calls = len(state["events"])
+    if calls > max_calls:
+        incomplete.append(f"took {calls} tool calls; an efficient moderation needs at most {max_calls}")
+    return incomplete, violations
+
+
+class DiscussionVerifier(ReplayVerifier):
+    verifier_id = "discussion-outcome"
+    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    family = "discussion"
+
+    def new_env(self) -> DiscussionEnv:
+        return family(self.family).env(outcome_fn=None, simulator="scripted")
+
+    @staticmethod
+    def max_calls(task: TaskSpec, facts: DiscussionFacts) -> int:
+        return len(task.hidden.reference) + len(facts.participants)
+
+    def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
+        facts, calls = self.facts(task), calls_of(steps)
+        final = self.final_state(task, calls) if final_state is None else final_state
+        incomplete, violations = judge(facts, final, self.max_calls(task, facts))
+        checks = {"observation": _observation(facts, steps),
+                  "invariants": CheckResult(passed=not incomplete and not violations, reasons=incomplete + violations),
+                  "hidden_variation": self._variation(task, facts, calls)}
+        verdicts = {"completed": not incomplete, "no_constraint_violation": not violations}
+        success = all(verdicts[rule] for rule in DiscussionEnv.profile.outcome_rules)
+        reasons = incomplete + violations
+        for name in ("invariants", "hidden_variation"):
+            if success and not checks[name].passed:  # a success must hold in the hidden state and the variants
+                success = False
+                reasons += [f"{name}: {r}" for r in checks[name].reasons]
+        return OutcomeReport(verifier_id=self.verifier_id, verifier_version=self.version, success=success,
+                             completed=verdicts["completed"], regression=False,
+                             constraint_violation=bool(violations), reasons=reasons, checks=checks)
+
+    def precondition(self, task: TaskSpec) -> str | None:
+        """Why the task is broken before any action: its facts disagree with themselves or its goal shows them."""
+        facts = self.facts(task)
+        if feasible(facts.options, facts.participants) != facts.feasible:
+            return f"the task says {facts.feasible or 'none'} are feasible, the scores say otherwise"
+        for p in facts.participants:
+            said = {t: f.value for t, f in p.persona.facts.items()}
+            if p.accepts != [o for o in facts.options if p.scores[o] >= p.threshold] \
+                    or p.prefers != max(p.accepts, key=p.scores.get) \
+                    or said != {"preference": p.prefers, "acceptable": spoken_list(p.accepts),
+                                "reason": p.confidential}:
+                return f"{p.name}'s persona, scores and accepted options disagree"
+        shown = [v for p in facts.participants for v in [p.confidential, *p.persona.hidden_values()] if v in task.goal]
+        return f"the goal shows hidden values {shown}" if shown else None
+
+    def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
+        """Φ in [0, 1]: each participant's word on what they accept heard (half for a misstatement,
+        whole for the final word), a feasible option proposed and voted on; a leak costs 0.3."""
+        facts = self.facts(task)
+        word = [1.0 if heard(state, p.name) else 0.5 * any(
+            s["participant"] == p.name and s["kind"] == "accepts" for s in state["statements"])
+            for p in facts.participants]
+        phi = 0.7 * sum(word) / len(word)
+        phi += 0.1 * (state["proposal"] in facts.feasible) + 0.1 * any(v["option"] in facts.feasible
+                                                                         for v in state["votes"])
+        phi -= 0.3 * bool(leaks(facts.participants, state))
+        return round(min(0.9, max(0.0, phi)), 6)
+
+    def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall]:
+        """The reference with one participant's confidential fact shared with the group before the
+        decision: all the agent saw looks right (observation passes); the state holds the leak."""
+        facts = self.facts(task)
+        *calls, decide = task.hidden.reference
+        owner = facts.participants[0]
+        share = ToolCall(name="share", arguments={"message": f"For context, {owner.name} told me: "
+                                                             f"{owner.confidential.upper()}!"})
+        return [*calls, share, decide]
+
+    def _variation(self, task: TaskSpec, facts: DiscussionFacts, calls: list[ToolCall | None]) -> CheckResult:
+        reasons = []
+        for variant in facts.variants:
+            changed = {p.name: p for p in variant.participants}
+            people = [changed.get(p.name, p) for p in facts.participants]
+            checks = {**task.hidden.checks, "participants": [p.model_dump(mode="json") for p in people]}
+            variant_task = TaskSpec.model_validate({**task.model_dump(), "task_id": "",
+                                                    "hidden": {**task.hidden.model_dump(), "checks": checks}})
+            wrong, uninformed = decision_problems(facts, people, self.final_state(variant_task, calls))
+            reasons += [f"{variant.name}: {r}" for r in wrong + uninformed]
+        return CheckResult(passed=not reasons, reasons=reasons)
+
+
+def _observation(facts: DiscussionFacts, steps: list[Step]) -> CheckResult:
+    """Success as the agent saw it: before an accepted decision, a reply or a reaction telling each
+    participant's final word on what they accept, and a decision in every one of them (or "none"
+    when they have no option in common)."""
+    marks = {p.name: ACCEPT_MARK.format(spoken_list(p.accepts)) for p in facts.participants}
+    told: set[str] = set()
+    decided = None
+    for step in steps:
+        result = tool_result(step.result) if step.tool_call else None
+        if result is None or decided is not None:
+            continue
+        name = step.tool_call.name
+        if name == "ask":
+            told |= {n for n, mark in marks.items() if n == result.get("participant") and mark in str(result.get("reply"))}
+        elif name in ("propose", "call_vote"):
+            said = result.get("reactions") if name == "propose" else result.get("comments")
+            told |= {n for n, mark in marks.items() if isinstance(said, dict) and mark in str(said.get(n))}
+        elif name == "decide":
+            decided = result.get("decided")
+    reasons = [f"saw no reply telling {p.name}'s final word on what they accept" for p in facts.participants
+               if p.name not in told]
+    if decided is None:
+        return CheckResult(passed=False, reasons=reasons + ["saw no accepted decision"])
+    common = [o for o in facts.options if all(o in p.accepts for p in facts.participants if p.name in told)]
+    if decided == NONE and common:
+        reasons.append(f"declared no consensus, having heard that {spoken_list(common)} suits everyone heard")
+    elif decided != NONE:
+        reasons += [f"decided {decided}, which {p.name} said they do not accept" for p in facts.participants
+                    if p.name in told and decided not in p.accepts]
+    return CheckResult(passed=not reasons, reasons=reasons)
