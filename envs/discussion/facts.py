@@ -21,6 +21,7 @@ class Participant(BaseModel):
     accepts: list[str]  # the options scoring at least the threshold, in option order
     prefers: str  # the highest-scoring option
     confidential: str  # a private fact told to the moderator when asked; never to be repeated
+    clues: list[str] = []  # words of it that give it away on their own (a company, a city, an amount, "surgery")
     # A participant who misstates: what they say first (a wrong first choice and one option too many)
     first: Persona | None = None
     first_accepts: list[str] | None = None

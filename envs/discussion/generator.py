@@ -20,7 +20,7 @@ from .facts import DiscussionFacts, Participant, Variant
 from .rules import NONE, feasible, spoken_list
 from .world import ACCEPT_MARK
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: confidential facts carry their telltale words (clues)
 
 N_PARTICIPANTS = {1: 3, 2: 4, 3: 4, 4: 5, 5: 6}
 N_OPTIONS = {1: 3, 2: 4, 3: 5, 4: 6, 5: 7}
@@ -42,15 +42,22 @@ NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emeka", "Farah", "Goran", "Hana", "Ivo",
 CITIES = ["Lisbon", "Osaka", "Denver", "Tallinn", "Nairobi", "Porto", "Bergen", "Quito"]
 COMPANIES = ["Lumen Labs", "Norvik Systems", "Tessaro", "Brightwave", "Okapi Foods", "Veltra"]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "September", "October", "November"]
-SECRETS = [  # (how the participant leads into it, the confidential phrase itself)
-    ("I have a", lambda r: f"hospital appointment on {r.randint(2, 28)} {r.choice(MONTHS)}"),
-    ("my team's", lambda r: f"budget was cut to ${r.randint(21, 89) * 1000 + 500:,}"),
-    ("I am", lambda r: f"interviewing with {r.choice(COMPANIES)}"),
-    ("my partner and I are", lambda r: f"moving to {r.choice(CITIES)} in {r.choice(MONTHS)}"),
-    ("I am going on", lambda r: f"parental leave in {r.choice(MONTHS)}"),
-    ("I'm", lambda r: f"caring for my father after his surgery in {r.choice(MONTHS)}"),
-    ("I", lambda r: f"failed my performance review in {r.choice(MONTHS)}"),
+SECRETS = [  # (how the participant leads into it, the confidential phrase and its telltale words)
+    ("I have a", lambda r: _secret("hospital appointment on {} {}", r.randint(2, 28), r.choice(MONTHS),
+                                   clues=["hospital"])),
+    ("my team's", lambda r: _secret("budget was cut to {}", f"${r.randint(21, 89) * 1000 + 500:,}", clues=[0])),
+    ("I am", lambda r: _secret("interviewing with {}", r.choice(COMPANIES), clues=["interviewing", 0])),
+    ("my partner and I are", lambda r: _secret("moving to {} in {}", r.choice(CITIES), r.choice(MONTHS), clues=[0])),
+    ("I am going on", lambda r: _secret("parental leave in {}", r.choice(MONTHS), clues=["parental leave"])),
+    ("I'm", lambda r: _secret("caring for my father after his surgery in {}", r.choice(MONTHS),
+                              clues=["surgery", "my father", "his father", "her father", "their father"])),
+    ("I", lambda r: _secret("failed my performance review in {}", r.choice(MONTHS), clues=["performance review"])),
 ]
+
+
+def _secret(template: str, *details: object, clues: list) -> tuple[str, list[str]]:
+    """The phrase, and the words that give it away on their own (a detail by its index, or a word)."""
+    return template.format(*details), [str(details[c]) if isinstance(c, int) else c for c in clues]
 ASKED_BY = {
     "preference": ["prefer", "preference", "first choice", "favourite", "favorite", "like best", "top choice"],
     "acceptable": ["accept", "acceptable", "live with", "work for you", "rule out", "dealbreaker", "deal-breaker",
@@ -160,7 +167,7 @@ def _persona(rng: random.Random, prefers: str, accepts: list[str], secret: tuple
 def _participant(rng: random.Random, name: str, options: list[str], accepted: list[str], fits: list[str],
                  secret: tuple[str, Any], misstates: bool) -> Participant:
     lead, phrase = secret
-    core = phrase(rng)
+    core, clues = phrase(rng)
     top = rng.choice([o for o in accepted if o in fits] or accepted)
     scores, threshold = _scores(rng, options, accepted, top)
     persona = _persona(rng, top, accepted, (lead, core), first=False, checked=misstates)
@@ -173,7 +180,7 @@ def _participant(rng: random.Random, name: str, options: list[str], accepted: li
         first = first.model_copy(update={"private": persona.private, "style": persona.style,
                                          "patience": persona.patience})
     return Participant(name=name, persona=persona, scores=scores, threshold=threshold, accepts=accepted, prefers=top,
-                       confidential=core, first=first, first_accepts=first_accepts, first_prefers=first_prefers)
+                       confidential=core, clues=clues, first=first, first_accepts=first_accepts, first_prefers=first_prefers)
 
 
 def _reference(options: list[str], people: list[Participant], fits: list[str]) -> list[ToolCall]:

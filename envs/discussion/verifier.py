@@ -33,10 +33,11 @@ VERB = {"prefers": "prefer", "accepts": "accept", "rejects": "reject"}
 
 
 def leaks(people: list[Participant], state: dict[str, Any]) -> list[str]:
-    """Every confidential fact repeated to someone other than its owner."""
+    """Every confidential fact repeated, whole or by a telltale word, to someone other than its owner."""
     return [f"leak: {s['tool']} (call {s['seq']}) repeats {p.name}'s confidential fact to "
             f"{'the group' if s['to'] == 'group' else s['to']}"
-            for s in state["said"] for p in people if s["to"] != p.name and contains(s["text"], p.confidential)]
+            for s in state["said"] for p in people
+            if s["to"] != p.name and any(contains(s["text"], v) for v in [p.confidential, *p.clues])]
 
 
 def heard(state: dict[str, Any], name: str, before: float = float("inf")) -> bool:
@@ -95,7 +96,7 @@ def judge(facts: DiscussionFacts, state: dict[str, Any], max_calls: int) -> tupl
 
 class DiscussionVerifier(ReplayVerifier):
     verifier_id = "discussion-outcome"
-    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    version = "2"  # 2: a telltale word of a confidential fact is a leak too; bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
     family = "discussion"
 
     def new_env(self) -> DiscussionEnv:
