@@ -160,7 +160,8 @@ class DiscussionEnv(ToolEnv):
             stated = [s for s in state["statements"] if s["participant"] == name and s["kind"] == "accepts"]
             if p.first is not None and stated and not stated[-1]["final"] and option in (p.first_accepts or []) \
                     and option not in p.accepts:
-                out[name] = "Sorry, I misspoke earlier: " + ACCEPT_MARK.format(spoken_list(p.accepts))
+                out[name] = correction(p)
+                self._state_that(state, event, name, kind="prefers", option=p.prefers)
                 self._state_that(state, event, name, kind="accepts", options=list(p.accepts), final=True)
             elif option in p.accepts:
                 out[name] = f"I can support {option}."
@@ -189,6 +190,11 @@ class DiscussionEnv(ToolEnv):
             raise ToolError(Refusal.unknown_option, f"no option {said[:60]!r}; the options are "
                                                     f"{', '.join(state['options'])}")
         return option
+
+
+def correction(p: Participant) -> str:
+    """What a participant who misstated volunteers when an option they wrongly accepted comes up."""
+    return f"Sorry, I misspoke earlier: my first choice is {p.prefers}, and " + ACCEPT_MARK.format(spoken_list(p.accepts))
 
 
 def _check_world(task: TaskSpec, people: list[Participant]) -> None:

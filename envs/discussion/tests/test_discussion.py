@@ -16,8 +16,8 @@ from envs.discussion.rules import contains, normalize, rationale_claims, spoken_
 from envs.discussion.world import ACCEPT_MARK
 from envs.family import add
 from envs.leaks import find_leaks
-from envs.records import ToolCall
-from envs.registry import make
+from envs.records import TaskSpec, ToolCall
+from envs.registry import make, verifier_for
 from envs.wrappers import standard_stack
 
 add(FAMILY)  # a no-op once `import envs` found it
@@ -94,7 +94,8 @@ def test_replies_are_deterministic_and_facts_are_told_only_when_asked():
     p = facts.participants[0]
     env = make(FAMILY.env_id)
     goal = env.reset(task).observation
-    assert not [q.name for q in facts.participants if q.confidential in goal or q.prefers in goal.split("options:")[0]]
+    assert not [v for q in facts.participants for v in [q.confidential, *q.clues, *q.persona.hidden_values()]
+                if v in goal]
     filler = json.loads(env.step(ask(p.name, "Thanks for joining today.")).observation)["result"]["reply"]
     assert p.confidential not in filler and "accept" not in filler
     reply = json.loads(env.step(ask(p.name, "Which options can you accept?")).observation)["result"]["reply"]
@@ -102,9 +103,8 @@ def test_replies_are_deterministic_and_facts_are_told_only_when_asked():
     assert "first choice" not in reply
     assert env.state()["statements"] == [{"seq": 1, "participant": p.name, "kind": "accepts",
                                           "options": p.accepts, "final": True}]
-    again = [json.loads(play(task, [ask(q.name) for q in facts.participants])[0].steps[i].result)
-             for i in range(len(facts.participants)) for _ in range(2)]
-    assert again[::2] == again[1::2]
+    one, two = ([s.result for s in play(task, [ask(q.name) for q in facts.participants])[0].steps] for _ in range(2))
+    assert one == two and len(set(one)) == len(facts.participants)
 
 
 # -- thresholds and "none" ---------------------------------------------------------------------------
@@ -271,6 +271,31 @@ def test_skipping_a_participant_who_accepts_everything_fails_only_in_the_hidden_
                                  f"word on what they accept (call {len(calls) - 1})"]
 
 
+def test_the_hidden_variant_never_fails_a_moderator_who_asked_everyone():
+    task = task_where(lambda t, f: len(f.feasible) >= 2 and f.variants, levels=(1, 2))
+    facts = FAMILY.facts_of(task)
+    (variant,) = facts.variants
+    pick = task.hidden.reference[-1].arguments["option"]
+    other = next(o for o in facts.feasible if o != pick)
+    dropped = next(o for o in facts.options if o not in variant.participants[0].accepts)
+    assert dropped not in facts.feasible
+    calls = [c for c in task.hidden.reference if c.name == "ask"] + [decide(other, claims=[
+        f"{p.name} accepts {other}" for p in facts.participants] + [f"{variant.participants[0].name} accepts {dropped}"])]
+    result = outcome(task, calls)
+    assert result["success"] and result["checks"]["hidden_variation"] == {"passed": True, "reasons": []}
+
+
+def test_a_task_whose_facts_disagree_fails_the_precondition():
+    task = task_where(lambda t, f: bool(f.feasible))
+    verifier = verifier_for(FAMILY.env_id)
+    assert verifier.precondition(task) is None
+    checks = json.loads(json.dumps(task.hidden.checks))
+    checks["participants"][0]["threshold"] = 101
+    tampered = TaskSpec.model_validate({**task.model_dump(), "task_id": "",
+                                        "hidden": {**task.hidden.model_dump(), "checks": checks}})
+    assert verifier.precondition(tampered).startswith("the task says")
+
+
 def test_a_misstatement_trusted_fails_and_asking_again_or_hearing_the_correction_passes():
     task = task_where(lambda t, f: bool(f.feasible) and f.misstater is not None, levels=(3, 4, 5))
     facts = FAMILY.facts_of(task)
@@ -295,8 +320,11 @@ def test_a_misstatement_trusted_fails_and_asking_again_or_hearing_the_correction
     volunteered = asks + [ToolCall(name="propose", arguments={"option": trap})] + reference[-3:]
     env, ts = play(task, volunteered[:len(asks) + 1])
     reactions = json.loads(ts.observation)["result"]["reactions"]
-    assert reactions[m.name] == "Sorry, I misspoke earlier: " + ACCEPT_MARK.format(spoken_list(m.accepts))
+    assert reactions[m.name] == (f"Sorry, I misspoke earlier: my first choice is {m.prefers}, and the options I can "
+                                 f"accept are: {spoken_list(m.accepts)}.")
     assert outcome(task, volunteered)["success"]
+    assert outcome(task, volunteered[:-1] + [decide(volunteered[-1].arguments["option"], claims=[
+        f"{m.name} prefers {trap}"])])["reasons"] == [f"fabrication: {m.name} did not state that they prefer {trap}"]
 
 
 def test_proposals_and_votes_tell_true_stances_but_do_not_replace_asking():
