@@ -7,18 +7,23 @@
       [project.entry-points."gymfoundry.families"]
       probe = "probe_family:FAMILY"
   One that fails to load does not stop the others or `import envs`: it is warned about, kept in
-  `load_errors()`, and named in the error of a `make` that asks for it."""
+  `load_errors()`, and named in the error of a `make` that asks for it.
+- YAML-only: every `*.yaml` domain file in the folders GYMFOUNDRY_FAMILY_DIRS names (os.pathsep-
+  separated) is the family its `name:` declares, read by the interpreter in envs/generic/. A file
+  that fails to load is warned about and kept in `load_errors()` the same way."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import warnings
 from pathlib import Path
 
 from envs.family import Family, FamilyError, add, family
 
 GROUP = "gymfoundry.families"
+FAMILY_DIRS = "GYMFOUNDRY_FAMILY_DIRS"
 ENVS_DIR = Path(__file__).resolve().parent
 _ERRORS: dict[str, str] = {}
 
@@ -33,7 +38,25 @@ def discover() -> list[Family]:
              if (folder / "profile.yaml").is_file() and (folder / "__init__.py").is_file()]
     for fam in found:
         add(fam)
-    return found + discover_external()
+    return found + discover_yaml() + discover_external()
+
+
+def discover_yaml() -> list[Family]:
+    """The YAML domains in the folders GYMFOUNDRY_FAMILY_DIRS names, each file its own family."""
+    found = []
+    for folder in [Path(d).expanduser() for d in os.environ.get(FAMILY_DIRS, "").split(os.pathsep) if d.strip()]:
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            key = _yaml_name(path)
+            try:
+                fam = _yaml(path)
+            except Exception as exc:  # a user's file: report it, load the rest
+                why = str(exc) if isinstance(exc, FamilyError) else f"{path}: {type(exc).__name__}: {exc}"
+                _ERRORS[key] = f"domain file {why} ({FAMILY_DIRS})"
+                warnings.warn(f"family not loaded: {_ERRORS[key]}", FamilyLoadWarning, stacklevel=2)
+                continue
+            _ERRORS.pop(key, None)
+            found.append(fam)
+    return found
 
 
 def discover_external() -> list[Family]:
@@ -77,5 +100,33 @@ def _external(ep: importlib.metadata.EntryPoint) -> Family:
         known = None
     if known is not None and known is not fam:
         raise FamilyError(f"a family named {fam.name!r} is already registered (by {known.env.__module__})")
+    add(fam)
+    return fam
+
+
+def _yaml_name(path: Path) -> str:
+    """The family name a domain file declares (its stem if it declares none readable)."""
+    import yaml
+
+    try:
+        name = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("name")
+    except Exception:
+        name = None
+    return name if isinstance(name, str) and name else path.stem
+
+
+def _yaml(path: Path) -> Family:
+    from envs.generic.domain import DOMAINS, load_family
+
+    name = _yaml_name(path)
+    try:
+        known = family(name)
+    except ValueError:
+        known = None
+    if known is not None:
+        if DOMAINS.get(name, (None, None))[1] == path.resolve():
+            return known  # discovered again: the same file
+        raise FamilyError(f"{path}: name: a family named {name!r} is already registered (by {known.env.__module__})")
+    fam = load_family(path)
     add(fam)
     return fam

@@ -1,0 +1,123 @@
+"""Outcome verifier and progress potential of a YAML domain (one class per domain, made on
+first use as `envs.generic.verifier:<Name>Verifier`).
+
+It judges states, never text: the agent's calls are replayed on a fresh env of the domain from
+the task's initial state, and the task's outcome rules (state predicates in its hidden facts) are
+evaluated on the final state. Three checks of the outcome: `observation` (every state-changing
+call of the reference was accepted, as the agent saw it, and the episode was ended by an
+accepted call), `invariants` (every outcome rule holds on the final hidden state, and the state
+is as the reference leaves it: nothing else changed), `hidden_variation` (the same calls replayed
+on each hidden variant of the world, the declared ones and the world listed in reverse order,
+meet the same rules and match the reference replayed there). The potential is the share of
+outcome rules that hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envs.family import family
+from envs.generic.domain import DOMAINS
+from envs.generic.rules import failed_rules, held, state_diff, variant_worlds
+from envs.generic.world import class_name
+from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, ToolCategory
+from envs.scripted import tool_result
+from verifiers.base import ReplayVerifier, calls_of
+
+_CLASSES: dict[str, type] = {}
+
+
+class DomainVerifier(ReplayVerifier):
+    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+
+    def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
+        facts, calls = self.facts(task), calls_of(steps)
+        final = self.final_state(task, calls) if final_state is None else final_state
+        failing = failed_rules(facts, task.initial_state, final)
+        changed = state_diff(final, self.final_state(task, task.hidden.reference), self.domain.compare)
+        checks = {"observation": self._observation(task, steps),
+                  "invariants": CheckResult(passed=not failing and not changed, reasons=failing + changed),
+                  "hidden_variation": self._variation(task, calls)}
+        verdicts = {"completed": not failing, "no_side_effects": not changed, "no_regression": True,
+                    "no_constraint_violation": True}
+        success = all(verdicts[rule] for rule in family(self.family).profile.outcome_rules)
+        reasons = failing + changed
+        for name in ("invariants", "hidden_variation"):
+            if success and not checks[name].passed:  # a success holds in the hidden state and on every variant
+                success = False
+                reasons += [f"{name}: {r}" for r in checks[name].reasons]
+        return OutcomeReport(verifier_id=self.verifier_id, verifier_version=self.version, success=success,
+                             completed=not failing, regression=False, constraint_violation=False,
+                             side_effects=changed, reasons=reasons, checks=checks)
+
+    def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
+        """Phi in [0, 1]: the share of the task's outcome rules that hold on the state."""
+        facts = self.facts(task)
+        return round(held(facts, task.initial_state, state) / len(facts.outcome), 6)
+
+    def precondition(self, task: TaskSpec) -> str | None:
+        """A task whose rules all hold before any action is no exercise."""
+        facts = self.facts(task)
+        if not failed_rules(facts, task.initial_state, self.initial_state(task)):
+            return "every outcome rule already holds on the initial state"
+        return None
+
+    def _observation(self, task: TaskSpec, steps: list[Step]) -> CheckResult:
+        tools = self.domain.tools
+        wanted = [c for c in task.hidden.reference if tools[c.name].category != ToolCategory.read]
+        accepted = [s.tool_call for s in steps if s.tool_call is not None and s.error is None
+                    and tool_result(s.result or "") is not None]
+        i = 0
+        for call in accepted:
+            if i < len(wanted) and call.name == wanted[i].name and call.arguments == wanted[i].arguments:
+                i += 1
+        reasons = [f"saw no accepted {c.name}({c.arguments})" for c in wanted[i:]]
+        last = steps[-1] if steps else None
+        if last is None or last.error is not None or last.tool_call is None or \
+                tools[last.tool_call.name].category != ToolCategory.irreversible:
+            reasons.append("the episode was not ended by an accepted final call")
+        return CheckResult(passed=not reasons, reasons=reasons)
+
+    def _variation(self, task: TaskSpec, calls: list[ToolCall | None]) -> CheckResult:
+        facts, reasons = self.facts(task), []
+        for name, world in variant_worlds(facts, task.initial_state):
+            variant = TaskSpec.model_validate({**task.model_dump(), "initial_state": world, "task_id": ""})
+            final = self.final_state(variant, calls)
+            gold = self.final_state(variant, variant.hidden.reference)
+            reasons += [f"{name}: {r}" for r in failed_rules(facts, world, final)
+                        + state_diff(final, gold, self.domain.compare)]
+        return CheckResult(passed=not reasons, reasons=reasons)
+
+
+def verifier_class(name: str) -> type[DomainVerifier]:
+    """The verifier class named `<Name>Verifier` of a loaded domain."""
+    if name not in _CLASSES:
+        match = [d for d, _ in DOMAINS.values() if class_name(d.name, "Verifier") == name]
+        if not match:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r} (no loaded domain has that verifier)")
+        domain = match[0]
+        namespace: dict[str, Any] = {"domain": domain, "family": domain.name, "verifier_id": f"{domain.name}-outcome",
+                                     "__module__": __name__}
+        if any(t.crafted for t in domain.tasks.values()):
+            namespace["crafted_disagreement"] = _crafted
+        cls = type(name, (DomainVerifier,), namespace)
+        cls.__qualname__ = name
+        _CLASSES[name] = cls
+    return _CLASSES[name]
+
+
+def _crafted(self: DomainVerifier, task: TaskSpec) -> list[ToolCall] | None:
+    """The reference with the template's `crafted` calls before its last one (None if it has none)."""
+    from envs.generic.expr import evaluate
+
+    facts = self.facts(task)
+    template = self.domain.tasks[facts.template]
+    if not template.crafted:
+        return None
+    extra = [ToolCall(name=s.tool, arguments=evaluate(s.args, facts.params)) for s in template.crafted
+             if s.when is None or evaluate(s.when, facts.params) is True]
+    *calls, last = task.hidden.reference
+    return [*calls, *extra, last]
+
+
+def __getattr__(name: str) -> type:
+    return verifier_class(name)

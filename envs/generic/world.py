@@ -1,0 +1,101 @@
+"""The world of a YAML domain: a key-value state changed only by the domain's declared tools.
+
+One `ToolEnv` subclass per domain, made when the domain loads. A tool call runs the tool's
+preconditions in order (the first that fails refuses the call with the domain's error kind and
+message: a `ToolError`, the state as it was, the attempt in the event log), then its effects
+(set / add / append / remove on `$state` paths), then renders its result from the state.
+Arguments arrive already checked against the tool's JSON schema by the runtime (envs/base.py).
+An expression that cannot be evaluated inside a tool (a missing key no precondition guards) is
+the domain's bug: it escapes as an `EvalError`, which the runtime reports as `env_bug` and rolls
+back."""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from envs.base import ToolEnv, ToolError
+from envs.errors import InvalidTask
+from envs.generic.expr import apply_effect, evaluate, render, truth
+from envs.records import TaskSpec
+from envs.tools import ToolDecl
+
+if TYPE_CHECKING:
+    from envs.generic.domain import Domain
+
+_CLASSES: dict[str, type] = {}  # class name -> the env class of a loaded domain (for pickle and lookups)
+
+
+class DomainEnv(ToolEnv):
+    """The base of every YAML domain's env class (see `env_class`)."""
+
+    domain: ClassVar[Domain]
+
+    def initial_state(self, task: TaskSpec) -> dict[str, Any]:
+        if not isinstance(task.initial_state, dict):
+            raise InvalidTask(f"task {task.task_id}: initial_state is not a mapping")
+        state = copy.deepcopy(task.initial_state)
+        state["events"] = []
+        return state
+
+    def is_finished(self, state: dict[str, Any]) -> bool:
+        return truth(self.domain.finish_when, {"state": state})
+
+
+def run_tool(domain: Domain, name: str, state: dict[str, Any], args: dict[str, Any]) -> Any:
+    """Run one call of the domain's tool `name` on `state` (changed in place); its result."""
+    tool = domain.tools[name]
+    scope = {**{a: None for a in tool.args}, **args, "state": state}
+    for pre in tool.preconditions:
+        if not truth(pre.check, scope):
+            raise ToolError(pre.error, render(pre.message, scope))
+    for effect in tool.effects:
+        apply_effect(effect, scope)
+    return copy.deepcopy(evaluate(tool.result, scope)) if tool.result is not None else {}
+
+
+def _handler(name: str, decl: ToolDecl):
+    def handler(self: DomainEnv, state: dict[str, Any], **args: Any) -> Any:
+        events = state.setdefault("events", [])
+        event = {"seq": len(events), "tool": name, "args": copy.deepcopy(args)}
+        try:
+            result = run_tool(self.domain, name, state, args)
+        except ToolError as exc:
+            events.append({**event, "outcome": exc.kind})
+            raise
+        events.append({**event, "outcome": "ok"})
+        return result
+
+    handler.__name__ = handler.__qualname__ = f"tool_{name}"
+    handler.__doc__ = decl.spec.description
+    handler.__tool__ = decl
+    return handler
+
+
+def class_name(domain_name: str, suffix: str) -> str:
+    return "".join(p.capitalize() for p in domain_name.split("_")) + suffix
+
+
+def env_class(domain: Domain, profile: Any) -> type[DomainEnv]:
+    """The env class of `domain`: its profile, and one `tool_<name>` handler per declared tool."""
+    namespace: dict[str, Any] = {"family": domain.name, "domain": domain, "profile": profile,
+                                 "__module__": __name__, "__doc__": f"The YAML domain {domain.name!r}: "
+                                                                     f"{domain.description.strip()}"}
+    for spec in profile.tools:
+        decl = ToolDecl(spec, f"tool_{spec.name}", takes_event=False, hint=domain.tools[spec.name].hint)
+        namespace[decl.handler] = _handler(spec.name, decl)
+    name = class_name(domain.name, "Env")
+    cls = type(name, (DomainEnv,), namespace)
+    cls.__qualname__ = name
+    return cls
+
+
+def remember(cls: type) -> None:
+    _CLASSES[cls.__name__] = cls
+
+
+def __getattr__(name: str) -> type:  # envs.generic.world.<Name>Env, as pickle looks it up
+    try:
+        return _CLASSES[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
