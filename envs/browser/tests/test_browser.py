@@ -1,0 +1,402 @@
+"""The browser family through its public interface: a distractor, a wrong option and an over-budget
+purchase fail with reasons naming what is wrong; an infeasible task is solved only by
+report_infeasible; a question's answer is checked against the site's value; stale ids, unknown
+urls and malformed input are error observations that leave the database as it was; the potential
+gives partial credit and never falls along a reference; the hidden variants catch a choice that
+hung on the listing order; the scripted policy's mistakes fail for the reasons they should."""
+
+import json
+import re
+
+import pytest
+
+from envs.browser import FAMILY
+from envs.browser.policy import ScriptedBrowserPolicy
+from envs.browser.rules import CATEGORIES, misses, offers
+from envs.browser.site import (ADD_TO_CART, ADDRESS, CART, CHECKOUT, NEXT, OPTION, PLACE_ORDER, PRODUCT_LINK, QUANTITY,
+                               SEARCH_BOX, SEARCH_BUTTON, Site)
+from envs.check import check_family
+from envs.family import add
+from envs.leaks import find_leaks
+from envs.records import ToolCall
+from envs.registry import make, verifier_for
+from envs.wrappers import standard_stack
+
+add(FAMILY)  # a no-op once `import envs` found it
+DB = ("orders", "cart", "account", "ending")
+NOUN = {category: noun for category, (noun, _, _) in CATEGORIES.items()}
+
+
+def call(name, **arguments):
+    return ToolCall(name=name, arguments=arguments)
+
+
+def task_where(predicate, levels=(1, 2, 3, 4, 5), seeds=300):
+    return next(t for seed in range(seeds) for level in levels
+                if predicate(t := FAMILY.generate(seed, level), FAMILY.facts_of(t)))
+
+
+def play(task, calls):
+    env = make(FAMILY.env_id)
+    ts = env.reset(task)
+    for c in calls:
+        ts = env.step(c)
+    return env, ts
+
+
+def outcome(ts):
+    assert ts.terminated, ts.observation
+    return ts.info["outcome"]
+
+
+def result(ts):
+    return json.loads(ts.observation)
+
+
+def products(task):
+    return task.initial_state["site"]["products"]
+
+
+def link(task, pid):
+    return PRODUCT_LINK + sorted(products(task)).index(pid)
+
+
+def purchase(task, facts, pid, option=None, label=None):
+    """Open `pid` by its url and buy it (the goal's quantity), shipped to `label` (the goal's)."""
+    label = label or next(a["label"] for a in task.initial_state["site"]["account"]["addresses"]
+                          if a["id"] == facts.address_id)
+    calls = [call("goto", url=f"/product/{pid}"), call("select", id=OPTION, option=option or facts.wanted.option[1])]
+    if facts.wanted.quantity > 1:
+        calls.append(call("type", id=QUANTITY, text=str(facts.wanted.quantity)))
+    return calls + [call("click", id=ADD_TO_CART), call("click", id=CART), call("click", id=CHECKOUT),
+                    call("select", id=ADDRESS, option=label), call("click", id=PLACE_ORDER), call("answer", text="done")]
+
+
+def feasible_buy(t, f):
+    return f.kind == "buy" and f.feasible
+
+
+def test_passes_the_conformance_checks():
+    report = check_family(FAMILY.name, seeds=2)
+    assert report.ok, report.render()
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
+def test_every_reference_succeeds_with_its_checks_at_every_level(level):
+    verifier = verifier_for(FAMILY.env_id)
+    kinds = set()
+    for seed in range(12):
+        task = FAMILY.generate(seed, level)
+        facts = FAMILY.facts_of(task)
+        kinds.add((facts.kind, facts.feasible))
+        assert verifier.precondition(task) is None
+        env, ts = play(task, task.hidden.reference)
+        report = outcome(ts)
+        assert report["success"], (seed, report["reasons"])
+        assert all(c["passed"] for c in report["checks"].values())
+        phi = verifier.potentials(task, env.steps)
+        assert all(b >= a for a, b in zip(phi, phi[1:])) and phi[-1] == 1.0 and phi[0] < 1.0
+    assert {k for k, _ in kinds} == {"buy", "info", "account"}
+
+
+def test_buying_a_distractor_fails_naming_the_attribute():
+    task = task_where(lambda t, f: feasible_buy(t, f) and any(
+        len(misses(p, f.wanted)) == 1 and offers(p, f.wanted) for p in products(t).values()), levels=(3, 4, 5))
+    facts = FAMILY.facts_of(task)
+    pid, p = next((pid, p) for pid, p in sorted(products(task).items())
+                  if len(misses(p, facts.wanted)) == 1 and offers(p, facts.wanted))
+    (what, got, want), = misses(p, facts.wanted)
+    _, ts = play(task, purchase(task, facts, pid))
+    report = outcome(ts)
+    assert not report["success"] and not report["completed"]
+    assert f"bought {pid} ({p['name']}), whose {what} is {got}; the task asks for {want}" in report["reasons"]
+
+
+def test_the_right_product_with_the_wrong_option_fails_naming_the_option():
+    task = task_where(lambda t, f: feasible_buy(t, f) and len(products(t)[f.target]["options"][f.wanted.option[0]]) > 1)
+    facts = FAMILY.facts_of(task)
+    name, value = facts.wanted.option
+    other = next(v for v in products(task)[facts.target]["options"][name] if v != value)
+    _, ts = play(task, purchase(task, facts, facts.target, option=other))
+    report = outcome(ts)
+    assert not report["success"]
+    assert report["reasons"] == [f"bought {products(task)[facts.target]['name']} in {name} {other}; the task asks for "
+                                 f"{name} {value}"]
+
+
+def test_paying_over_the_budget_fails_naming_the_price():
+    task = task_where(lambda t, f: feasible_buy(t, f) and any(
+        not misses(p, f.wanted) and offers(p, f.wanted) and pid != f.target for pid, p in products(t).items()))
+    facts = FAMILY.facts_of(task)
+    pid, p = next((pid, p) for pid, p in sorted(products(task).items())
+                  if not misses(p, facts.wanted) and offers(p, facts.wanted) and pid != facts.target)
+    _, ts = play(task, purchase(task, facts, pid))
+    report = outcome(ts)
+    paid = p["price"] * facts.wanted.quantity
+    assert not report["success"] and report["constraint_violation"] and report["completed"]
+    assert paid > facts.wanted.budget
+    assert any(f"over the budget of ${facts.wanted.budget // 100:,}.00" in r and
+               f"paid ${paid // 100:,}.{paid % 100:02d}" in r for r in report["reasons"])
+
+
+def test_the_wrong_address_fails_naming_it():
+    task = task_where(lambda t, f: feasible_buy(t, f) and f.address_id != "A1")
+    facts = FAMILY.facts_of(task)
+    _, ts = play(task, purchase(task, facts, facts.target, label="Home"))
+    assert any("to Home; the task asks for" in r for r in outcome(ts)["reasons"])
+
+
+@pytest.mark.parametrize("how", ["costs more than", "offers"])
+def test_an_infeasible_purchase_is_solved_only_by_reporting_it(how):
+    task = task_where(lambda t, f: f.kind == "buy" and not f.feasible and how in f.why_infeasible)
+    facts = FAMILY.facts_of(task)
+    _, ts = play(task, task.hidden.reference)
+    assert outcome(ts)["success"]
+    nearest = min((pid for pid, p in products(task).items() if not misses(p, facts.wanted)),
+                  key=lambda pid: products(task)[pid]["price"])
+    options = products(task)[nearest]["options"][facts.wanted.option[0]]
+    option = facts.wanted.option[1] if facts.wanted.option[1] in options else options[0]
+    _, ts = play(task, purchase(task, facts, nearest, option=option))
+    report = outcome(ts)
+    assert not report["success"]
+    assert any(r.startswith("placed order W") and f"but the task is infeasible: {facts.why_infeasible}" in r
+               for r in report["reasons"])
+
+
+def test_reporting_a_feasible_task_infeasible_fails():
+    for predicate in (feasible_buy, lambda t, f: f.kind == "info" and f.feasible,
+                      lambda t, f: f.kind == "account" and f.feasible):
+        task = task_where(predicate)
+        *calls, _ = task.hidden.reference
+        _, ts = play(task, [*calls, call("report_infeasible", reason="I think this cannot be done.")])
+        report = outcome(ts)
+        assert not report["success"]
+        assert report["reasons"][0].startswith("reported the task infeasible, but it can be done")
+
+
+@pytest.mark.parametrize("question", ["price", "rating", "order_total"])
+def test_a_question_is_answered_only_with_the_sites_value(question):
+    task = task_where(lambda t, f: f.kind == "info" and f.feasible and f.question == question)
+    facts = FAMILY.facts_of(task)
+    *calls, right = task.hidden.reference
+
+    def answer(text):
+        return outcome(play(task, [*calls, call("answer", text=text)])[1])
+
+    value = facts.answer
+    assert answer(right.arguments["text"])["success"]
+    shown = f"${value:,.2f}" if question != "rating" else f"{value} out of 5"
+    assert answer(shown)["success"]
+    assert not answer(task.goal)["success"]  # the goal echoed back
+    assert not answer(f"{value} or {value + 1}")["success"]  # a hedge
+    assert not answer(f"{value + 0.01:.2f}")["success"]
+    if question == "order_total":
+        others = [o["total"] / 100 for o in task.initial_state["site"]["past_orders"] if o["order_id"] != facts.order_id]
+    else:
+        others = [p["price"] / 100 if question == "price" else p["rating"] for pid, p in products(task).items()
+                  if pid != facts.target and len(misses(p, facts.wanted)) == 1]
+    assert others
+    for other in others:
+        assert other != value
+        report = answer(f"{other:.2f}" if question != "rating" else str(other))
+        assert not report["success"] and "which is not the" in report["reasons"][0]
+
+
+def test_an_infeasible_question_is_solved_only_by_reporting_it():
+    task = task_where(lambda t, f: f.kind == "info" and not f.feasible)
+    facts = FAMILY.facts_of(task)
+    assert outcome(play(task, task.hidden.reference)[1])["success"]
+    near = [p for p in products(task).values() if len(misses(p, facts.wanted)) == 1]
+    guess = near[0]["price"] / 100 if facts.question == "price" else near[0]["rating"]
+    report = outcome(play(task, [*task.hidden.reference[:-1], call("answer", text=str(guess))])[1])
+    assert not report["success"] and "the task is infeasible" in report["reasons"][0]
+
+
+def test_bad_input_is_an_error_observation_and_changes_no_data():
+    task = task_where(feasible_buy, levels=(3,))
+    facts = FAMILY.facts_of(task)
+    env = make(FAMILY.env_id)
+    env.reset(task)
+    for c in task.hidden.reference[:2]:  # typed and searched: a results page
+        ts = env.step(c)
+    listed = [int(x) for x in re.findall(r"\[(\d+)\] link", result(ts)["result"]["page"]) if int(x) >= PRODUCT_LINK]
+    env.step(call("goto", url=f"/product/{facts.target}"))
+    stale = listed[0]
+
+    def refused(action, kind, words):
+        before = {k: env.state()[k] for k in DB}
+        ts = env.step(action)
+        error = result(ts)["error"]
+        assert (error["type"], ts.done) == (kind, False), ts.observation
+        assert words in error["message"]
+        assert {k: env.state()[k] for k in DB} == before
+
+    refused(call("click", id=stale), "not_on_page", f"element [{stale}] is not on the current page")
+    refused(call("click", id=999_999), "not_on_page", "not on the current page")
+    refused(call("type", id=ADD_TO_CART, text="x"), "wrong_element", "is a button")
+    refused(call("select", id=QUANTITY, option="2"), "wrong_element", "not a select box")
+    refused(call("select", id=OPTION, option="XXL-nope"), "unknown_option", "has no option 'XXL-nope'; its options:")
+    refused({"name": "click", "arguments": {"id": "12"}}, "invalid_arguments", "click")
+    refused('{"name": "type", "arguments": {"id": 2}', "invalid_json", "")
+    for url, title in [("/no/such/page", "404 - Page not found"), ("/product/P-0", "404 - Page not found"),
+                       ("https://evil.example/steal", "This site can't be reached"),
+                       ("http://[::1", "404 - Page not found"), ("/search?page=99999999999&sort=x", "Search results - Shop"),
+                       ("\u202e\x00", "404 - Page not found")]:
+        before = {k: env.state()[k] for k in DB}
+        ts = env.step(call("goto", url=url))
+        assert result(ts)["result"]["title"] == title and not ts.done
+        assert {k: env.state()[k] for k in DB} == before
+    fresh = make(FAMILY.env_id)
+    fresh.reset(task)
+    ts = fresh.step(call("back"))
+    assert result(ts)["error"]["type"] == "no_history"
+    assert outcome(play(task, task.hidden.reference)[1])["success"]  # the task itself is untouched
+
+
+def test_add_to_cart_without_an_option_or_with_a_bad_quantity_is_a_page_notice():
+    task = task_where(feasible_buy)
+    facts = FAMILY.facts_of(task)
+    env, ts = play(task, [call("goto", url=f"/product/{facts.target}"), call("click", id=ADD_TO_CART)])
+    assert result(ts)["result"]["alert"] == f"please choose a {facts.wanted.option[0]} first"
+    for qty in ["0", "11", "-1", "two", "\u0663"]:
+        env.step(call("select", id=OPTION, option=facts.wanted.option[1]))
+        env.step(call("type", id=QUANTITY, text=qty))
+        ts = env.step(call("click", id=ADD_TO_CART))
+        assert result(ts)["result"]["alert"] == "enter a quantity from 1 to 10"
+    assert env.state()["cart"] == []
+
+
+def test_the_potential_gives_partial_credit():
+    task = task_where(lambda t, f: feasible_buy(t, f) and len(products(t)[f.target]["options"][f.wanted.option[0]]) > 1
+                      and any(len(misses(p, f.wanted)) == 1 and offers(p, f.wanted) for p in products(t).values()),
+                      levels=(3, 4, 5))
+    facts = FAMILY.facts_of(task)
+    verifier = verifier_for(FAMILY.env_id)
+    name, value = facts.wanted.option
+    other = next(v for v in products(task)[facts.target]["options"][name] if v != value)
+    near = next(pid for pid, p in sorted(products(task).items())
+                if len(misses(p, facts.wanted)) == 1 and offers(p, facts.wanted))
+
+    def phi_after_cart(pid, option):
+        calls = purchase(task, facts, pid, option=option)[:-5]  # up to add to cart
+        env, _ = play(task, calls)
+        return verifier.potential(task, env.state())
+
+    start = verifier.potential(task, make(FAMILY.env_id).initial_state(task))
+    wrong_option = phi_after_cart(facts.target, other)
+    right = phi_after_cart(facts.target, value)
+    distractor = phi_after_cart(near, value)
+    assert start == 0.0 < wrong_option < right < 1.0
+    assert 0.0 < distractor < right
+    env, _ = play(task, purchase(task, facts, near))
+    assert verifier.potential(task, env.state()) == 0.0  # ended with a wrong purchase
+
+
+def test_a_choice_that_hung_on_the_listing_order_fails_the_reordered_variant():
+    """Paging through unfiltered results to the page the target sat on, then clicking it: right
+    in this site, wrong when the results are listed in another order."""
+    def later_page(t, f):
+        if not feasible_buy(t, f):
+            return False
+        site = Site(t.initial_state["site"])
+        found, _ = site.results({"q": NOUN[f.wanted.category]})
+        return found.index(f.target) >= site.page_size
+
+    task = task_where(later_page, levels=(4, 5))
+    facts = FAMILY.facts_of(task)
+    site = Site(task.initial_state["site"])
+    noun = NOUN[facts.wanted.category]
+    found, _ = site.results({"q": noun})
+    pages = found.index(facts.target) // site.page_size
+    calls = [call("type", id=SEARCH_BOX, text=noun), call("click", id=SEARCH_BUTTON)] + [call("click", id=NEXT)] * pages
+    calls.append(call("click", id=link(task, facts.target)))
+    calls += purchase(task, facts, facts.target)[1:]
+    _, ts = play(task, calls)
+    report = outcome(ts)
+    checks = {k: c["passed"] for k, c in report["checks"].items()}
+    assert checks == {"observation": True, "invariants": True, "hidden_variation": False}
+    assert not report["success"]
+    assert any(r.startswith("hidden_variation: results_reordered: no order was placed") for r in report["reasons"])
+
+
+def test_element_ids_name_what_they_do_not_where_they_sit():
+    task = task_where(feasible_buy, levels=(2,))
+    facts = FAMILY.facts_of(task)
+    variant = next(v for v in facts.variants if v.name == "results_reordered")
+    site, reordered = Site(task.initial_state["site"]), Site({**task.initial_state["site"], "order": variant.order})
+    state = make(FAMILY.env_id).initial_state(task)
+    state["url"] = "/search?q=" + NOUN[facts.wanted.category]
+    a, b, again = site.render(state), reordered.render(state), site.render(state)
+    assert a.lines == again.lines  # one page state, one rendering
+    links = {e.label: i for i, e in a.elements.items() if e.role == "link" and i >= 100}
+    for i, e in b.elements.items():
+        if e.role == "link" and i >= 100 and e.label in links:
+            assert links[e.label] == i
+    assert a.lines != b.lines
+
+
+def test_the_card_number_is_never_shown():
+    task = task_where(feasible_buy)
+    number = task.initial_state["site"]["account"]["card"]["number"]
+    env, ts = play(task, task.hidden.reference[:-2])
+    assert f"ending in {number[-4:]}" in result(ts)["result"]["page"]
+    assert number in task.hidden.secrets
+    assert not find_leaks(task, [s.result for s in env.steps] + [env.reset(task).observation])
+
+
+class Forced(ScriptedBrowserPolicy):
+    """The scripted policy with its mistakes chosen: the n-th chance to err errs when n is listed."""
+
+    def __init__(self, errs):
+        super().__init__(mistake_rate=0.0)
+        self.errs = set(errs)
+
+    def reset(self, seed=None):
+        super().reset(seed)
+        self.chance = 0
+
+    def _mistake(self):
+        self.chance += 1
+        return self.chance in self.errs
+
+
+def run(policy, task, seed=0):
+    env = standard_stack(make(FAMILY.env_id))
+    policy.reset(seed)
+    ts = env.reset(task)
+    while not ts.done:
+        ts = env.step(policy.act(ts.observation))
+    bugs = [s for s in env.steps if s.error in ("env_bug", "env_fault")]
+    assert not bugs, bugs[0].result
+    return ts.info.get("outcome")
+
+
+def test_the_scripted_policy_without_mistakes_solves_every_task():
+    for level in (1, 3, 5):
+        for seed in range(15):
+            report = run(Forced([]), FAMILY.generate(seed, level), seed)
+            assert report and report["success"], (level, seed, report and report["reasons"])
+
+
+# Buy plans ask for a mistake in this order: 1 overlook an attribute, 2 ignore the budget,
+# 3 browse unfiltered, 4 ignore the option, 5 keep the default address.
+@pytest.mark.parametrize("errs,kind,reason", [
+    ([1], "buy", ", whose "), ([2], "buy", "over the budget of"), ([3], "buy", "hidden_variation: results_reordered"),
+    ([4], "buy", "; the task asks for size"), ([5], "buy", "to Home; the task asks for"),
+    ([1], "info", "which is not the product's"), ([1], "phone", "the account's phone is"),
+    ([2], "phone", "the account's phone is"), ([1], "default_address", "the account's default address is"),
+    ([1], "new_address", "was added")])
+def test_each_scripted_mistake_fails_for_its_reason(errs, kind, reason):
+    seen = []
+    for seed in range(80):
+        for level in (3, 4, 5):
+            task = FAMILY.generate(seed, level)
+            facts = FAMILY.facts_of(task)
+            if not facts.feasible or kind not in (facts.kind, facts.change):
+                continue
+            report = run(Forced(errs), task, seed)
+            if report and not report["success"]:
+                seen += report["reasons"]
+                if any(reason in r for r in report["reasons"]):
+                    return
+    pytest.fail(f"mistake {errs} on {kind} never failed with {reason!r}; it failed with {seen[:5]}")

@@ -1,0 +1,341 @@
+"""Outcome verifier and progress potential of the browser family.
+
+The verdict is read from the site's final database (the orders placed: product, option,
+quantity, price paid, address; the account's contact details and addresses) and how the episode
+ended, against the task's hidden facts; never from text the agent wrote, except the final answer
+of a question, which is read as one number and compared with the site's own value. An infeasible
+task is solved only by `report_infeasible` with nothing bought or changed.
+
+Three checks of the outcome: `observation` (what the agent was shown: the order confirmation page,
+the value on a page it saw, the site's "saved" notice), `invariants` (the final hidden state), and
+`hidden_variation`: the agent's calls replayed on two variants of the site, its results listed in
+another order and the distractor nearest the target changed. Element ids name what an element does
+(a product's link is the same id wherever the product is listed), so a replay acts on the same
+products, buttons and options: a trajectory that chose by attributes holds on the variants; one
+that depended on where a product sat (paging through unfiltered results to the page it was on)
+clicks an id that is not on the variant's page and buys nothing there."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from envs.scripted import tool_result
+from verifiers.base import ReplayVerifier, calls_of
+
+from .facts import BrowserFacts
+from .rules import affordable, as_number, describe, misses, offers, satisfying
+from .site import ACCOUNT, FORM, PROFILE_LINK, SAVE, money
+
+CONTACT = ("email", "phone", "default_address")
+
+
+def judge(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any]) -> dict[str, list[str]]:
+    """Why the task is not done, by aspect: incomplete, violation (over budget), regression (an
+    existing account value changed unasked), side_effects (orders or addresses added unasked)."""
+    out = {"incomplete": [], "violation": [], "regression": [], "side_effects": []}
+    ending = state["ending"]
+    if ending is None:
+        out["incomplete"].append("the task was not finished (no answer or report_infeasible)")
+    elif not facts.feasible and ending["tool"] != "report_infeasible":
+        out["incomplete"].append(f"the task is infeasible ({facts.why_infeasible}), but it ended with "
+                                 f"{ending['tool']} {ending['text'][:80]!r} instead of report_infeasible")
+    elif facts.feasible and ending["tool"] == "report_infeasible":
+        out["incomplete"].append(f"reported the task infeasible, but it can be done{_how(facts, site)}")
+    if facts.kind == "buy":
+        _judge_orders(facts, site, state, out)
+    else:
+        out["side_effects"] += [f"placed order {o['order_id']} though the task buys nothing" for o in state["orders"]]
+    if facts.kind == "info" and facts.feasible and ending and ending["tool"] == "answer":
+        value = as_number(ending["text"])
+        if value is None:
+            out["incomplete"].append(f"the answer {ending['text'][:80]!r} is not one number")
+        elif round(value, 2) != round(facts.answer, 2):
+            out["incomplete"].append(f"answered {value:g}, which is not the {_asked(facts)} shown on the site")
+    _judge_account(facts, site, state, out)
+    return out
+
+
+def _how(facts: BrowserFacts, site: dict[str, Any]) -> str:
+    if facts.target:
+        return f": {facts.target} ({site['products'][facts.target]['name']}) fits"
+    return ""
+
+
+def _asked(facts: BrowserFacts) -> str:
+    return {"price": "product's price", "rating": "product's rating", "order_total": "order's total"}[facts.question]
+
+
+def _judge_orders(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any], out: dict[str, list[str]]) -> None:
+    orders, wanted, products = state["orders"], facts.wanted, site["products"]
+    if not facts.feasible:
+        for order in orders:
+            pids = ", ".join(f"{x['pid']} ({x['name']})" for x in order["lines"])
+            out["incomplete"].append(f"placed order {order['order_id']} for {pids}, but the task is infeasible: "
+                                     f"{facts.why_infeasible}")
+        return
+    if not orders:
+        out["incomplete"].append("no order was placed")
+        return
+    if len(orders) > 1:
+        out["side_effects"].append(f"placed {len(orders)} orders ({', '.join(o['order_id'] for o in orders)}); "
+                                   "the task asks for one")
+    order = orders[-1]
+    if len(order["lines"]) != 1:
+        out["incomplete"].append(f"order {order['order_id']} holds {len(order['lines'])} products; the task asks for one")
+    for line in order["lines"]:
+        product = products[line["pid"]]
+        for what, got, want in misses(product, wanted):
+            out["incomplete"].append(f"bought {line['pid']} ({line['name']}), whose {what} is {got}; the task asks "
+                                     f"for {want}")
+        name, value = wanted.option
+        if line["options"].get(name) != value:
+            out["incomplete"].append(f"bought {line['name']} in {name} {line['options'].get(name)}; the task asks "
+                                     f"for {name} {value}")
+        if line["qty"] != wanted.quantity:
+            out["incomplete"].append(f"bought {line['qty']} of {line['name']}; the task asks for {wanted.quantity}")
+    if order["total"] > wanted.budget:
+        out["violation"].append(f"paid {money(order['total'])} for order {order['order_id']}, over the budget of "
+                                f"{money(wanted.budget)}")
+    if order["address_id"] != facts.address_id:
+        want = next(a["label"] for a in site["account"]["addresses"] if a["id"] == facts.address_id)
+        out["incomplete"].append(f"shipped order {order['order_id']} to {order['ship_to'].split(':')[0]}; the task "
+                                 f"asks for {want}")
+
+
+def _judge_account(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any], out: dict[str, list[str]]) -> None:
+    before, now = site["account"], state["account"]
+    want = facts.account_after or {**{k: before[k] for k in CONTACT}, "addresses": before["addresses"]}
+    asked = facts.change if facts.feasible else None
+    for field in CONTACT:
+        if now[field] != want[field]:
+            line = f"the account's {field.replace('_', ' ')} is {now[field]!r}; it should be {want[field]!r}"
+            (out["incomplete"] if field == _field(asked) else out["regression"]).append(line)
+    old = {a["id"]: a for a in before["addresses"]}
+    wanted_new = [_place(a) for a in want["addresses"] if a["id"] not in old]
+    for a in now["addresses"]:
+        if a["id"] in old:
+            if a != old[a["id"]]:
+                out["regression"].append(f"the address {old[a['id']]['label']!r} changed")
+        elif _place(a) in wanted_new:
+            wanted_new.remove(_place(a))
+        else:
+            out["side_effects"].append(f"added the address {a['label']!r} ({a['street']}, {a['city']} {a['zip']}), "
+                                       "which the task does not ask for")
+    out["incomplete"] += [f"no address {a['label']!r} ({a['street']}, {a['city']} {a['zip']}) was added"
+                          for a in wanted_new]
+
+
+def _place(address: dict[str, str]) -> dict[str, str]:
+    return {k: address[k] for k in ("label", "street", "city", "zip")}
+
+
+def _field(change: str | None) -> str | None:
+    return {"phone": "phone", "default_address": "default_address"}.get(change)
+
+
+class BrowserVerifier(ReplayVerifier):
+    verifier_id = "browser-outcome"
+    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    family = "browser"
+
+    def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
+        facts, calls = self.facts(task), calls_of(steps)
+        final = self.final_state(task, calls) if final_state is None else final_state
+        found = judge(facts, task.initial_state["site"], final)
+        invariants = CheckResult(passed=not any(found.values()), reasons=[r for v in found.values() for r in v])
+        checks = {"observation": _observation(facts, task.initial_state["site"], steps), "invariants": invariants,
+                  "hidden_variation": self._variation(task, facts, calls)}
+        verdicts = {"completed": not found["incomplete"], "no_constraint_violation": not found["violation"],
+                    "no_regression": not found["regression"], "no_side_effects": not found["side_effects"]}
+        success = all(verdicts[rule] for rule in self.profile_rules())
+        reasons = list(invariants.reasons)
+        if success and not checks["hidden_variation"].passed:  # a success must hold on the variants too
+            success = False
+            reasons += [f"hidden_variation: {r}" for r in checks["hidden_variation"].reasons]
+        return OutcomeReport(verifier_id=self.verifier_id, verifier_version=self.version, success=success,
+                             completed=verdicts["completed"], regression=bool(found["regression"]),
+                             constraint_violation=bool(found["violation"]), side_effects=found["side_effects"],
+                             reasons=reasons, checks=checks)
+
+    @staticmethod
+    def profile_rules() -> list[str]:
+        from .world import BrowserEnv
+
+        return BrowserEnv.profile.outcome_rules
+
+    def precondition(self, task: TaskSpec) -> str | None:
+        """Why the task is broken before any action: its facts disagree with its own site."""
+        facts, site = self.facts(task), task.initial_state["site"]
+        for variant in [None, *facts.variants]:
+            products = {**site["products"], **(variant.products if variant else {})}
+            if facts.wanted is not None and facts.kind == "buy":
+                fits = satisfying(products, facts.wanted)
+                if fits != ([facts.target] if facts.feasible else []):
+                    where = f"variant {variant.name}" if variant else "the site"
+                    return f"the task says {facts.target or 'nothing'} fits, {where} says {fits or 'nothing'}"
+        if facts.kind == "info" and facts.question in ("price", "rating") and facts.feasible:
+            p = site["products"][facts.target]
+            if (p["price"] / 100 if facts.question == "price" else p["rating"]) != facts.answer:
+                return f"the answer {facts.answer} is not {facts.target}'s {facts.question}"
+        return None
+
+    def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
+        """Φ in [0, 1]: partial credit for the best product looked at, put in the cart or ordered
+        (its share of the goal's attributes, the option and quantity, the price within budget);
+        for a question, having opened the page that shows the value; for an account change, being
+        on its page, the fields typed, the change saved. 1.0 only after a right ending, 0.0 after
+        a wrong one."""
+        facts, site = self.facts(task), task.initial_state["site"]
+        if state["ending"] is not None:
+            return 0.0 if any(judge(facts, site, state).values()) else 1.0
+        if facts.kind == "buy" and facts.feasible:
+            return round(_buy_progress(facts, site, state), 6)
+        if facts.kind == "info" and facts.feasible:
+            page = f"/product/{facts.target}" if facts.target else f"/account/orders/{facts.order_id}"
+            return 0.5 if page in state["visited"] else 0.0
+        if facts.kind == "account" and facts.feasible:
+            return _account_progress(facts, site, state)
+        return 0.0
+
+    def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall] | None:
+        """A right purchase, then the account's phone changed before the answer: every page the
+        agent saw about the order is right (observation passes); the database holds an unasked
+        change (invariants fail). None for tasks that buy nothing."""
+        facts = self.facts(task)
+        if facts.kind != "buy" or not facts.feasible:
+            return None
+        *calls, answer = task.hidden.reference
+        edit = [ToolCall(name="click", arguments={"id": ACCOUNT}), ToolCall(name="click", arguments={"id": PROFILE_LINK}),
+                ToolCall(name="type", arguments={"id": FORM["phone"], "text": "555-0000"}),
+                ToolCall(name="click", arguments={"id": SAVE})]
+        return [*calls, *edit, answer]
+
+    def _variation(self, task: TaskSpec, facts: BrowserFacts, calls: list[ToolCall | None]) -> CheckResult:
+        reasons = []
+        for variant in facts.variants:
+            world = copy.deepcopy(task.initial_state)
+            world["site"]["products"].update(copy.deepcopy(variant.products))
+            if variant.order is not None:
+                world["site"]["order"] = list(variant.order)
+            variant_task = TaskSpec.model_validate({**task.model_dump(), "initial_state": world, "task_id": ""})
+            found = judge(facts, world["site"], self.final_state(variant_task, calls))
+            reasons += [f"{variant.name}: {r}" for v in found.values() for r in v]
+        return CheckResult(passed=not reasons, reasons=reasons)
+
+
+def _quality(facts: BrowserFacts, product: dict[str, Any], options: dict | None, qty: int) -> float:
+    """How close one product (with the options and quantity chosen, if any) is to the goal, 0..1."""
+    wanted = facts.wanted
+    missed = misses(product, wanted)
+    if any(what == "category" for what, _, _ in missed):
+        return 0.0
+    share = 1 - len(missed) / max(1, len(wanted.attributes))
+    name, value = wanted.option
+    option_ok = options is not None and options.get(name) == value and qty == wanted.quantity
+    price_ok = product["price"] * qty <= wanted.budget
+    return 0.5 * share + 0.25 * option_ok + 0.25 * price_ok
+
+
+def _buy_progress(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any]) -> float:
+    products, wanted = site["products"], facts.wanted
+    best = 0.0
+    on_page = state["url"].split("?")[0].removeprefix("/product/")
+    for path in state["visited"]:
+        pid = path.removeprefix("/product/")
+        if path.startswith("/product/") and pid in products:
+            chosen = {wanted.option[0]: state["inputs"].get("option")} if pid == on_page else None
+            qty = state["inputs"].get("qty", "1") if pid == on_page else "1"
+            qty = int(qty) if qty.isascii() and qty.isdigit() and len(qty) < 4 else 0
+            best = max(best, 0.25 * _quality(facts, products[pid], chosen, qty or wanted.quantity))
+    lines = [x for x in state["cart"]]
+    for line in lines:
+        best = max(best, 0.5 * _quality(facts, products[line["pid"]], line["options"], line["qty"]))
+    if best >= 0.5 and state["url"].startswith("/checkout"):
+        address = state["inputs"].get("address")
+        ids = {a["label"]: a["id"] for a in state["account"]["addresses"]}
+        best += 0.05 * (ids.get(address) == facts.address_id)
+    for order in state["orders"]:
+        for line in order["lines"]:
+            q = _quality(facts, products[line["pid"]], line["options"], line["qty"])
+            best = max(best, 0.8 * q + 0.1 * (order["address_id"] == facts.address_id))
+    return best
+
+
+def _account_progress(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any]) -> float:
+    want, now, url = facts.account_after, state["account"], state["url"]
+    if facts.change == "new_address":
+        new = want["addresses"][-1]
+        if any(_place(a) == _place(new) for a in now["addresses"]):
+            return 0.9
+        if url == "/account/addresses/new":
+            typed = sum(state["inputs"].get(k) == new[k] for k in ("label", "street", "city", "zip"))
+            return 0.3 + 0.1 * typed
+        return 0.1 if url == "/account/addresses" else 0.0
+    field = _field(facts.change)
+    if now[field] == want[field]:
+        return 0.9
+    page = "/account/profile" if field == "phone" else "/account/addresses"
+    if url == page:
+        return 0.5 if state["inputs"].get(field) == want[field] else 0.3
+    return 0.0
+
+
+def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -> CheckResult:
+    """Success as the agent was shown it: the confirmation page of a right order, the value on a page
+    it saw before answering, the site's notice that the change was saved; or, for an infeasible
+    task, an accepted report and no order confirmation."""
+    pages, alerts, ending = [], [], None
+    for step in steps:
+        result = tool_result(step.result) if step.tool_call else None
+        if result is None:
+            continue
+        if "page" in result and ending is None:
+            pages.append(str(result["page"]))
+            alerts.append(str(result.get("alert", "")))
+        if step.tool_call.name in ("answer", "report_infeasible") and ending is None:
+            ending = (step.tool_call.name, str(result.get("answered", result.get("reported", ""))))
+    placed = [p for p, a in zip(pages, alerts) if "has been placed" in a]
+    reasons = []
+    if ending is None:
+        return CheckResult(passed=False, reasons=["saw no accepted answer or report"])
+    if not facts.feasible:
+        if ending[0] != "report_infeasible":
+            reasons.append(f"ended with {ending[0]} on an infeasible task")
+        reasons += ["saw an order confirmation on an infeasible task"] * bool(placed)
+        return CheckResult(passed=not reasons, reasons=reasons)
+    if ending[0] != "answer":
+        return CheckResult(passed=False, reasons=["reported infeasible on a feasible task"])
+    if facts.kind == "buy":
+        if not placed:
+            return CheckResult(passed=False, reasons=["saw no order confirmation"])
+        page, wanted = placed[-1], facts.wanted
+        label = next(a["label"] for a in site["account"]["addresses"] if a["id"] == facts.address_id)
+        product = site["products"][facts.target]
+        line = f"{product['name']} - {wanted.option[0]}: {wanted.option[1]} - qty {wanted.quantity}"
+        if line not in page:
+            reasons.append(f"the confirmation shows no line {line!r}")
+        if f"Shipped to: {label}:" not in page:
+            reasons.append(f"the confirmation does not ship to {label}")
+        total = re.search(r"Order total: \$([\d,]+\.\d\d)", page)
+        if total is None or round(float(total.group(1).replace(",", "")) * 100) > wanted.budget:
+            reasons.append(f"the confirmation's total is not within {money(wanted.budget)}")
+    elif facts.kind == "info":
+        shown = {"price": f"Price: {money(round(facts.answer * 100))}", "rating": f"Rating: {facts.answer} out of 5",
+                 "order_total": f"Order total: {money(round(facts.answer * 100))}"}[facts.question]
+        if not any(shown in p for p in pages):
+            reasons.append(f"saw no page showing {shown!r}")
+        value = as_number(ending[1])
+        if value is None or round(value, 2) != round(facts.answer, 2):
+            reasons.append("the accepted answer is not the value shown")
+    else:
+        notice = {"phone": "your contact details were saved", "default_address": "is now your default address",
+                  "new_address": "saved"}[facts.change]
+        if not any(notice in a for a in alerts):
+            reasons.append(f"saw no notice {notice!r}")
+    return CheckResult(passed=not reasons, reasons=reasons)
+
+
+__all__ = ["BrowserVerifier", "judge", "describe", "affordable", "offers"]
