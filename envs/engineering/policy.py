@@ -67,7 +67,7 @@ class ScriptedEngineeringPolicy(ScriptedPolicy):
                 yield self._say(f"{symptom} is the one users see; restart it.", "restart", {"service": symptom})
                 yield self._say("Restarted; that should do it.", "resolve", {"summary": f"Restarted {symptom}."})
                 return
-            if self._slip("debug_elsewhere"):
+            if not fixed and not restarted and self._slip("debug_elsewhere"):
                 yield from self._debug_elsewhere(listing, down + [symptom])
             for service in down:
                 if self._slip("restart_instead") and service not in restarted:

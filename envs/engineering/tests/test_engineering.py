@@ -367,3 +367,36 @@ def test_each_scripted_mistake_produces_its_failure():
                       and "snapshots-2026-11" in t.initial_state["services"][f.causes[0].service]["disk"]["datasets"])
     report, steps = scripted(disk, only=("delete_instead_of_rotate",))
     assert report["success"] and [s.error for s in steps].count("approval_denied") == 1
+
+
+def test_a_grant_opens_only_its_own_call_and_bad_arguments_never_pass_the_guard():
+    task = task_where(lambda t, f: single("disk_full")(t, f) and any(c.name == "delete_data" for c in t.hidden.reference))
+    cause = FAMILY.facts_of(task).causes[0].service
+    env = standard_stack(make(FAMILY.env_id))
+    env.reset(task)
+    env.step(call("request_approval", action="delete_data", service=cause, dataset="snapshots-2026-11",
+                  reason=f"{cause}: disk full, no logs left to rotate"))
+    before = env.state()
+    for hostile in (call("delete_data", service=cause, dataset="primary"),  # another target of the same service
+                    call("drop_queue", service=cause), call("rotate_credentials", service=cause)):
+        assert observation(env.step(hostile))["error"]["type"] == "permission_denied"
+    bad = env.step(call("delete_data", service=cause, dataset="snapshots-2026-11", force=True))
+    assert observation(bad)["error"]["type"] == "invalid_arguments"
+    assert env.state() == before  # nothing ran, the grant is still unused
+    ok = env.step(call("delete_data", service=cause, dataset="snapshots-2026-11"))
+    assert observation(ok)["result"]["deleted"] == "snapshots-2026-11"
+    assert env.state()["grants"][0]["used"] is True
+    assert fleet.statuses(env.state())[cause] != "down"
+
+
+def test_the_scripted_policy_mixes_outcomes_at_its_default_rate():
+    outcomes = []
+    for seed in range(10):
+        task = FAMILY.generate(seed, 3)
+        policy = ScriptedEngineeringPolicy(seed=seed)
+        env = standard_stack(make(FAMILY.env_id))
+        ts = env.reset(task)
+        while not ts.done:
+            ts = env.step(policy.act(ts.observation))
+        outcomes.append(ts.info["outcome"]["success"])
+    assert 2 <= sum(outcomes) <= 8
