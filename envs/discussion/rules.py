@@ -20,6 +20,7 @@ paraphrase that keeps the detail ("Dev's budget is only $66,500 now")."""
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -41,6 +42,7 @@ EVERYONE = ("everyone", "everybody", "every participant", "all participants", "t
             "all of you", "all of us", "we all", "you all")
 
 
+@functools.lru_cache(maxsize=4096)  # the same texts are scanned again in every replay
 def normalize(text: str) -> str:
     """Lower case, apostrophes dropped, every other run of non-alphanumerics one space."""
     lowered = text.lower().replace("\u2019", "'").replace("'", "")
@@ -70,32 +72,48 @@ def _alternation(words: list[str]) -> str:
     return "|".join(re.escape(normalize(w)) for w in sorted(words, key=len, reverse=True))
 
 
+# The grammar's verbs and what may stand between a subject and its verb, compiled once (the
+# participants and options differ by task, so they are matched around a verb, not compiled in).
+_VERB = re.compile(" (?:" + "|".join(f"(?P<{stance}>{_alternation(list(words))})"
+                                     for stance, words in CLAIM_VERBS.items()) + ") (?:the )?")
+_BETWEEN = re.compile(rf"s?(?: (?:{_alternation(list(REPORTED))})(?: that)? (?:she|he|they|it))?"
+                      r"(?: (?:also|really|still|clearly|all|both))?")
+
+
 def strict_claim(text: str, names: list[str], options: list[str]) -> tuple[str, str, str] | None:
     """(participant, stance, option) of a claim in the strict form, or None."""
-    match = re.fullmatch(rf"({_alternation(names)}) ({'|'.join(STANCES)}) ({_alternation(options)})",
-                         normalize(text))
-    if match is None:
-        return None
-    return _canonical(match.group(1), names), match.group(2), _canonical(match.group(3), options)
+    said = normalize(text)
+    for name in names:
+        for stance in STANCES:
+            head = f"{normalize(name)} {stance} "
+            option = next((o for o in options if said == head + normalize(o)), None) if said.startswith(head) else None
+            if option is not None:
+                return name, stance, option
+    return None
 
 
 def rationale_claims(text: str, names: list[str], options: list[str]) -> list[tuple[str, str, str]]:
     """Every (participant, stance, option) the rationale claims in the grammar, in order, once each."""
-    subject = _alternation(names + list(EVERYONE))
-    verbs = {stance: _alternation(list(words)) for stance, words in CLAIM_VERBS.items()}
-    reported = rf"(?:(?:{_alternation(list(REPORTED))}) (?:that )?(?:she|he|they|it) )?"
-    pattern = re.compile(rf"(?<![0-9a-z])({subject})s? {reported}(?:(?:also|really|still|clearly|all|both) )?"
-                         rf"(?:(?P<prefers>{verbs['prefers']})|(?P<accepts>{verbs['accepts']})|"
-                         rf"(?P<rejects>{verbs['rejects']})) (?:the )?({_alternation(options)})(?![0-9a-z])")
+    padded = f" {normalize(text)} "
     found: list[tuple[str, str, str]] = []
-    for match in pattern.finditer(normalize(text)):
+    for match in _VERB.finditer(padded):
+        before, after = padded[:match.start()], padded[match.end():]
+        subject = next((s for s in sorted(names + list(EVERYONE), key=lambda s: -len(normalize(s)))
+                        if _ends_with_subject(before, normalize(s))), None)
+        option = next((o for o in sorted(options, key=lambda o: -len(normalize(o)))
+                       if after.startswith(normalize(o) + " ")), None)
+        if subject is None or option is None:
+            continue
         stance = next(s for s in STANCES if match.group(s))
-        who = [_canonical(match.group(1), names)] if normalize(match.group(1)) in map(normalize, names) else names
-        for name in who:
-            claim = (name, stance, _canonical(match.groups()[-1], options))
-            if claim not in found:
-                found.append(claim)
+        for name in [subject] if subject in names else names:
+            if (name, stance, option) not in found:
+                found.append((name, stance, option))
     return found
+
+
+def _ends_with_subject(before: str, subject: str) -> bool:
+    at = before.rfind(f" {subject}")
+    return at >= 0 and _BETWEEN.fullmatch(before[at + 1 + len(subject):]) is not None
 
 
 def _canonical(said: str, known: list[str]) -> str:

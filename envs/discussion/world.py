@@ -132,7 +132,7 @@ class DiscussionEnv(ToolEnv):
         votes = {n: "yes" if option in self.people[n].accepts else "no" for n in self.people}
         state["votes"].append({"seq": event["seq"], "option": option, "votes": votes})
         return {"option": option, "votes": votes, "passed": all(v == "yes" for v in votes.values()),
-                "comments": {n: r for n, r in reactions.items() if "misspoke" in r}}
+                "comments": {n: r for n, r in reactions.items() if r == correction(self.people[n])}}
 
     @tool(ToolCategory.irreversible, hint='option "none" when no option is acceptable to everyone')
     def tool_decide(self, state, event, option: Annotated[str, Field(min_length=1, max_length=60, description=(
