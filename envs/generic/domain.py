@@ -26,6 +26,8 @@ from envs.records import ToolCategory
 NAME = r"^[a-z][a-z0-9_]*$"
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RUNTIME_ARGS = ("self", "state", "event")
+# Names the language binds itself (envs/generic/expr.py): no argument or parameter may take one.
+BOUND = ("state", "initial", "result", "item", "key", "index", "level")
 MISTAKES = ("skip", "distractor", "stop")
 INTERPRETER_DIR = str(Path(__file__).resolve().parent)
 
@@ -143,12 +145,17 @@ def load_family(path: str | Path, *, name: str | None = None, prove: bool = True
     domain = read_domain(path)
     if name is not None and domain.name != name:
         raise FamilyError(f"{path}: name: declares {domain.name!r}, expected {name!r}")
+    before = DOMAINS.get(domain.name)
     fam = build(domain, path)
     if prove:
         from envs.generic.proof import prove_domain  # plays tasks: needs the family built
 
         problems = prove_domain(fam, domain)
         if problems:
+            if before is None:  # what failed to load is not a domain verifiers can find
+                DOMAINS.pop(domain.name, None)
+            else:
+                DOMAINS[domain.name] = before
             raise FamilyError(f"{path}: " + "; ".join(problems[:4]))
     return fam
 
@@ -214,9 +221,9 @@ def _tool_problems(name: str, tool: ToolDef) -> list[str]:
     at = f"tools.{name}"
     problems = [] if expr.NAME.fullmatch(name) else [f"{at}: a tool name must be an identifier"]
     for arg, schema in tool.args.items():
-        if not expr.NAME.fullmatch(arg) or arg in RUNTIME_ARGS:
+        if not expr.NAME.fullmatch(arg) or arg in RUNTIME_ARGS + BOUND:
             problems.append(f"{at}.args.{arg}: an argument name must be an identifier other than "
-                            f"{', '.join(RUNTIME_ARGS)}")
+                            f"{', '.join(sorted(set(RUNTIME_ARGS + BOUND)))}")
         try:
             jsonschema.Draft202012Validator.check_schema(schema)
         except jsonschema.SchemaError as exc:
@@ -240,6 +247,8 @@ def _template_problems(domain: Domain, tname: str, t: TaskTemplate, levels: set[
         problems.append(f"{at}.levels: every template covers the same levels, a subset of 1-5 "
                         f"(here {sorted(t.levels)}, first template {sorted(levels)})")
     knobs = {k for values in t.levels.values() for k in values}
+    problems += [f"{at}.levels: knob {k!r} must be an identifier other than {', '.join(BOUND)}"
+                 for k in sorted(knobs) if k in BOUND or not expr.NAME.fullmatch(str(k))]
     for level, values in t.levels.items():
         missing = sorted(knobs - set(values))
         if missing:
@@ -252,7 +261,7 @@ def _template_problems(domain: Domain, tname: str, t: TaskTemplate, levels: set[
             names = names | {"state"}
             continue
         for pname, value in getattr(t, section).items():
-            if pname in names or not expr.NAME.fullmatch(pname):
+            if pname in names or pname in BOUND or not expr.NAME.fullmatch(pname):
                 problems.append(f"{at}.{section}.{pname}: a parameter name must be a new identifier")
             problems += expr.check(value, f"{at}.{section}.{pname}", names, draws=True)
             names = names | {pname}

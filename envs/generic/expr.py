@@ -123,12 +123,12 @@ def _step(value: Any, key: Any, root: str) -> Any:
     if isinstance(value, dict):
         if isinstance(key, (str, int)) and not isinstance(key, bool) and str(key) in value:
             return value[str(key)]
-        raise EvalError(f"${root}...: no key {key!r} (keys: {', '.join(map(str, list(value)[:8]))})")
+        raise EvalError(f"no key {key!r} (keys: {', '.join(map(str, list(value)[:8]))})")
     if isinstance(value, list):
         if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(value):
             return value[key]
-        raise EvalError(f"${root}...: no index {key!r} in a list of {len(value)}")
-    raise EvalError(f"${root}...: cannot index {type(value).__name__} {value!r} by {key!r}")
+        raise EvalError(f"no index {key!r} in a list of {len(value)}")
+    raise EvalError(f"cannot index {type(value).__name__} {value!r} by {key!r}")
 
 
 # -- evaluation ---------------------------------------------------------------------------------
@@ -138,7 +138,10 @@ def evaluate(expr: Any, scope: Scope, rng: random.Random | None = None, depth: i
         raise EvalError("expression nested too deeply")
     if isinstance(expr, str):
         if expr.startswith("$"):
-            return lookup(parse_path(expr), scope)
+            try:
+                return lookup(parse_path(expr), scope)
+            except EvalError as exc:
+                raise EvalError(f"{expr}: {exc}") from None
         if "{$" in expr:
             return render(expr, scope)
         return expr

@@ -93,8 +93,10 @@ def play_reference(domain: Domain, steps: list[Step], visible: dict[str, Any], s
         try:
             result = run_tool(domain, step.tool, world, args)
         except ToolError as exc:
-            raise EvalError(f"reference call {i} ({step.tool} {json.dumps(args)}) is refused: "
+            raise EvalError(f"reference[{i}] ({step.tool} {json.dumps(args)}) is refused: "
                             f"{exc.kind}: {exc.message}") from None
+        except EvalError as exc:
+            raise EvalError(f"reference[{i}] ({step.tool} {json.dumps(args)}) fails in the tool: {exc}") from None
         calls.append(ToolCall(name=step.tool, arguments=args))
         seen = as_json(result)
         for name, value in step.bind.items():

@@ -17,6 +17,7 @@ from typing import Any
 
 from envs.family import family
 from envs.generic.domain import DOMAINS
+from envs.generic.facts import GenericFacts
 from envs.generic.rules import failed_rules, held, state_diff, variant_worlds
 from envs.generic.world import class_name
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, ToolCategory
@@ -24,6 +25,8 @@ from envs.scripted import tool_result
 from verifiers.base import ReplayVerifier, calls_of
 
 _CLASSES: dict[str, type] = {}
+GOLD_KEPT = 512
+_GOLD: dict[str, tuple] = {}  # task id -> its gold replays (see DomainVerifier._gold)
 
 
 class DomainVerifier(ReplayVerifier):
@@ -33,10 +36,11 @@ class DomainVerifier(ReplayVerifier):
         facts, calls = self.facts(task), calls_of(steps)
         final = self.final_state(task, calls) if final_state is None else final_state
         failing = failed_rules(facts, task.initial_state, final)
-        changed = state_diff(final, self.final_state(task, task.hidden.reference), self.domain.compare)
+        gold, variants = self._gold(task)
+        changed = state_diff(final, gold, self.domain.compare)
         checks = {"observation": self._observation(task, steps),
                   "invariants": CheckResult(passed=not failing and not changed, reasons=failing + changed),
-                  "hidden_variation": self._variation(task, calls)}
+                  "hidden_variation": self._variation(facts, variants, calls)}
         verdicts = {"completed": not failing, "no_side_effects": not changed, "no_regression": True,
                     "no_constraint_violation": True}
         success = all(verdicts[rule] for rule in family(self.family).profile.outcome_rules)
@@ -77,15 +81,28 @@ class DomainVerifier(ReplayVerifier):
             reasons.append("the episode was not ended by an accepted final call")
         return CheckResult(passed=not reasons, reasons=reasons)
 
-    def _variation(self, task: TaskSpec, calls: list[ToolCall | None]) -> CheckResult:
-        facts, reasons = self.facts(task), []
-        for name, world in variant_worlds(facts, task.initial_state):
-            variant = TaskSpec.model_validate({**task.model_dump(), "initial_state": world, "task_id": ""})
+    def _variation(self, facts: GenericFacts, variants: list[tuple], calls: list[ToolCall | None]) -> CheckResult:
+        reasons = []
+        for name, variant, gold in variants:
             final = self.final_state(variant, calls)
-            gold = self.final_state(variant, variant.hidden.reference)
-            reasons += [f"{name}: {r}" for r in failed_rules(facts, world, final)
+            reasons += [f"{name}: {r}" for r in failed_rules(facts, variant.initial_state, final)
                         + state_diff(final, gold, self.domain.compare)]
         return CheckResult(passed=not reasons, reasons=reasons)
+
+    def _gold(self, task: TaskSpec) -> tuple[dict[str, Any], list[tuple[str, TaskSpec, dict[str, Any]]]]:
+        """The reference's final state, and each hidden variant's task with the reference's final
+        state there: replays of the task's own content (its id is its content hash), kept for the
+        tasks judged last."""
+        hit = _GOLD.get(task.task_id)
+        if hit is None:
+            variants = []
+            for name, world in variant_worlds(self.facts(task), task.initial_state):
+                variant = TaskSpec.model_validate({**task.model_dump(), "initial_state": world, "task_id": ""})
+                variants.append((name, variant, self.final_state(variant, variant.hidden.reference)))
+            hit = _GOLD[task.task_id] = (self.final_state(task, task.hidden.reference), variants)
+            while len(_GOLD) > GOLD_KEPT:
+                _GOLD.pop(next(iter(_GOLD)), None)
+        return hit
 
 
 def verifier_class(name: str) -> type[DomainVerifier]:

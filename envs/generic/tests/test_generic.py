@@ -292,6 +292,12 @@ def test_malformed_domains_are_refused_naming_the_file_and_the_field(tmp_path):
         broken(tmp_path, "peek", "args: {room: $room, size: $size}", "args: {room: $target, size: $size}"))
     assert "tools.book.preconditions[0].error: 'env_bug' is a runtime error kind" in refusal(
         broken(tmp_path, "kind", "error: unknown_room", "error: env_bug"))
+    assert "tols: unknown field" in refusal(broken(tmp_path, "typo", "tools:\n", "tols:\n"))
+    assert "tools.book.result.size.int: draw 'int' is only allowed where tasks are generated" in refusal(
+        broken(tmp_path, "draw", "result: {room: $room, team: $state.team, size: $size}",
+               "result: {room: $room, team: $state.team, size: {int: [1, 3]}}"))
+    assert "tasks.book_room.params.item: a parameter name must be a new identifier" in refusal(
+        broken(tmp_path, "shadow", "      decoy: {first: $away}", "      decoy: {first: $away}\n      item: 1"))
     assert "not YAML at line" in refusal(broken(tmp_path, "yaml", "finish_when: $state.submitted",
                                                 "finish_when: [$state.rooms[$x]"))
 
@@ -345,3 +351,21 @@ def test_without_the_setting_no_user_domain_is_loaded(tmp_path):
     out = run([sys.executable, "-c", "import envs; from envs.family import families; "
                                      "print([f.name for f in families()])"], env)
     assert out.returncode == 0 and "library" not in out.stdout and "generic" in out.stdout
+
+
+def test_a_tool_expression_that_fails_at_run_time_is_an_env_bug_rolled_back(tmp_path):
+    # A domain whose result reads a key no precondition guards: the domain's bug, never the agent's.
+    path = broken(tmp_path, "buggy", "result: {room: $room, note: $text}",
+                  "result: {room: $room, note: $text, was: $state.rooms.$room.nowhere}")
+    assert "tasks.book_room (level 2, seed 0): buggy template 'book_room' (seed 0, level 2): reference[4] " \
+           "(set_note" in refusal(path)  # the proof at load plays set_note at level 2 and finds it
+    fam = load_family(path, prove=False)
+    task = fam.generate(0, 1)  # level 1 asks for no note
+    env = fam.env(outcome_fn=None)
+    env.reset(task)
+    for c in task.hidden.reference[:2]:
+        assert env.step(c).info["error"] is None
+    before = env.state()
+    ts = env.step(call("set_note", room=task.hidden.reference[1].arguments["room"], text="hello"))
+    assert ts.info["env_bug"] and ts.info["error"]["kind"] == "env_bug" and "nowhere" in ts.info["error"]["message"]
+    assert env.state() == before and not ts.done  # rolled back: a replay of this step does nothing
