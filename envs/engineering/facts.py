@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from envs.family import HiddenFacts
 
-Kind = Literal["bad_config", "bad_deploy", "pool_exhausted", "disk_full", "expired_credentials", "poison_queue"]
+Kind = Literal["bad_config", "bad_timeout", "bad_deploy", "pool_exhausted", "disk_full", "expired_credentials", "poison_queue"]
 
 
 class Cause(BaseModel):

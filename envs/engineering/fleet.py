@@ -13,6 +13,7 @@ is not healthy, else `healthy`. Its own checks:
 - disk: logs plus datasets at or over `DISK_FULL` of the volume; logs grow every hour;
 - credential: expired (`expires_h` at or before the fleet's clock `now_h`);
 - queue: the message at the head of the consumer's queue is poison (it crash-loops on it);
+- timeout: a request timeout (`timeout_ms`) below a dependency's latency: every call to it times out;
 - pool: the connection pool (`pool_size` per replica) smaller than the connections it needs;
 - connections: a database whose clients' pools add up to more than its `max_connections`.
 
@@ -76,6 +77,10 @@ def own_problems(state: dict[str, Any], name: str) -> list[tuple[str, str]]:
     queue = svc["queue"]
     if queue and queue["poison"]:
         out.append(("queue", f"cannot process the message at the head of queue {queue['name']}"))
+    slow = [d for d in svc["deps"] if state["services"][d]["latency_ms"] > svc["running_config"]["timeout_ms"]]
+    if slow:
+        out.append(("timeout", f"requests to {slow[0]} time out: timeout_ms {svc['running_config']['timeout_ms']} "
+                               f"is below its {state['services'][slow[0]]['latency_ms']}ms latency"))
     need = svc["demand_conns"]
     if need and pool_capacity(svc) < need:
         out.append(("pool", f"connection pool exhausted: {pool_capacity(svc)} connections, {need} needed"))

@@ -5,7 +5,7 @@ level 1..5: fleet size (4..12 services), depth from the symptom to the cause (0 
 3 hops at level 5), noisy log lines per service, red herrings (healthy services that look
 suspicious: a big draining queue, a hot CPU, a disk at 82%, a retried error) and the chance of a
 second root cause on another branch. The causes: a bad config value (an unbounded cache: a
-restart hides it for a while), a bad deploy (roll back), an exhausted connection pool (within
+restart hides it for a while; or a request timeout below a dependency's latency), a bad deploy (roll back), an exhausted connection pool (within
 what the database allows), a full disk (logs to rotate, or else an old snapshot to delete with
 approval), expired credentials (rotate, with approval) and a poison message at the head of a
 consumer's queue (drop it, with approval)."""
@@ -29,7 +29,7 @@ DEPTHS = {1: (0,), 2: (0, 1), 3: (1, 2), 4: (1, 2), 5: (2, 3)}
 NOISE = {1: 0, 2: 2, 3: 4, 4: 6, 5: 10}
 HERRINGS = {1: 0, 2: 0, 3: 1, 4: 1, 5: 2}
 TWO_CAUSES = {1: 0.0, 2: 0.0, 3: 0.15, 4: 0.35, 5: 0.6}
-KINDS = ("bad_config", "bad_deploy", "pool_exhausted", "disk_full", "expired_credentials", "poison_queue")
+KINDS = ("bad_config", "bad_timeout", "bad_deploy", "pool_exhausted", "disk_full", "expired_credentials", "poison_queue")
 NAMES = ["gateway", "web", "api", "orders", "payments", "billing", "inventory", "search", "catalog", "notifications",
          "ledger", "shipping", "profiles", "sessions", "reports", "pricing"]
 DB = "db-main"
@@ -144,6 +144,11 @@ def _inject(rng: random.Random, services: dict[str, dict], name: str, kind: str,
             config["cache_max_entries"] = 0
         limit = svc["config"]["memory_limit_mb"]
         svc["uptime_h"] = math.ceil((limit - svc["baseline_mb"]) / fleet.LEAK_MB_H) + rng.randint(0, 2)
+    elif kind == "bad_timeout":  # a typo'd timeout, below what any dependency needs
+        if not svc["deps"]:
+            _use_database(rng, svc)
+        for config in (svc["config"], svc["running_config"]):
+            config["timeout_ms"] = rng.choice([5, 10, 15])
     elif kind == "pool_exhausted":
         _use_database(rng, svc)
         svc["demand_conns"] = fleet.pool_capacity(svc) + rng.randint(8, 40)
@@ -215,6 +220,8 @@ def fix(svc: dict[str, Any], kind: str) -> list[ToolCall]:
     if kind == "bad_config":
         return [call("read_config"), call("edit_config", key="cache_max_entries", value=str(FIXED_CACHE)),
                 call("restart")]
+    if kind == "bad_timeout":
+        return [call("read_config"), call("edit_config", key="timeout_ms", value="1000"), call("restart")]
     if kind == "pool_exhausted":
         return [call("get_metrics"), call("edit_config", key="pool_size", value=str(fleet.needed_pool_size(svc))),
                 call("restart")]

@@ -122,6 +122,12 @@ class ScriptedEngineeringPolicy(ScriptedPolicy):
                             {"service": service, "key": "cache_max_entries", "value": "50000"})
             yield self._say(f"Restart {service} to apply it.", "restart", {"service": service})
             return f"unbounded cache on {service}, bounded"
+        if "time out: timeout_ms" in text:
+            yield self._say(f"{service}'s requests time out; check its timeout.", "read_config", {"service": service})
+            yield self._say("The timeout is far below the dependency's latency; set it to 1000ms.", "edit_config",
+                            {"service": service, "key": "timeout_ms", "value": "1000"})
+            yield self._say(f"Restart {service} to apply it.", "restart", {"service": service})
+            return f"timeout of {service} below its dependency's latency, raised"
         if "pool exhausted" in text:
             metrics = yield from self._metrics(service)
             pool = metrics.get("pool") or {}

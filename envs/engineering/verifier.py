@@ -28,7 +28,7 @@ from .facts import Cause, EngineeringFacts
 from .world import IRREVERSIBLE, PRIMARY, EngineeringEnv
 
 CHECK_OF = {"bad_deploy": "deploy", "pool_exhausted": "pool", "disk_full": "disk", "expired_credentials": "credential",
-            "poison_queue": "queue", "bad_config": "memory"}
+            "poison_queue": "queue", "bad_config": "memory", "bad_timeout": "timeout"}
 CHANGES = ("version", "config", "replicas", "disk", "queue", "credential", "restarts")
 READS = {t.name for t in EngineeringEnv.profile.tools if t.category.value == "read"} | {"request_approval", "resolve"}
 
@@ -174,16 +174,20 @@ class EngineeringVerifier(ReplayVerifier):
         phi -= 0.3 * bool(found["violations"]) + 0.2 * bool(found["collateral"] or found["regression"])
         return round(min(0.9, max(0.0, phi)), 6)
 
-    def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall] | None:
+    def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall]:
         """A restart instead of the fix of an unbounded cache: every service looks healthy now
         (observation passes), the cause is still in the config (invariants fail) and the service
-        runs out of memory again later (hidden_variation fails)."""
+        runs out of memory again later (hidden_variation fails). Without such a cause: the
+        reference with a harmless edit of an unrelated service (collateral only the state shows)."""
         facts = self.facts(task)
         masked = next((c.service for c in facts.causes if c.kind == "bad_config"), None)
-        if masked is None:
-            return None
-        return [c for c in task.hidden.reference
-                if not (c.name == "edit_config" and c.arguments["service"] == masked)]
+        if masked is not None:
+            return [c for c in task.hidden.reference
+                    if not (c.name == "edit_config" and c.arguments["service"] == masked)]
+        unrelated = next(n for n in task.initial_state["services"] if n not in facts.involved)
+        edit = ToolCall(name="edit_config", arguments={"service": unrelated, "key": "log_level", "value": "warn"})
+        *calls, listing, resolve = task.hidden.reference
+        return [*calls, edit, listing, resolve]
 
 
 def _observation(steps: list[Step]) -> CheckResult:

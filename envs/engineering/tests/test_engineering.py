@@ -338,7 +338,7 @@ def scripted(task, only):
 
 
 def test_the_scripted_policy_without_mistakes_solves_every_kind():
-    for kind in ("bad_config", "bad_deploy", "pool_exhausted", "disk_full", "expired_credentials", "poison_queue"):
+    for kind in ("bad_config", "bad_timeout", "bad_deploy", "pool_exhausted", "disk_full", "expired_credentials", "poison_queue"):
         report, _ = scripted(task_where(single(kind), levels=(3, 4, 5)), only=())
         assert report["success"], (kind, report["reasons"])
 
@@ -400,3 +400,22 @@ def test_the_scripted_policy_mixes_outcomes_at_its_default_rate():
             ts = env.step(policy.act(ts.observation))
         outcomes.append(ts.info["outcome"]["success"])
     assert 2 <= sum(outcomes) <= 8
+
+
+def test_replayed_verdicts_equal_the_live_ones_and_nothing_hidden_is_shown():
+    from envs.leaks import find_leaks
+
+    for level in (1, 3, 5):
+        for seed in range(8):
+            task = FAMILY.generate(seed, level)
+            policy = ScriptedEngineeringPolicy(seed=seed, mistake_rate=0.5)
+            env = standard_stack(make(FAMILY.env_id))
+            ts = env.reset(task)
+            seen = [ts.observation]
+            while not ts.done:
+                ts = env.step(policy.act(ts.observation))
+                seen.append(ts.observation)
+            live = ts.info["outcome"]
+            replayed = VERIFIER.verify(task, env.steps).model_dump(mode="json")
+            assert replayed == live, (level, seed)
+            assert find_leaks(task, seen) == []
