@@ -118,6 +118,7 @@ class ScriptedBrowserPolicy(ScriptedPolicy):
         (its page, or None, and why nothing fit)."""
         lacking = False
         for _ in range(6):  # pages
+            obs = yield from self._read_all(obs)
             for eid, name in self._candidates(obs, max_each):
                 page = yield self._click(f"Open {name}.", eid)
                 if self._fits(page, category, attributes, max_each):
@@ -131,6 +132,13 @@ class ScriptedBrowserPolicy(ScriptedPolicy):
             obs = yield self._click("Next page of results.", nxt)
         return None, ("the matching product does not offer that option" if lacking else
                       "no product matches every attribute within the budget")
+
+    def _read_all(self, obs: str) -> Generator[str, str, str]:
+        """The whole page, scrolling down while it runs below the fold (as one text)."""
+        screens = [page_text(obs)]
+        while "more lines below (scroll down)" in screens[-1] and len(screens) < 5:
+            screens.append(page_text((yield self._say("Scroll down to see the rest.", "scroll", {"direction": "down"}))))
+        return "\n".join(screens)
 
     @staticmethod
     def _fits(page: str, category: str, attributes: dict, max_each: float | None) -> bool:

@@ -30,7 +30,7 @@ PRODUCT_LINK, REMOVE_LINE, SET_DEFAULT, ORDER_LINK = 100, 300, 400, 500
 SORTS = {"Relevance": "relevance", "Price: low to high": "price_asc", "Price: high to low": "price_desc",
          "Customer rating": "rating"}
 ANY = "Any"
-VIEW_LINES = 32  # lines of the tree shown at once; `scroll` moves by this much
+VIEW_LINES = 18  # lines of the tree shown at once (a long results page runs below the fold); `scroll` moves by this much
 MAX_QUANTITY = 10
 ATTRIBUTES = ("color", "brand", "material", "feature")
 
@@ -91,8 +91,15 @@ class Site:
         self.listing_attrs: list[str] = site["listing_attrs"]
         self.categories = sorted({p["category"] for p in self.products.values()})
         self.past_orders: list[dict] = site["past_orders"]
-        self.words = {pid: _words(" ".join([p["name"], p["category"]] + [p[a] for a in ATTRIBUTES]))
-                      for pid, p in self.products.items()}
+        self._words: dict[str, set[str]] | None = None
+
+    @property
+    def words(self) -> dict[str, set[str]]:
+        """Each product's searchable words, built on the first search."""
+        if self._words is None:
+            self._words = {pid: _words(" ".join([p["name"], p["category"]] + [p[a] for a in ATTRIBUTES]))
+                           for pid, p in self.products.items()}
+        return self._words
 
     # -- routing ------------------------------------------------------------------------
     def render(self, state: dict[str, Any]) -> Page:

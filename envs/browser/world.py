@@ -65,7 +65,8 @@ class BrowserEnv(ToolEnv):
 
     def render_goal(self, task: TaskSpec) -> str:
         """The goal, the tool hint, and the page the browser opens on."""
-        start = self._shown(self.initial_state(task), None)
+        state = {"url": "/", "scroll": 0, "inputs": {}}  # the start page shows nothing of the account
+        start = self._shown(state, None)
         return f"{super().render_goal(task)}\nThe browser is open at {start['url']} ({start['title']}):\n{start['page']}"
 
     def is_finished(self, state: dict[str, Any]) -> bool:

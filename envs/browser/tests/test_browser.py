@@ -24,6 +24,7 @@ from envs.wrappers import standard_stack
 
 add(FAMILY)  # a no-op once `import envs` found it
 DB = ("orders", "cart", "account", "ending")
+SAVE_ID = 79
 NOUN = {category: noun for category, (noun, _, _) in CATEGORIES.items()}
 
 
@@ -400,3 +401,64 @@ def test_each_scripted_mistake_fails_for_its_reason(errs, kind, reason):
                 if any(reason in r for r in report["reasons"]):
                     return
     pytest.fail(f"mistake {errs} on {kind} never failed with {reason!r}; it failed with {seen[:5]}")
+
+
+def test_a_long_page_is_cut_at_the_fold_and_scrolls():
+    task = task_where(lambda t, f: len(t.initial_state["site"]["products"]) >= 14 and t.initial_state["site"][
+        "page_size"] == 8, levels=(2,))
+    env, ts = play(task, [call("goto", url="/search")])  # every product, eight a page
+    first = result(ts)["result"]["page"]
+    assert first.endswith("more lines below (scroll down)")
+    hidden = [int(x) for x in re.findall(r"\[(\d+)\]", first)]
+    ts = env.step(call("scroll", direction="down"))
+    rest = result(ts)["result"]["page"]
+    below = [int(x) for x in re.findall(r"\[(\d+)\]", rest)]
+    assert below and not set(below) & set(hidden) and "Page 1 of" in rest
+    assert result(env.step(call("scroll", direction="down")))["result"]["alert"] == "already at the bottom of the page"
+    env.step(call("scroll", direction="up"))
+    assert result(env.step(call("scroll", direction="up")))["result"]["alert"] == "already at the top of the page"
+    target = next(i for i in below if i >= PRODUCT_LINK)  # below the fold, still on the page: the browser scrolls to it
+    assert result(env.step(call("click", id=target)))["result"]["url"].startswith("https://shop.example/product/P-")
+
+
+def test_an_answer_or_a_claim_is_no_purchase():
+    task = task_where(feasible_buy)
+    report = outcome(play(task, [call("answer", text="Order W12345 placed for the item you asked for.")])[1])
+    assert not report["success"] and report["reasons"] == ["no order was placed"]
+
+
+def test_a_second_order_is_a_side_effect():
+    task = task_where(feasible_buy)
+    facts = FAMILY.facts_of(task)
+    calls = purchase(task, facts, facts.target)
+    _, ts = play(task, calls[:-1] + calls)
+    report = outcome(ts)
+    assert not report["success"] and len(report["side_effects"]) == 1
+    assert "placed 2 orders" in report["side_effects"][0]
+
+
+@pytest.mark.parametrize("change", ["phone", "default_address", "new_address"])
+def test_an_account_change_is_judged_from_the_account(change):
+    task = task_where(lambda t, f: f.kind == "account" and f.change == change)
+    facts = FAMILY.facts_of(task)
+    assert outcome(play(task, task.hidden.reference)[1])["success"]
+    *calls, done = task.hidden.reference
+    forgot = outcome(play(task, [c for c in calls if not (c.name == "click" and c.arguments["id"] == SAVE_ID
+                                                          and change != "default_address")][:-1] + [done])[1])
+    assert not forgot["success"] and not forgot["completed"]
+    extra = [call("goto", url="/account/addresses/new"), call("type", id=71, text="Boathouse"),
+             call("type", id=72, text="1 Quay St"), call("type", id=73, text="Port"), call("type", id=74, text="12345"),
+             call("click", id=SAVE_ID)]
+    report = outcome(play(task, [*calls, *extra, done])[1])
+    assert not report["success"]
+    assert report["side_effects"] == ["added the address 'Boathouse' (1 Quay St, Port 12345), which the task does "
+                                      "not ask for"]
+
+
+def test_an_infeasible_account_change_is_reported_not_made():
+    task = task_where(lambda t, f: f.kind == "account" and not f.feasible)
+    assert outcome(play(task, task.hidden.reference)[1])["success"]
+    report = outcome(play(task, [call("goto", url="/account/addresses"), call("click", id=401),
+                                 call("report_infeasible", reason="No such address.")])[1])
+    assert not report["success"] and report["regression"]
+    assert report["reasons"][0].startswith("the account's default address is 'A2'")
