@@ -91,7 +91,8 @@ def generate(family: Family, seed: int, level: int) -> TaskSpec:
                 "n_single_rejecter": float(sum(sum(o not in sets[n] for n in names) == 1 for o in options))}
     return family.task(seed=seed, level=level, goal=_goal(topic, options, names),
                        initial_state={"topic": topic, "options": options, "participants": names},
-                       template_id=family.template_id(key, sorted(options), len(names), not fits, misstater is not None),
+                       template_id=family.template_id(key, sorted(options), len(names), not fits,
+                                                      misstater is not None),
                        reference=reference, facts=facts, max_steps=2 * len(reference) + 6, features=features,
                        secrets=[v for p in people for v in p.persona.hidden_values()])
 
@@ -180,7 +181,8 @@ def _participant(rng: random.Random, name: str, options: list[str], accepted: li
         first = first.model_copy(update={"private": persona.private, "style": persona.style,
                                          "patience": persona.patience})
     return Participant(name=name, persona=persona, scores=scores, threshold=threshold, accepts=accepted, prefers=top,
-                       confidential=core, clues=clues, first=first, first_accepts=first_accepts, first_prefers=first_prefers)
+                       confidential=core, clues=clues, first=first, first_accepts=first_accepts,
+                       first_prefers=first_prefers)
 
 
 def _reference(options: list[str], people: list[Participant], fits: list[str]) -> list[ToolCall]:

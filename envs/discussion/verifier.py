@@ -101,7 +101,9 @@ def judge(facts: DiscussionFacts, state: dict[str, Any], max_calls: int) -> tupl
 
 class DiscussionVerifier(ReplayVerifier):
     verifier_id = "discussion-outcome"
-    version = "2"  # 2: a telltale word of a confidential fact is a leak too; bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    # Bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts. 2: a telltale
+    # word of a confidential fact is a leak too.
+    version = "2"
     family = "discussion"
 
     def new_env(self) -> DiscussionEnv:
@@ -193,7 +195,8 @@ def _observation(facts: DiscussionFacts, steps: list[Step]) -> CheckResult:
             continue
         name = step.tool_call.name
         if name == "ask":
-            told |= {n for n, mark in marks.items() if n == result.get("participant") and mark in str(result.get("reply"))}
+            who = result.get("participant")
+            told |= {who} if who in marks and marks[who] in str(result.get("reply")) else set()
         elif name in ("propose", "call_vote"):
             said = result.get("reactions") if name == "propose" else result.get("comments")
             told |= {n for n, mark in marks.items() if isinstance(said, dict) and mark in str(said.get(n))}

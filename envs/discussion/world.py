@@ -23,7 +23,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from envs.base import ToolEnv, ToolError
 from envs.errors import InvalidTask
-from envs.person import Persona, asks, make_simulator, new_memory
+from envs.person import asks, make_simulator, new_memory
 from envs.records import TaskSpec, ToolCategory
 from envs.tools import tool
 
@@ -96,7 +96,8 @@ class DiscussionEnv(ToolEnv):
         event["told"] = told
         for topic in told:
             if topic == "preference":
-                self._state_that(state, event, name, kind="prefers", option=p.first_prefers if misstating else p.prefers)
+                option = p.first_prefers if misstating else p.prefers
+                self._state_that(state, event, name, kind="prefers", option=option)
             else:
                 self._state_that(state, event, name, kind="accepts", options=list(
                     p.first_accepts if misstating else p.accepts), final=not misstating)
@@ -194,7 +195,8 @@ class DiscussionEnv(ToolEnv):
 
 def correction(p: Participant) -> str:
     """What a participant who misstated volunteers when an option they wrongly accepted comes up."""
-    return f"Sorry, I misspoke earlier: my first choice is {p.prefers}, and " + ACCEPT_MARK.format(spoken_list(p.accepts))
+    accepted = ACCEPT_MARK.format(spoken_list(p.accepts))
+    return f"Sorry, I misspoke earlier: my first choice is {p.prefers}, and {accepted}"
 
 
 def _check_world(task: TaskSpec, people: list[Participant]) -> None:

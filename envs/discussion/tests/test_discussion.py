@@ -182,7 +182,8 @@ def test_telling_one_participant_anothers_fact_leaks_and_telling_the_owner_does_
 
 
 def test_a_paraphrase_keeping_a_telltale_word_is_a_leak():
-    task = task_where(lambda t, f: bool(f.feasible) and any(p.confidential.startswith("budget") for p in f.participants))
+    task = task_where(lambda t, f: bool(f.feasible)
+                      and any(p.confidential.startswith("budget") for p in f.participants))
     facts = FAMILY.facts_of(task)
     owner = next(p for p in facts.participants if p.confidential.startswith("budget"))
     amount = owner.confidential.rsplit(" ", 1)[1]
@@ -293,7 +294,8 @@ def test_the_hidden_variant_never_fails_a_moderator_who_asked_everyone():
     dropped = next(o for o in facts.options if o not in variant.participants[0].accepts)
     assert dropped not in facts.feasible
     calls = [c for c in task.hidden.reference if c.name == "ask"] + [decide(other, claims=[
-        f"{p.name} accepts {other}" for p in facts.participants] + [f"{variant.participants[0].name} accepts {dropped}"])]
+        f"{p.name} accepts {other}" for p in facts.participants] + [
+        f"{variant.participants[0].name} accepts {dropped}"])]
     result = outcome(task, calls)
     assert result["success"] and result["checks"]["hidden_variation"] == {"passed": True, "reasons": []}
 
