@@ -127,6 +127,7 @@ class Domain(_Strict):
     description: str = Field(min_length=1)
     finish_when: Any
     compare: list[str] | None = None  # state keys a success must leave as the reference does
+    state_schema: dict[str, Any] | None = None  # a JSON schema every task's initial state must meet
     tools: dict[str, ToolDef] = Field(min_length=1)
     tasks: dict[str, TaskTemplate] = Field(min_length=1)
     policy: PolicyDef
@@ -169,6 +170,8 @@ def read_domain(path: Path) -> Domain:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise FamilyError(f"{path}: not YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    if _too_large(data):
+        raise FamilyError(f"{path}: too large: its values (aliases expanded) number more than {MAX_VALUES}")
     if not isinstance(data, dict):
         raise FamilyError(f"{path}: a domain file is a mapping (name, description, tools, tasks, ...), "
                           f"not {type(data).__name__}")
@@ -182,6 +185,25 @@ def read_domain(path: Path) -> Domain:
         more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
         raise FamilyError(f"{path}: " + "; ".join(problems[:4]) + more)
     return domain
+
+
+MAX_VALUES = 100_000
+
+
+def _too_large(data: Any) -> bool:
+    """Whether the file's values, with YAML aliases expanded, number more than MAX_VALUES (a
+    file of nested aliases would otherwise take the checks exponential time)."""
+    budget, stack = MAX_VALUES, [data]
+    while stack:
+        value = stack.pop()
+        budget -= 1
+        if budget < 0:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def where(loc: tuple) -> str:
@@ -204,6 +226,11 @@ def domain_problems(domain: Domain) -> list[str]:
     for name, tool in domain.tools.items():
         problems += _tool_problems(name, tool)
     problems += expr.check(domain.finish_when, "finish_when", {"state"}, predicate=True)
+    if domain.state_schema is not None:
+        try:
+            jsonschema.Draft202012Validator.check_schema(domain.state_schema)
+        except jsonschema.SchemaError as exc:
+            problems.append(f"state_schema: not a JSON schema: {exc.message}")
     levels = None
     for tname, template in domain.tasks.items():
         if levels is None:

@@ -12,7 +12,10 @@ back."""
 from __future__ import annotations
 
 import copy
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import jsonschema
 
 from envs.base import ToolEnv, ToolError
 from envs.errors import InvalidTask
@@ -34,12 +37,25 @@ class DomainEnv(ToolEnv):
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
         if not isinstance(task.initial_state, dict):
             raise InvalidTask(f"task {task.task_id}: initial_state is not a mapping")
+        schema = self.domain.state_schema
+        if schema is not None:  # a task made by hand or for another world is refused here, not by a tool
+            error = jsonschema.exceptions.best_match(_state_validator(type(self)).iter_errors(task.initial_state))
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "initial_state"
+                raise InvalidTask(f"task {task.task_id}: initial_state is not a {self.family} world: "
+                                  f"{where}: {error.message}")
         state = copy.deepcopy(task.initial_state)
         state["events"] = []
         return state
 
     def is_finished(self, state: dict[str, Any]) -> bool:
         return truth(self.domain.finish_when, {"state": state})
+
+
+@lru_cache(maxsize=None)
+def _state_validator(env_class: type) -> Any:
+    """The compiled schema of a domain's initial states, once per env class."""
+    return jsonschema.Draft202012Validator(env_class.domain.state_schema)
 
 
 def run_tool(domain: Domain, name: str, state: dict[str, Any], args: dict[str, Any]) -> Any:

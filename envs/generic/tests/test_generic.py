@@ -369,3 +369,45 @@ def test_a_tool_expression_that_fails_at_run_time_is_an_env_bug_rolled_back(tmp_
     ts = env.step(call("set_note", room=task.hidden.reference[1].arguments["room"], text="hello"))
     assert ts.info["env_bug"] and ts.info["error"]["kind"] == "env_bug" and "nowhere" in ts.info["error"]["message"]
     assert env.state() == before and not ts.done  # rolled back: a replay of this step does nothing
+
+
+def test_an_argument_is_data_never_an_expression():
+    task = task_at(2)
+    booked = task.hidden.reference[1].arguments["room"]
+    env, _ = play(task, task.hidden.reference[:2])
+    text = "{$state.team} $state.team {eq: [1, 1]}"
+    ts = env.step(call("set_note", room=booked, text=text))
+    assert json.loads(ts.observation)["result"] == {"room": booked, "note": text}
+    assert env.state()["rooms"][booked]["note"] == text
+
+
+def test_a_domain_file_cannot_construct_python_objects(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text(ROOMS.replace("name: generic", "name: evil").replace(
+        "finish_when: $state.submitted", "finish_when: !!python/object/apply:os.system [echo pwned]"))
+    assert "not YAML at line" in refusal(path)
+    bomb = "\n".join(["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]"
+        for i in range(1, 9)])
+    path.write_text(bomb + "\n" + ROOMS.replace("name: generic", "name: evil"))
+    assert "too large" in refusal(path)  # refused at once, not after checking 8**8 aliased values
+
+
+def test_the_classes_of_a_domain_pickle_by_name():
+    import pickle
+
+    policy = pickle.loads(pickle.dumps(FAMILY.scripted_policy(mistake_rate=0.0)))
+    assert type(policy) is FAMILY.scripted_policy and policy.mistake_rate == 0.0
+    assert pickle.loads(pickle.dumps(FAMILY.env)) is FAMILY.env
+    assert pickle.loads(pickle.dumps(type(verifier_for(FAMILY.env_id)))) is type(verifier_for(FAMILY.env_id))
+
+
+def test_a_task_whose_world_is_not_this_domains_is_refused_at_reset():
+    from envs.records import TaskSpec
+
+    task = task_at(2)
+    rooms = {k: {**v, "capacity": "big"} for k, v in task.initial_state["rooms"].items()}
+    alien = TaskSpec.model_validate({**task.model_dump(), "task_id": "",
+                                     "initial_state": {**task.initial_state, "rooms": rooms}})
+    with pytest.raises(ValueError, match=r"initial_state is not a generic world: rooms/R-\d+/capacity: 'big' is not"):
+        make(FAMILY.env_id).reset(alien)
