@@ -184,7 +184,8 @@ class ScriptedBrowserPolicy(ScriptedPolicy):
         if page is None:
             yield self._say("Nothing fits.", "report_infeasible", {"reason": f"The shop cannot do this: {why}."})
             return
-        chosen = option[1] if not self._mistake() else self._options(page)[1]  # ignores the option
+        offered = self._options(page)
+        chosen = offered[1] if self._mistake() and len(offered) > 1 else option[1]  # ignores the option
         obs = yield self._say(f"Choose {option[0]} {chosen}.", "select",
                               {"id": find(page, "combobox", starts="Choose ") or 0, "option": chosen})
         if qty > 1:

@@ -462,3 +462,16 @@ def test_an_infeasible_account_change_is_reported_not_made():
                                  call("report_infeasible", reason="No such address.")])[1])
     assert not report["success"] and report["regression"]
     assert report["reasons"][0].startswith("the account's default address is 'A2'")
+
+
+def test_urls_are_read_as_a_browser_reads_them():
+    task = task_where(feasible_buy)
+    env = make(FAMILY.env_id)
+    env.reset(task)
+    for url in ["/cart", "cart", "shop.example/cart", "https://shop.example/cart", "http://shop.example/cart/"]:
+        page = result(env.step(call("goto", url=url)))["result"]
+        assert (page["url"].rstrip("/"), page["title"]) == ("https://shop.example/cart", "Your cart - Shop"), url
+    page = result(env.step(call("goto", url="https://shop.example.evil/cart")))["result"]
+    assert page["title"] == "This site can't be reached"
+    page = result(env.step(call("back")))["result"]
+    assert page["title"] == "Your cart - Shop"
