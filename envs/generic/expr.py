@@ -115,11 +115,11 @@ def lookup(parsed: tuple[str, tuple], scope: Scope) -> Any:
     for kind, key in segments:
         if kind == "path":
             key = lookup(key, scope)
-        value = _step(value, key, root)
+        value = _step(value, key)
     return value
 
 
-def _step(value: Any, key: Any, root: str) -> Any:
+def _step(value: Any, key: Any) -> Any:
     if isinstance(value, dict):
         if isinstance(key, (str, int)) and not isinstance(key, bool) and str(key) in value:
             return value[str(key)]
@@ -269,7 +269,7 @@ def _range(arg, scope, rng, depth):
 def _get(arg, scope, rng, depth):
     coll, key, default = (evaluate(a, scope, rng, depth) for a in arg)
     try:
-        return _step(coll, key, "get")
+        return _step(coll, key)
     except EvalError:
         return default
 
@@ -554,7 +554,7 @@ def apply_effect(effect: dict, scope: Scope) -> None:
         else:
             raise EvalError(f"set {target}: cannot set {key!r} in {type(container).__name__}")
         return
-    current = _step(container, key, root)
+    current = _step(container, key)
     if op == "add":
         if not (_number(current) and _number(value)):
             raise EvalError(f"add {target}: needs numbers, not {current!r} and {value!r}")

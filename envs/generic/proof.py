@@ -1,8 +1,9 @@
 """What a domain proves when it loads, so a broken file is refused there with the place that is
 wrong instead of failing later in a factory run: for every template at every level (seeds 0 and
-1) the task generates, its reference plays through the env without a refusal and ends the episode
-with its last call, every outcome rule holds afterwards and not all of them before, and the
-scripted policy without mistakes makes exactly the reference's calls."""
+1) the task generates, its reference plays through the env without a refusal and ends the
+episode with its last call, no call makes fewer outcome rules hold (the potential never falls),
+every outcome rule holds afterwards and not all of them before, and the scripted policy without
+mistakes makes exactly the reference's calls."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from envs.errors import InvalidTask
 from envs.family import Family
 from envs.generic.domain import Domain
 from envs.generic.generator import generate_from
-from envs.generic.rules import failed_rules
+from envs.generic.rules import failed_rules, held
 
 SEEDS = (0, 1)
 
@@ -43,13 +44,17 @@ def _reference_problem(fam: Family, task: Any) -> str | None:
     env.reset(task)
     if not failed_rules(facts, task.initial_state, env.state()):
         return "every outcome rule already holds before any call: the task is no exercise"
-    ts = None
+    ts, phi = None, held(facts, task.initial_state, env.state())
     for i, call in enumerate(task.hidden.reference):
         if ts is not None and ts.terminated:
             return f"the episode ended at call {i - 1}, before the reference's last call"
         ts = env.step(call)
         if ts.info.get("error"):
             return f"call {i} ({call.name}) fails: {ts.info['error']['kind']}: {ts.info['error']['message']}"
+        now = held(facts, task.initial_state, env.state())
+        if now < phi:  # the potential is the share of rules that hold: a reference step must not lose one
+            return f"call {i} ({call.name}) makes fewer outcome rules hold ({phi} -> {now}): the potential would fall"
+        phi = now
     if not ts.terminated:
         return "its last call does not end the episode (finish_when stays false)"
     failing = failed_rules(facts, task.initial_state, env.state())

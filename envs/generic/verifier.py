@@ -13,6 +13,7 @@ outcome rules that hold."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from envs.family import family
@@ -27,6 +28,7 @@ from verifiers.base import ReplayVerifier, calls_of
 _CLASSES: dict[str, type] = {}
 GOLD_KEPT = 512
 _GOLD: dict[str, tuple] = {}  # task id -> its gold replays (see DomainVerifier._gold)
+_GOLD_LOCK = threading.Lock()
 
 
 class DomainVerifier(ReplayVerifier):
@@ -99,9 +101,11 @@ class DomainVerifier(ReplayVerifier):
             for name, world in variant_worlds(self.facts(task), task.initial_state):
                 variant = TaskSpec.model_validate({**task.model_dump(), "initial_state": world, "task_id": ""})
                 variants.append((name, variant, self.final_state(variant, variant.hidden.reference)))
-            hit = _GOLD[task.task_id] = (self.final_state(task, task.hidden.reference), variants)
-            while len(_GOLD) > GOLD_KEPT:
-                _GOLD.pop(next(iter(_GOLD)), None)
+            hit = (self.final_state(task, task.hidden.reference), variants)
+            with _GOLD_LOCK:  # rollouts are judged on many threads
+                _GOLD[task.task_id] = hit
+                while len(_GOLD) > GOLD_KEPT:
+                    _GOLD.pop(next(iter(_GOLD)))
         return hit
 
 
