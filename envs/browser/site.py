@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from .rules import ATTRIBUTES
+
 HOST = "shop.example"
 HOME, SEARCH_BOX, SEARCH_BUTTON, CART, ACCOUNT = 1, 2, 3, 4, 5
 CATEGORY_LINK = 6  # + index of the category
@@ -32,7 +34,6 @@ SORTS = {"Relevance": "relevance", "Price: low to high": "price_asc", "Price: hi
 ANY = "Any"
 VIEW_LINES = 18  # lines of the tree shown at once (a long results page runs below the fold); `scroll` moves by this much
 MAX_QUANTITY = 10
-ATTRIBUTES = ("color", "brand", "material", "feature")
 
 
 def money(cents: int) -> str:

@@ -26,7 +26,7 @@ from envs.scripted import tool_result
 from verifiers.base import ReplayVerifier, calls_of
 
 from .facts import BrowserFacts
-from .rules import affordable, as_number, describe, misses, offers, satisfying
+from .rules import as_number, misses, satisfying
 from .site import ACCOUNT, FORM, PROFILE_LINK, SAVE, money
 
 CONTACT = ("email", "phone", "default_address")
@@ -250,8 +250,7 @@ def _buy_progress(facts: BrowserFacts, site: dict[str, Any], state: dict[str, An
             qty = state["inputs"].get("qty", "1") if pid == on_page else "1"
             qty = int(qty) if qty.isascii() and qty.isdigit() and len(qty) < 4 else 0
             best = max(best, 0.25 * _quality(facts, products[pid], chosen, qty or wanted.quantity))
-    lines = [x for x in state["cart"]]
-    for line in lines:
+    for line in state["cart"]:
         best = max(best, 0.5 * _quality(facts, products[line["pid"]], line["options"], line["qty"]))
     if best >= 0.5 and state["url"].startswith("/checkout"):
         address = state["inputs"].get("address")
@@ -338,4 +337,4 @@ def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -
     return CheckResult(passed=not reasons, reasons=reasons)
 
 
-__all__ = ["BrowserVerifier", "judge", "describe", "affordable", "offers"]
+__all__ = ["BrowserVerifier", "judge"]

@@ -31,7 +31,7 @@ from envs.errors import InvalidTask
 from envs.records import TaskSpec, ToolCategory
 from envs.tools import tool
 
-from .site import FILTERS, HOST, MAX_QUANTITY, SORTS, VIEW_LINES, Page, Site, money
+from .site import FILTERS, HOST, MAX_QUANTITY, SORTS, VIEW_LINES, Page, Site
 
 MAX_HISTORY = 50
 
@@ -294,4 +294,4 @@ def _check_world(task: TaskSpec) -> None:
                           f"{', '.join(sorted(keys))}, its order listing every product)")
 
 
-__all__ = ["BrowserEnv", "money"]
+__all__ = ["BrowserEnv"]
