@@ -45,7 +45,7 @@ def generate_from(domain: Domain, family: Family, name: str, seed: int, level: i
         outcome = [RuleFacts(name=r.name, check=r.check, message=r.message) for r in t.outcome
                    if r.when is None or truth(r.when, params)]
         variants = [VariantFacts(name=v.name, effects=v.effects) for v in t.variants]
-        secrets = [text_of(evaluate(s, {**params, "state": state})) for s in t.secrets]
+        secrets = [text_of(v) for s in t.secrets for v in _listed(evaluate(s, {**params, "state": state}))]
         max_steps = 3 * len(reference) + 6 if t.max_steps is None else evaluate(t.max_steps, params)
     except EvalError as exc:
         raise InvalidTask(f"{domain.name} template {name!r} (seed {seed}, level {level}): {exc}") from None
@@ -72,6 +72,11 @@ def draw(t: TaskTemplate, level: int, rng: random.Random) -> dict[str, Any]:
     for pname, value in t.then.items():
         scope[pname] = evaluate(value, scope, rng)
     return scope
+
+
+def _listed(value: Any) -> list[Any]:
+    """A secret expression gives one value or a list of them."""
+    return value if isinstance(value, list) else [value]
 
 
 def _flag(scope: dict[str, Any], when: str) -> bool:

@@ -410,3 +410,24 @@ def test_a_task_whose_world_is_not_this_domains_is_refused_at_reset():
                                      "initial_state": {**task.initial_state, "rooms": rooms}})
     with pytest.raises(ValueError, match=r"initial_state is not a generic world: rooms/R-\d+/capacity: 'big' is not"):
         make(FAMILY.env_id).reset(alien)
+
+
+def test_no_tool_shows_another_teams_private_agenda():
+    from envs.leaks import find_leaks
+
+    for level in FAMILY.levels:
+        for seed in range(4):
+            task = task_at(level, seed)
+            assert task.hidden.secrets and all(s.startswith("private: ") for s in task.hidden.secrets)
+            env = make(FAMILY.env_id)
+            texts = [env.reset(task).observation]
+            probes = [call("find_rooms", floor=f) for f in range(1, 6)] + [call("list_bookings")]
+            probes += [call(t, room=r, **extra) for r in task.initial_state["rooms"]
+                       for t, extra in (("book", {"size": 1}), ("cancel", {}), ("set_note", {"text": "x"}))]
+            for probe in probes:
+                ts = env.step(probe)
+                texts.append(ts.observation)
+                if ts.done:
+                    break
+            texts.append(env.step(call("submit")).observation if not ts.done else "")
+            assert find_leaks(task, texts) == [], (level, seed)
