@@ -274,7 +274,7 @@ class Site:
         labels = [a["label"] for a in account["addresses"]]
         page.combobox(ADDRESS, "Ship to", "address", labels, chosen["label"])
         page.text(f'  text "Shipping to: {_address_line(chosen)}"')
-        card = account["card"]
+        card = self.data["account"]["card"]
         page.text(f'  text "Paying with {card["brand"]} ending in {card["number"][-4:]}"')
         page.text(f'  text "Order total: {money(self.cart_total(state))} (free shipping)"')
         page.button(PLACE_ORDER, "Place order", "place_order")
@@ -288,7 +288,7 @@ class Site:
     # -- account ------------------------------------------------------------------------
     def _account(self, state: dict[str, Any]) -> Page:
         page = self._page("Your account - Shop")
-        page.text(f'  heading "Hello, {state["account"]["name"]}"')
+        page.text(f'  heading "Hello, {self.data["account"]["name"]}"')
         page.link(ORDERS_LINK, "Your orders", "/account/orders")
         page.link(ADDRESSES_LINK, "Your addresses", "/account/addresses")
         page.link(PROFILE_LINK, "Login & contact details", "/account/profile")
@@ -344,7 +344,7 @@ class Site:
         page = self._page("Login & contact details - Shop")
         page.text('  heading "Login & contact details"')
         account = state["account"]
-        page.text(f'  text "Name: {account["name"]}"')
+        page.text(f'  text "Name: {self.data["account"]["name"]}"')
         for name in ("email", "phone"):
             page.textbox(FORM[name], name.capitalize(), name, state["inputs"].get(name, account[name]))
         page.button(SAVE, "Save changes", "save_profile")

@@ -17,7 +17,6 @@ acts on it (as Playwright does), so an element of the current page below the fol
 
 from __future__ import annotations
 
-import copy
 import re
 from enum import Enum
 from pathlib import Path
@@ -59,9 +58,11 @@ class BrowserEnv(ToolEnv):
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
         _check_world(task)
         self.site = Site(task.initial_state["site"])
-        account = task.initial_state["site"]["account"]
-        return {"url": "/", "history": [], "scroll": 0, "inputs": {}, "cart": [], "orders": [],
-                "account": copy.deepcopy(account), "visited": ["/"], "ending": None, "events": []}
+        account = task.initial_state["site"]["account"]  # what the agent can change of it (name and card it cannot)
+        account = {"email": account["email"], "phone": account["phone"], "default_address": account["default_address"],
+                   "addresses": [dict(a) for a in account["addresses"]]}
+        return {"url": "/", "history": [], "scroll": 0, "inputs": {}, "cart": [], "orders": [], "account": account,
+                "visited": ["/"], "ending": None, "events": []}
 
     def render_goal(self, task: TaskSpec) -> str:
         """The goal, the tool hint, and the page the browser opens on."""
