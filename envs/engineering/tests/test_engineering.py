@@ -419,3 +419,41 @@ def test_replayed_verdicts_equal_the_live_ones_and_nothing_hidden_is_shown():
             replayed = VERIFIER.verify(task, env.steps).model_dump(mode="json")
             assert replayed == live, (level, seed)
             assert find_leaks(task, seen) == []
+
+
+def test_config_values_are_parsed_strictly():
+    task = task_where(single("bad_config", depth=0))
+    cause = FAMILY.facts_of(task).causes[0].service
+    env = make(FAMILY.env_id)
+    env.reset(task)
+    for value in ("1e9", "-5", "５００００", "50_000", "unbounded", "99999999999"):
+        ts = env.step(call("edit_config", service=cause, key="cache_max_entries", value=value))
+        assert observation(ts)["error"]["type"] == "invalid_value", value
+    assert observation(env.step(call("edit_config", service=cause, key="log_level", value="loud")))["error"]["type"] \
+        == "invalid_value"
+    assert observation(env.step(call("edit_config", service=cause, key="max_connections", value="9")))["error"][
+        "type"] == "unknown_key"
+    ok = env.step(call("edit_config", service=cause, key="cache_max_entries", value=" 1000 "))
+    assert observation(ok)["result"]["value"] == 1000
+    assert env.state()["services"][cause]["running_config"]["cache_max_entries"] == 0  # until the restart
+
+
+def test_a_fix_the_reference_does_not_use_succeeds_too():
+    """Scaling out an exhausted pool (when the database has room) is judged by its outcome, like the resize."""
+    def fits(t, f):
+        if not single("pool_exhausted", depth=0)(t, f):
+            return False
+        services = t.initial_state["services"]
+        svc = services[f.causes[0].service]
+        replicas = -(-svc["demand_conns"] // svc["config"]["pool_size"])
+        held = fleet.db_connections(services, "db-main") + svc["config"]["pool_size"] * (replicas - svc["replicas"])
+        return replicas <= 20 and held <= services["db-main"]["config"]["max_connections"]
+
+    task = task_where(fits)
+    cause = FAMILY.facts_of(task).causes[0].service
+    svc = task.initial_state["services"][cause]
+    replicas = -(-svc["demand_conns"] // svc["config"]["pool_size"])
+    report, _ = outcome(task, [call("list_services"), call("get_metrics", service=cause),
+                               call("scale", service=cause, replicas=replicas), call("list_services"),
+                               call("resolve", summary=f"scaled {cause} out")])
+    assert report.success, report.reasons
