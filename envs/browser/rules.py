@@ -35,7 +35,7 @@ def describe(wanted: Wanted, article: bool = True, plural: bool = False) -> str:
     if "brand" in a:
         text += f" by {a['brand']}"
     if "feature" in a:
-        text += f" that {'are' if plural else 'is'} {a['feature']}"
+        text += f" that {'are' if plural or wanted.category == 'boots' else 'is'} {a['feature']}"
     return text
 
 
