@@ -147,7 +147,7 @@ class BrowserVerifier(ReplayVerifier):
         found = judge(facts, task.initial_state["site"], final)
         invariants = CheckResult(passed=not any(found.values()), reasons=[r for v in found.values() for r in v])
         checks = {"observation": _observation(facts, task.initial_state["site"], steps), "invariants": invariants,
-                  "hidden_variation": self._variation(task, facts, calls)}
+                  "hidden_variation": self._variation(task, facts, calls, final)}
         verdicts = {"completed": not found["incomplete"], "no_constraint_violation": not found["violation"],
                     "no_regression": not found["regression"], "no_side_effects": not found["side_effects"]}
         success = all(verdicts[rule] for rule in self.profile_rules())
@@ -213,7 +213,8 @@ class BrowserVerifier(ReplayVerifier):
                 ToolCall(name="click", arguments={"id": SAVE})]
         return [*calls, *edit, answer]
 
-    def _variation(self, task: TaskSpec, facts: BrowserFacts, calls: list[ToolCall | None]) -> CheckResult:
+    def _variation(self, task: TaskSpec, facts: BrowserFacts, calls: list[ToolCall | None],
+                   final: dict[str, Any]) -> CheckResult:
         reasons = []
         for variant in facts.variants:
             world = copy.deepcopy(task.initial_state)
@@ -221,8 +222,13 @@ class BrowserVerifier(ReplayVerifier):
             if variant.order is not None:
                 world["site"]["order"] = list(variant.order)
             variant_task = TaskSpec.model_validate({**task.model_dump(), "initial_state": world, "task_id": ""})
-            found = judge(facts, world["site"], self.final_state(variant_task, calls))
-            reasons += [f"{variant.name}: {r}" for v in found.values() for r in v]
+            there = self.final_state(variant_task, calls)
+            found = [r for v in judge(facts, world["site"], there).values() for r in v]
+            if found:  # say where the replay first went another way: a call refused there only
+                refused = [e for e, o in zip(there["events"], final["events"]) if e["outcome"] != o["outcome"]]
+                found += [f"call {e['seq']} ({e['tool']} {e['args']}) was refused there: {e['outcome']}"
+                          for e in refused[:1]]
+            reasons += [f"{variant.name}: {r}" for r in found]
         return CheckResult(passed=not reasons, reasons=reasons)
 
 
