@@ -2,8 +2,8 @@
 wrong instead of failing later in a factory run: for every template at every level (seeds 0 and
 1) the task generates, its reference plays through the env without a refusal and ends the
 episode with its last call, no call makes fewer outcome rules hold (the potential never falls),
-every outcome rule holds afterwards and not all of them before, and the scripted policy without
-mistakes makes exactly the reference's calls."""
+every outcome rule holds afterwards and not all of them before, the policy's `final` call ends an
+episode at once, and the scripted policy without mistakes makes exactly the reference's calls."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from envs.errors import InvalidTask
 from envs.family import Family
 from envs.generic.domain import Domain
+from envs.generic.expr import EvalError, evaluate
 from envs.generic.generator import generate_from
 from envs.generic.rules import failed_rules, held
 
@@ -30,7 +31,11 @@ def prove_domain(fam: Family, domain: Domain) -> list[str]:
                 except InvalidTask as exc:
                     problems.append(f"tasks.{name} (level {level}, seed {seed}): {exc}")
                     continue
-                why = _reference_problem(fam, task) or _policy_problem(fam, task)
+                try:
+                    why = _reference_problem(fam, task) or _final_problem(fam, domain, task) or \
+                        _policy_problem(fam, task)
+                except EvalError as exc:  # finish_when, or a rule, cannot be evaluated on these states
+                    why = f"an expression fails while it plays: {exc}"
                 if why:
                     problems.append(f"{at}: {why}")
             if problems:
@@ -60,6 +65,18 @@ def _reference_problem(fam: Family, task: Any) -> str | None:
     failing = failed_rules(facts, task.initial_state, env.state())
     if failing:
         return f"fails its own outcome rule {failing[0]}"
+    return None
+
+
+def _final_problem(fam: Family, domain: Domain, task: Any) -> str | None:
+    """The policy's `final` call (giving up, out of turns) is accepted and ends an episode at once."""
+    final = domain.policy.final
+    env = fam.env(outcome_fn=None)
+    env.reset(task)
+    ts = env.step({"name": final.tool, "arguments": evaluate(final.args, {})})
+    if ts.info.get("error") or not ts.terminated:
+        why = ts.info["error"]["message"] if ts.info.get("error") else "the episode goes on"
+        return f"policy.final ({final.tool}) does not end an episode from the initial state: {why}"
     return None
 
 

@@ -305,6 +305,13 @@ def test_a_reference_that_fails_its_own_outcome_rules_is_refused(tmp_path):
     assert "tasks.book_room.reference (level 1, seed 0): fails its own outcome rule booked: room" in why
     why = refusal(broken(tmp_path, "falling", "check: $state.submitted\n", "check: {not: $state.submitted}\n"))
     assert "(submit) makes fewer outcome rules hold" in why and "the potential would fall" in why
+    why = refusal(broken(tmp_path, "unfinished", "finish_when: $state.submitted", "finish_when: $state.finished"))
+    assert "an expression fails while it plays: $state.finished: no key 'finished'" in why
+    why = refusal(broken(tmp_path, "endless", "  final: {tool: submit}", "  final: {tool: submit, args: {}}\n"
+                         "  max_turns: 10", text=ROOMS.replace("""      - set: [$state.submitted, true]
+""", """      - set: [$state.submitted, {gt: [{count: {in: $state.rooms, where: {eq: [$item.booked_by, $state.team]}}}, 0]}]
+""")))
+    assert "policy.final (submit) does not end an episode from the initial state: the episode goes on" in why
     why = refusal(broken(tmp_path, "blind", '"Book a meeting room for team {$team}: {$size} people, on floor {$floor}."',
                          '"Book a meeting room for team {$team}: {$size} people."'))
     assert "tasks.book_room.reference[2].args.floor: bad path '$floor'" in why
