@@ -317,6 +317,20 @@ def test_a_reference_that_fails_its_own_outcome_rules_is_refused(tmp_path):
     assert "tasks.book_room.reference[2].args.floor: bad path '$floor'" in why
 
 
+def test_a_domain_with_two_templates_draws_both_and_its_policy_tells_them_apart():
+    fam = load_family(HERE / "library.yaml")  # proven: the policy at rate 0 makes every reference's calls
+    made = [fam.generate(seed, 2) for seed in range(12)]
+    assert {fam.facts_of(t).template for t in made} == {"lend", "take_back"}
+    back = next(t for t in made if fam.facts_of(t).template == "take_back")
+    assert [c.name for c in back.hidden.reference] == ["find_book", "take_back", "finish"]
+    env = fam.env(outcome_fn=None)
+    env.reset(back)
+    member = fam.facts_of(back).params["member"]
+    for c in back.hidden.reference:
+        env.step(c)
+    assert env.state()["members"][member]["loans"] == [] and env.state()["done"] is True
+
+
 def test_the_domain_file_is_checked_into_typed_models():
     domain = read_domain(HERE.parent / "rooms.yaml")
     assert domain.name == "generic" and list(domain.tools) == ["find_rooms", "list_bookings", "book", "cancel",
