@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import Field
 
 from envs.base import ToolEnv, ToolError
-from envs.errors import InvalidTask
+from envs.errors import ErrorKind, InvalidTask
 from envs.records import TaskSpec, ToolCategory
 from envs.tools import tool
 
@@ -36,10 +36,13 @@ MAX_HISTORY = 50
 
 
 class Refusal(str, Enum):
-    not_on_page = "not_on_page"  # a stale or made-up element id
-    wrong_element = "wrong_element"  # typing into a link, selecting on a button
-    unknown_option = "unknown_option"
-    no_history = "no_history"
+    no_history = "no_history"  # `back` on the first page
+
+
+# An element id that is not on the current page (stale or made up), typing into something that is
+# not a text box, selecting on something that is not a select, an option the select does not
+# offer: the call's arguments do not fit the page, so the PRM's valid_call counts them as invalid.
+NOT_ON_PAGE = ErrorKind.invalid_arguments
 
 
 ElementId = Annotated[int, Field(ge=0, le=1_000_000, description="an element id shown in brackets, e.g. 12 for [12]")]
@@ -95,7 +98,7 @@ class BrowserEnv(ToolEnv):
         page = self.site.render(state)
         element = self._element(state, page, id)
         if element.role != "textbox":
-            raise ToolError(Refusal.wrong_element, f"[{id}] is a {element.role} ({element.label!r}), not a text box")
+            raise ToolError(NOT_ON_PAGE, f"[{id}] is a {element.role} ({element.label!r}), not a text box")
         state["inputs"][element.action[1]] = text
         return self._shown(state)
 
@@ -105,9 +108,9 @@ class BrowserEnv(ToolEnv):
         page = self.site.render(state)
         element = self._element(state, page, id)
         if element.role != "combobox":
-            raise ToolError(Refusal.wrong_element, f"[{id}] is a {element.role} ({element.label!r}), not a select box")
+            raise ToolError(NOT_ON_PAGE, f"[{id}] is a {element.role} ({element.label!r}), not a select box")
         if option not in element.options:
-            raise ToolError(Refusal.unknown_option, f"[{id}] {element.label!r} has no option {option[:100]!r}; its "
+            raise ToolError(NOT_ON_PAGE, f"[{id}] {element.label!r} has no option {option[:100]!r}; its "
                                                     f"options: {', '.join(element.options)}")
         name = element.action[1]
         if name in FILTERS or name == "sort":  # the results page reloads with the filter applied
@@ -166,7 +169,7 @@ class BrowserEnv(ToolEnv):
     def _element(self, state: dict[str, Any], page: Page, eid: int):
         element = page.elements.get(eid)
         if element is None:
-            raise ToolError(Refusal.not_on_page, f"element [{eid}] is not on the current page ({page.title}, "
+            raise ToolError(NOT_ON_PAGE, f"element [{eid}] is not on the current page ({page.title}, "
                                                  f"{_full(state['url'])}); use an id shown on this page")
         return element
 

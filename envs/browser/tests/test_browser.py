@@ -232,11 +232,11 @@ def test_bad_input_is_an_error_observation_and_changes_no_data():
         assert words in error["message"]
         assert {k: env.state()[k] for k in DB} == before
 
-    refused(call("click", id=stale), "not_on_page", f"element [{stale}] is not on the current page")
-    refused(call("click", id=999_999), "not_on_page", "not on the current page")
-    refused(call("type", id=ADD_TO_CART, text="x"), "wrong_element", "is a button")
-    refused(call("select", id=QUANTITY, option="2"), "wrong_element", "not a select box")
-    refused(call("select", id=OPTION, option="XXL-nope"), "unknown_option", "has no option 'XXL-nope'; its options:")
+    refused(call("click", id=stale), "invalid_arguments", f"element [{stale}] is not on the current page")
+    refused(call("click", id=999_999), "invalid_arguments", "not on the current page")
+    refused(call("type", id=ADD_TO_CART, text="x"), "invalid_arguments", "is a button")
+    refused(call("select", id=QUANTITY, option="2"), "invalid_arguments", "not a select box")
+    refused(call("select", id=OPTION, option="XXL-nope"), "invalid_arguments", "has no option 'XXL-nope'; its options:")
     refused({"name": "click", "arguments": {"id": "12"}}, "invalid_arguments", "click")
     refused('{"name": "type", "arguments": {"id": 2}', "invalid_json", "")
     for url, title in [("/no/such/page", "404 - Page not found"), ("/product/P-0", "404 - Page not found"),
@@ -319,7 +319,7 @@ def test_a_choice_that_hung_on_the_listing_order_fails_the_reordered_variant():
     assert not report["success"]
     assert "hidden_variation: results_reordered: no order was placed" in report["reasons"]
     assert f"hidden_variation: results_reordered: call {2 + pages} (click {{'id': {link(task, facts.target)}}}) was " \
-           "refused there: not_on_page" in report["reasons"]
+           "refused there: invalid_arguments" in report["reasons"]
 
 
 def test_element_ids_name_what_they_do_not_where_they_sit():
