@@ -336,9 +336,19 @@ def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -
         if value is None or round(value, 2) != round(facts.answer, 2):
             reasons.append("the accepted answer is not the value shown")
     else:
-        notice = {"phone": "your contact details were saved", "default_address": "is now your default address",
-                  "new_address": "saved"}[facts.change]
-        if not any(notice in a for a in alerts):
+        after = facts.account_after
+        if facts.change == "phone":  # the saved form shows the number it holds now
+            shown = any("your contact details were saved" in a and f"value={after['phone']!r}" in p
+                        for p, a in zip(pages, alerts))
+            notice = f"contact details saved with phone {after['phone']}"
+        elif facts.change == "default_address":
+            label = next(a["label"] for a in after["addresses"] if a["id"] == after["default_address"])
+            notice = f"{label} is now your default address"
+            shown = notice in alerts
+        else:
+            notice = f"address {after['addresses'][-1]['label']!r} saved"
+            shown = notice in alerts
+        if not shown:
             reasons.append(f"saw no notice {notice!r}")
     return CheckResult(passed=not reasons, reasons=reasons)
 
