@@ -477,3 +477,21 @@ def test_urls_are_read_as_a_browser_reads_them():
     assert page["title"] == "This site can't be reached"
     page = result(env.step(call("back")))["result"]
     assert page["title"] == "Your cart - Shop"
+
+
+def test_a_task_whose_facts_disagree_with_its_site_is_refused_before_any_action():
+    from envs.errors import InvalidTask
+    from envs.records import TaskSpec
+
+    task = task_where(feasible_buy)
+    facts = FAMILY.facts_of(task)
+    other = next(pid for pid in sorted(products(task)) if pid != facts.target)
+    data = task.model_dump(mode="json")
+    data["hidden"]["checks"]["target"] = other
+    tampered = TaskSpec.model_validate({**data, "task_id": ""})
+    why = verifier_for(FAMILY.env_id).precondition(tampered)
+    assert why == f"the task says {other} fits, the site says ['{facts.target}']"
+    data = task.model_dump(mode="json")
+    del data["initial_state"]["site"]["order"]
+    with pytest.raises(InvalidTask, match="is not a browser world"):
+        make(FAMILY.env_id).reset(TaskSpec.model_validate({**data, "task_id": ""}))
