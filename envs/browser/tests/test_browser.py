@@ -445,8 +445,8 @@ def test_an_account_change_is_judged_from_the_account(change):
     facts = FAMILY.facts_of(task)
     assert outcome(play(task, task.hidden.reference)[1])["success"]
     *calls, done = task.hidden.reference
-    forgot = outcome(play(task, [c for c in calls if not (c.name == "click" and c.arguments["id"] == SAVE_ID
-                                                          and change != "default_address")][:-1] + [done])[1])
+    last = max(i for i, c in enumerate(calls) if c.name == "click")  # the click that saves the change
+    forgot = outcome(play(task, calls[:last] + calls[last + 1:] + [done])[1])
     assert not forgot["success"] and not forgot["completed"]
     extra = [call("goto", url="/account/addresses/new"), call("type", id=71, text="Boathouse"),
              call("type", id=72, text="1 Quay St"), call("type", id=73, text="Port"), call("type", id=74, text="12345"),
