@@ -738,8 +738,8 @@ def step_problem(env: AgentEnv, ts: Any, before: dict[str, Any]) -> str | None:
     if observation.get("ok") is not False or (observation.get("error") or {}).get("type") != kind:
         return f"the observation does not say the error {kind!r}: {ts.observation[:200]}"
     # Only the runtime gives the reserved agent-input kinds, before any tool runs, so nothing may
-    # have changed; a tool may refuse with the others (invalid_arguments, permission_denied) and
-    # keep the attempt in its event log.
+    # have changed; a tool may refuse with invalid_arguments or a kind of its own and keep the
+    # attempt in its event log.
     if kind in AGENT_INPUT and kind in RESERVED and env.state() != before:
         return f"a refused input ({kind}) changed the state: {ts.observation[:200]}"
     steps = getattr(env, "steps", None)

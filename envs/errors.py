@@ -69,15 +69,25 @@ AGENT_INPUT = frozenset({
 ROLLED_BACK = frozenset({ErrorKind.env_fault.value, ErrorKind.env_bug.value})
 
 
+def reached_world(kind: str | None) -> bool:
+    """Whether a step with this error kind may have changed the world: not rolled back, and not
+    refused by the runtime before any tool ran. Replays play exactly these calls."""
+    return kind not in ROLLED_BACK and kind not in NOT_REACHED
+
+
 def rolled_back(kind: str | None) -> bool:
     """Whether a step with this error kind was rolled back (an env fault or bug): it did nothing,
     replays skip it, no score or statistic holds it against the agent."""
     return kind in ROLLED_BACK
 
 
-# Kinds only the runtime may give; a tool refusing with one would forge an attribution.
-RESERVED = frozenset(k.value for k in ErrorKind) - {ErrorKind.invalid_arguments.value,
-                                                      ErrorKind.permission_denied.value}
+# Kinds only the runtime may give; a tool refusing with one would forge an attribution. A tool that
+# says no because the call was not the agent's to make uses a kind of its own, which its profile
+# scores as a refused permission (`permission_refusals`).
+RESERVED = frozenset(k.value for k in ErrorKind) - {ErrorKind.invalid_arguments.value}
+# Step error kinds of calls the runtime refused before the world saw them (the permission guard):
+# like a rolled-back step, they did nothing and replays skip them.
+NOT_REACHED = frozenset({ErrorKind.permission_denied.value})
 
 
 class Boundary(str, Enum):

@@ -276,7 +276,8 @@ class PolicySpec(Record):
 
 def rollout_identity(task_id: str, env_id: str, env_version: str, policy_id: str, policy_version: str, seed: int,
                      attempt: int, policy_params: dict[str, Any] | None = None,
-                     faults: FaultConfig | None = None, limits: Budget | None = None) -> str:
+                     faults: FaultConfig | None = None, limits: Budget | None = None,
+                     parent: tuple[str, int, int] | None = None) -> str:
     """A rollout's id, from everything that changes its episode: the task (its budget included),
     the runtime limits that replaced that budget, the env, the policy and its knobs, the seed,
     the attempt and the faults injected into it.
@@ -290,7 +291,53 @@ def rollout_identity(task_id: str, env_id: str, env_version: str, policy_id: str
         key.append({"faults": faults.model_dump(mode="json")})
     if limits is not None:
         key.append({"limits": limits.model_dump(mode="json")})
+    if parent is not None:  # a sub-agent's episode is its parent's: (parent id, stage, place in the stage)
+        key.append({"parent": list(parent)})
     return "r-" + content_hash(key)
+
+
+class DelegationStage(Record):
+    """One stage of a delegating episode: the main agent's steps up to and including the call
+    that delegated, then its sub-agents' episodes, run in parallel, with a barrier after them.
+    The last stage holds the main agent's steps after its last delegation (no sub-agents)."""
+
+    main_steps: int = Field(ge=0)
+    sub_steps: list[int] = Field(default_factory=list)  # steps of each sub-agent's episode, in order
+    sub_rollout_ids: list[str] = Field(default_factory=list)
+
+
+class Delegation(Record):
+    """How a delegating episode's work was laid out. `critical_steps` = Σ over stages of (main
+    steps + the longest sub-agent's steps), the latency proxy of Kimi K2.5's PARL; `serial_steps`
+    = every step of the main agent and of every sub-agent. Both are computed, never given."""
+
+    stages: list[DelegationStage]
+    critical_steps: int = 0
+    serial_steps: int = 0
+
+    @model_validator(mode="after")
+    def _totals(self) -> Delegation:
+        self.critical_steps = sum(s.main_steps + max(s.sub_steps, default=0) for s in self.stages)
+        self.serial_steps = sum(s.main_steps + sum(s.sub_steps) for s in self.stages)
+        return self
+
+    @property
+    def sub_agents(self) -> int:
+        return sum(len(s.sub_steps) for s in self.stages)
+
+
+class ParallelismReward(Record):
+    """An optional auxiliary reward for delegating episodes: `weight` x the share of the serial
+    work the episode's parallel stages took off its critical path (`envs.delegation.parallelism_gain`),
+    annealed linearly to 0 over `anneal_steps` training steps, so training ends on the task's own
+    outcome. Stored with a GRPO dataset (its manifest's params and every row)."""
+
+    weight: float = Field(gt=0, le=1)
+    anneal_steps: int = Field(ge=1)
+
+    def at(self, step: int) -> float:
+        """The weight at training step `step` (0-based)."""
+        return self.weight * max(0.0, 1.0 - step / self.anneal_steps)
 
 
 class Rollout(Record):
@@ -317,6 +364,14 @@ class Rollout(Record):
     faults: FaultConfig | None = None
     # The runtime limits that replaced the task's budget (an evaluation's step cap), or None.
     limits: Budget | None = None
+    # A sub-agent's episode: the rollout that delegated it, the stage (0-based) and its place there.
+    parent_rollout_id: str | None = None
+    stage: int | None = None
+    stage_index: int | None = None
+    # A delegating episode: its stages and critical/serial steps; its sub-agents' episodes travel in
+    # `subrollouts` and land in their own table (`sub_rollouts`), never as the main agent's turns.
+    delegation: Delegation | None = None
+    subrollouts: list[Rollout] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _fill_rollout_id(self) -> Rollout:
@@ -327,8 +382,9 @@ class Rollout(Record):
         return self
 
     def compute_id(self) -> str:
+        parent = None if self.parent_rollout_id is None else (self.parent_rollout_id, self.stage, self.stage_index)
         return rollout_identity(self.task_id, self.env_id, self.env_version, self.policy_id, self.policy_version,
-                                self.seed, self.attempt, self.policy_params, self.faults, self.limits)
+                                self.seed, self.attempt, self.policy_params, self.faults, self.limits, parent)
 
     @property
     def success(self) -> bool:

@@ -172,6 +172,9 @@ class PermissionGuard(Wrapper):
             return self.env.step(action)
         try:
             call = parse_action(action, self.task.budget.max_action_chars).call
+            check = getattr(self.unwrapped, "_check_call", None)
+            if check is not None:  # a call the env refuses anyway is an input error, not a permission
+                check(call)
         except ActionError:
             return self.env.step(action)  # the env reports the malformed action itself
         category = self.unwrapped.profile.category(call.name)

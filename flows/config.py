@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envs.records import FaultConfig, PolicySpec, RetryPolicy
+from envs.records import FaultConfig, ParallelismReward, PolicySpec, RetryPolicy
 from tasks.evaluate import HELDOUT_SPLITS
 from tasks.isolate import HOLDOUT_FRACTION, check_holdout_fraction
 
@@ -87,6 +87,9 @@ class FactoryConfig(Config):
                                        "success rate p", json_schema_extra={"cli": "--learnability"})
     min_margin: float = Field(0.5, ge=0, description="DPO trajectory pairs: minimum value margin",
                               json_schema_extra={"cli": "--min-margin"})
+    parallelism_reward: ParallelismReward | None = Field(
+        None, description="offer GRPO an auxiliary reward for parallel delegation (weight, anneal_steps), stored "
+                          "with the GRPO dataset; none by default")
     train_after: Method | None = Field(None, description="then train on this run's dataset of that kind (a subflow)",
                                        json_schema_extra={"cli": "--train-after"})
     train_hyperparameters: dict[str, Any] | None = Field(None, description="hyperparameters of train_after")

@@ -20,7 +20,8 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 import envs  # noqa: F401  registers the built-in environments
-from envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, Run, StepScore, TaskRejection, TaskSpec
+from envs.records import (FaultConfig, ParallelismReward, PolicySpec, RetryPolicy, Rollout, Run, StepScore,
+                          TaskRejection, TaskSpec)
 from flows.config import FactoryConfig, flow_parameters
 from flows.report import publish_run_artifacts
 from tasks import assemble as assemble_stage
@@ -113,9 +114,11 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
 
 @task(name="assemble", task_run_name="assemble", cache_policy=NO_CACHE)
 def assemble(data_dir: str, families: list[str], policy_version: str | None = None, learnability: str = "p(1-p)",
-             min_margin: float = 0.5, policy_id: str | None = None) -> dict[str, Any]:
+             min_margin: float = 0.5, policy_id: str | None = None,
+             parallelism_reward: ParallelismReward | None = None) -> dict[str, Any]:
     return assemble_stage.assemble_datasets(data_dir, families, policy_id=policy_id, policy_version=policy_version,
-                                            learnability=learnability, min_margin=min_margin)
+                                            learnability=learnability, min_margin=min_margin,
+                                            parallelism_reward=parallelism_reward)
 
 
 @task(name="record-run", task_run_name="record-run", cache_policy=NO_CACHE)
@@ -236,7 +239,8 @@ def factory(**params: Any) -> dict[str, Any]:
     # The curriculum measures this run's policy (a checkpoint: its weights' fingerprint).
     policies = {(r.policy_id, r.policy_version) for r in rollouts}
     policy_id, policy_version = policies.pop() if len(policies) == 1 else (None, None)
-    datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id)
+    datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id,
+                        config.parallelism_reward)
     run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record_run(data_dir, run)
     if quarantined:

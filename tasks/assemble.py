@@ -37,8 +37,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, Rollout, Split, Step, TaskSpec, ToolCall,
-                          Termination, content_hash)
+from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, ParallelismReward, Rollout, Split, Step,
+                          TaskSpec, Termination, ToolCall, content_hash)
 from envs.registry import make
 from tasks import curriculum
 from tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
@@ -189,14 +189,17 @@ def _pair(task: TaskSpec, chosen: Rollout, rejected: Rollout, prompt, chosen_mes
             "pair_type": pair_type, "step_index": step_index, "margin": round(margin, 6)}
 
 
-def grpo_rows(tasks: dict[str, TaskSpec]) -> list[dict[str, Any]]:
-    """One prompt per task, with what recreates its env: env id, generator seed and level."""
+def grpo_rows(tasks: dict[str, TaskSpec], parallelism: ParallelismReward | None = None) -> list[dict[str, Any]]:
+    """One prompt per task, with what recreates its env: env id, generator seed and level; and the
+    auxiliary parallelism reward's schedule when one is offered (the trainer reads it there)."""
+    schedule = {} if parallelism is None else {"parallelism_weight": parallelism.weight,
+                                               "parallelism_anneal_steps": parallelism.anneal_steps}
     rows = []
     for task in sorted(tasks.values(), key=lambda t: t.task_id):
         prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": _first_observation(task)}]
         rows.append({"prompt": prompt, **_row_base(task), "env_id": task.env_id, "seed": task.source.seed,
                      "level": task.difficulty.level, "generator": task.source.generator,
-                     "generator_version": task.source.version})
+                     "generator_version": task.source.version, **schedule})
     return rows
 
 
@@ -259,10 +262,15 @@ def _rollout_ids(row: dict[str, Any]) -> list[str]:
 def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: str | None = None,
                       policy_version: str | None = None, learnability: str | curriculum.Learnability = "p(1-p)",
                       prior: float = 1.0, min_margin: float = 0.5, min_step_margin: float = 0.0,
-                      kinds: tuple[str, ...] = KINDS) -> dict[str, dict[str, Any]]:
+                      kinds: tuple[str, ...] = KINDS,
+                      parallelism_reward: ParallelismReward | dict | None = None) -> dict[str, dict[str, Any]]:
     """Build, write and register the datasets of `families` from what the warehouse holds.
     Success rates (hence the curriculum) are measured for `policy_id` / `policy_version`
-    (all policies where None) on the train split."""
+    (all policies where None) on the train split. `parallelism_reward` offers GRPO an annealed
+    auxiliary reward for delegating episodes (envs.records.ParallelismReward), stored with the
+    GRPO dataset; SFT and DPO rows never carry one."""
+    if isinstance(parallelism_reward, dict):
+        parallelism_reward = ParallelismReward.model_validate(parallelism_reward)
     from tasks.score import latest_step_rewards
     from warehouse import Warehouse
 
@@ -289,11 +297,15 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
                              "split": "train"}}
         builders = {"sft": lambda: sft_rows(tasks, rollouts, step_rewards),
                     "dpo": lambda: dpo_rows(tasks, rollouts, step_rewards, min_margin, min_step_margin),
-                    "grpo": lambda: grpo_rows(tasks)}
+                    "grpo": lambda: grpo_rows(tasks, parallelism_reward)}
         result, manifests, lineage = {}, [], []
         out_dir = Path(data_dir) / DATASETS_DIR
         for kind in kinds:
-            rows, manifest, kind_lineage = finish(kind, builders[kind](), tasks, rates, learnability, config)
+            kind_config = config
+            if kind == "grpo" and parallelism_reward is not None:
+                kind_config = {**config, "params": {**config["params"],
+                                                    "parallelism_reward": parallelism_reward.model_dump()}}
+            rows, manifest, kind_lineage = finish(kind, builders[kind](), tasks, rates, learnability, kind_config)
             path = write_dataset(rows, manifest.dataset_id, out_dir)
             if path is not None:
                 manifest.path = path.resolve().relative_to(wh.data_dir).as_posix()

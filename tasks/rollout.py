@@ -9,7 +9,8 @@ import traceback
 
 from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
-from envs.records import Budget, Cost, FaultConfig, OutcomeReport, PolicySpec, Rollout, TaskSpec, content_hash
+from envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig, OutcomeReport, PolicySpec, Rollout,
+                          TaskSpec, content_hash)
 from envs.registry import make, spec, verifier_for
 from envs.secrets import redact
 from envs.wrappers import standard_stack
@@ -61,6 +62,7 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
         steps = list(getattr(env, "steps", []))
         env_info = env.unwrapped.runtime_info()
         outcome, verifier_error = _outcome(task, ts, steps, env)
+        sub_episodes = list(getattr(env.unwrapped, "sub_episodes", None) or [])
     finally:
         env.close()
     termination, reason = classify(
@@ -71,11 +73,48 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
                 tokens=sum(len(s.token_ids or []) for s in steps),
                 wall_time_s=round(time.perf_counter() - started, 6))
-    return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                   env_version=spec(task.env_id).version, policy_id=policy.policy_id,
-                   policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
-                   termination=termination, termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
-                   env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
+    rollout = Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
+                      env_version=spec(task.env_id).version, policy_id=policy.policy_id,
+                      policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
+                      termination=termination, termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
+                      env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
+    return with_delegation(rollout, sub_episodes) if sub_episodes else rollout
+
+
+def with_delegation(rollout: Rollout, stages: list[list]) -> Rollout:
+    """The rollout with its sub-agents' episodes (envs.delegation.SubEpisode, one list per stage,
+    in the order of the main agent's accepted `delegate` calls) as sub-rollouts linked to it, and
+    its `Delegation`: per stage, the main agent's steps up to and including that call."""
+    delegated = [s.index for s in rollout.steps
+                 if s.tool_call is not None and s.tool_call.name == "delegate" and s.error is None]
+    if len(delegated) != len(stages):
+        raise RuntimeError(f"{len(stages)} delegation stages, but {len(delegated)} accepted delegate calls")
+    subs, layout, start = [], [], 0
+    for n, (index, episodes) in enumerate(zip(delegated, stages)):
+        stage_subs = [sub_rollout(rollout.rollout_id, n, k, e) for k, e in enumerate(episodes)]
+        layout.append(DelegationStage(main_steps=index + 1 - start, sub_steps=[r.cost.steps for r in stage_subs],
+                                      sub_rollout_ids=[r.rollout_id for r in stage_subs]))
+        subs += stage_subs
+        start = index + 1
+    if start < len(rollout.steps):
+        layout.append(DelegationStage(main_steps=len(rollout.steps) - start))
+    return rollout.model_copy(update={"delegation": Delegation(stages=layout), "subrollouts": subs})
+
+
+def sub_rollout(parent_id: str, stage: int, index: int, episode) -> Rollout:
+    """One sub-agent's episode as a rollout of its own family, classified like any other."""
+    task = episode.task
+    outcome = OutcomeReport.model_validate(episode.outcome) if episode.outcome else None
+    termination, reason = classify(episode.steps, terminated=episode.terminated, truncated=episode.truncated,
+                                   end_info=episode.end_info, outcome=outcome, policy_error=episode.policy_error,
+                                   env_error=episode.env_error)
+    cost = Cost(steps=len(episode.steps), tool_calls=sum(s.tool_call is not None for s in episode.steps),
+                tokens=sum(len(s.token_ids or []) for s in episode.steps))
+    return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id, env_version=spec(task.env_id).version,
+                   policy_id=episode.policy_id, policy_version=episode.policy_version, seed=episode.seed,
+                   attempt=episode.attempt, steps=episode.steps, termination=termination,
+                   termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost, env_info=episode.env_info,
+                   parent_rollout_id=parent_id, stage=stage, stage_index=index)
 
 
 def _play(env, task: TaskSpec, policy: Policy, seed: int):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from envs.errors import rolled_back
+from envs.errors import reached_world
 from envs.family import HiddenFacts, family
 from envs.records import OutcomeReport, Step, TaskSpec, ToolCall
 
@@ -89,6 +89,7 @@ class ReplayVerifier(OutcomeVerifier):
 
 
 def calls_of(steps: list[Step]) -> list[ToolCall | None]:
-    """The calls to replay, aligned with the steps: None where nothing reached a tool or the
-    step was rolled back (an env fault or bug leaves the state as it was, so the replay skips it)."""
-    return [None if rolled_back(s.error) else s.tool_call for s in steps]
+    """The calls to replay, aligned with the steps: None where nothing reached a tool, the step was
+    rolled back (an env fault or bug leaves the state as it was) or the runtime refused it before
+    the world saw it (an unapproved call): a replay must never run what the live episode did not."""
+    return [s.tool_call if reached_world(s.error) else None for s in steps]

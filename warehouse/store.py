@@ -130,6 +130,9 @@ class Warehouse:
             rows["rollouts"] = new
             rows["steps"] = [_row(TABLES["steps"], step, rollout_id=row["rollout_id"], task_family=row[PARTITION])
                              for row in new for step in by_id[row["rollout_id"]].steps]
+            subs = [_row(TABLES["sub_rollouts"], sub) for row in new for sub in by_id[row["rollout_id"]].subrollouts]
+            if subs:  # a delegating rollout's sub-agents' episodes
+                rows["sub_rollouts"] = subs
             if rollout_outcomes:
                 now = datetime.now(timezone.utc).isoformat(timespec="seconds")
                 verdicts = [Verdict.of_rollout(by_id[row["rollout_id"]], now) for row in new]

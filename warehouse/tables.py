@@ -117,7 +117,7 @@ class Table:
 TABLES: dict[str, Table] = {t.name: t for t in [
     Table("tasks", TaskSpec, key=("task_id",), content_id="task_id",
           derived=("CAST(json_extract(difficulty, '$.level') AS BIGINT) AS difficulty_level",)),
-    Table("rollouts", Rollout, key=("rollout_id",), exclude=frozenset({"steps"}),
+    Table("rollouts", Rollout, key=("rollout_id",), exclude=frozenset({"steps", "subrollouts"}),
           # The run that first landed the rollout (a factory `Run.run_id`) and its Prefect flow run.
           lineage=(Column("run_id", pa.string(), nullable=True), Column("flow_run_id", pa.string(), nullable=True)),
           derived=("termination = 'success' AS success",
@@ -148,4 +148,9 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("outcomes", Verdict, key=("rollout_id", "verifier_id", "verifier_version"),
           derived=("termination = 'success' AS success",), timestamps=("verified_at",),
           references=(Reference(("rollout_id",), "rollouts"),)),
+    # Sub-agents' episodes of a delegating rollout (their family's partition), steps inline: frozen
+    # policies' work, kept apart from the rollouts that curricula, success rates and datasets read.
+    Table("sub_rollouts", Rollout, key=("rollout_id",), exclude=frozenset({"subrollouts"}),
+          derived=("termination = 'success' AS success",),
+          references=(Reference(("parent_rollout_id",), "rollouts"),)),
 ]}

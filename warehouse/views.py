@@ -84,6 +84,18 @@ ANALYSIS_VIEWS: dict[str, str] = {
                   FROM step_scores GROUP BY 1, 2, 3, 4, 5)
             GROUP BY 1, 2, 3, 4)
         USING (task_family, layer, scorer_id, scorer_version)""",
+    # Delegating rollouts: critical steps (per stage the main agent's steps plus its longest sub-agent's)
+    # beside the serial total, with the sub-agents' episodes landed for each (`sub_rollouts`).
+    "critical_steps": """
+        SELECT r.task_family, r.rollout_id, r.task_id, r.policy_id, r.policy_version, r.termination, r.success,
+               CAST(json_extract(r.delegation, '$.critical_steps') AS BIGINT) AS critical_steps,
+               CAST(json_extract(r.delegation, '$.serial_steps') AS BIGINT) AS serial_steps,
+               CAST(json_array_length(json_extract(r.delegation, '$.stages')) AS BIGINT) AS stages,
+               (SELECT count(*) FROM sub_rollouts s WHERE s.parent_rollout_id = r.rollout_id) AS sub_rollouts,
+               (SELECT count(*) FILTER (WHERE s.success) FROM sub_rollouts s
+                WHERE s.parent_rollout_id = r.rollout_id) AS sub_successes
+        FROM rollouts r
+        WHERE r.delegation IS NOT NULL""",
     # Rejected tasks by stage and reason; reason_kind drops the numbers and details.
     "rejections_by_reason": """
         SELECT task_family, stage,

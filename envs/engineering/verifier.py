@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.errors import ErrorKind, rolled_back
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier
+from verifiers.base import ReplayVerifier, calls_of
 
 from . import fleet
 from .facts import Cause, EngineeringFacts
@@ -31,12 +30,6 @@ CHECK_OF = {"bad_deploy": "deploy", "pool_exhausted": "pool", "disk_full": "disk
             "poison_queue": "queue", "bad_config": "memory", "bad_timeout": "timeout"}
 CHANGES = ("version", "config", "replicas", "disk", "queue", "credential", "restarts")
 READS = {t.name for t in EngineeringEnv.profile.tools if t.category.value == "read"} | {"request_approval", "resolve"}
-
-
-def calls_of(steps: list[Step]) -> list[ToolCall | None]:
-    """The calls that reached the world: not a rolled-back step, nor one the runtime refused."""
-    return [None if rolled_back(s.error) or s.error == ErrorKind.permission_denied.value else s.tool_call
-            for s in steps]
 
 
 def remaining(state: dict[str, Any], cause: Cause) -> str | None:
@@ -132,10 +125,6 @@ class EngineeringVerifier(ReplayVerifier):
                              completed=verdicts["completed"], regression=bool(found["regression"]),
                              constraint_violation=bool(found["violations"]), side_effects=found["collateral"],
                              reasons=reasons, checks=checks)
-
-    def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
-        states = [self.initial_state(task)] + self.replay(task, calls_of(steps))
-        return [self.potential(task, s) for s in states]
 
     def precondition(self, task: TaskSpec) -> str | None:
         """Why the task is no exercise: a cause already fixed, the symptom healthy, or a cause off its path."""

@@ -151,9 +151,10 @@ class LiveEpisodes:
     the sampled actions (env mask 1, with their sampled logprobs) and the tool results and
     errors the env appended (env mask 0). Keeps every episode played, for landing."""
 
-    def __init__(self, tasks, base_model: str, hp, policy_id: str):
+    def __init__(self, tasks, base_model: str, hp, policy_id: str, parallelism=None):
         from tasks.hf_policy import family_tools
 
+        self.parallelism = parallelism  # envs.records.ParallelismReward from the dataset, or None
         self.tasks = {t.task_id: t for t in tasks}
         self.base_model, self.hp, self.policy_id = base_model, hp, policy_id
         self.tools = family_tools(hp.family)
@@ -197,8 +198,30 @@ class LiveEpisodes:
             out["env_mask"].append(env_mask)
             out["step_spans"].append(spans)
             out["step_rewards"].append(rewards[rollout.rollout_id])
-            out["outcome"].append(float(rollout.success))
+            out["outcome"].append(episode_reward(rollout, self.parallelism, step))
         return out
+
+
+def episode_reward(rollout, parallelism, step: int) -> float:
+    """The episode's outcome (1 for a verified success), plus the dataset's annealed parallelism
+    reward where it offers one: its weight at `step` x the episode's parallelism gain."""
+    from envs.delegation import parallelism_gain
+
+    bonus = 0.0 if parallelism is None else parallelism.at(step) * parallelism_gain(rollout)
+    return float(rollout.success) + bonus
+
+
+def dataset_parallelism(dataset: str):
+    """The parallelism reward a GRPO dataset file offers (its rows carry the schedule), or None."""
+    import pyarrow.parquet as pq
+
+    from envs.records import ParallelismReward
+
+    table = pq.read_table(str(dataset))
+    if "parallelism_weight" not in table.column_names or table.num_rows == 0:
+        return None
+    row = table.slice(0, 1).to_pylist()[0]
+    return ParallelismReward(weight=row["parallelism_weight"], anneal_steps=row["parallelism_anneal_steps"])
 
 
 def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
@@ -222,7 +245,8 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     fractions = landed_holdout_fractions(hp.data_dir)  # and the holdout fractions its runs locked
     tasks = dataset_tasks(dataset, hp.max_steps if hp.max_steps < 10_000 else 1000, hp.seed, known, fractions) \
         if dataset else train_tasks(hp.family, hp.tasks, hp.seed, known, fractions)
-    episodes = LiveEpisodes(tasks, base_model, hp, policy_id=f"grpo:{output_dir.rstrip('/').rsplit('/', 1)[-1]}")
+    episodes = LiveEpisodes(tasks, base_model, hp, policy_id=f"grpo:{output_dir.rstrip('/').rsplit('/', 1)[-1]}",
+                            parallelism=dataset_parallelism(dataset) if dataset else None)
     args = GRPOConfig(output_dir=output_dir, max_steps=hp.max_steps, learning_rate=hp.learning_rate,
                       lr_scheduler_type="constant", per_device_train_batch_size=hp.num_generations,
                       gradient_accumulation_steps=1, num_generations=hp.num_generations,

@@ -7,7 +7,7 @@ from envs.parsing import ActionError, parse_action
 from envs.profile import DomainProfile
 from envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
 from envs.registry import UnknownEnv, family_env_id, list_envs, make, register
-from envs.wrappers import (ObservationTruncation, PermissionGuard, TimeLimit, ToolBudget,
+from envs.wrappers import (ObservationTruncation, PermissionGuard, Recorder, TimeLimit, ToolBudget,
                            standard_stack)
 from tests.envs.counter_env import CounterEnv, reward_at_target
 
@@ -157,6 +157,20 @@ def test_permission_guard_asks_the_world_when_given_no_approver():
     refused.reset(seed=1)
     refused.unwrapped._state["value"] = 1
     assert obs(refused.step(ToolCall(name="add", arguments={"n": 1})))["error"]["type"] == "permission_denied"
+
+
+def test_permission_guard_reports_bad_arguments_before_permission_and_replays_skip_its_refusals():
+    from verifiers.base import calls_of
+
+    env = PermissionGuard(CounterEnv(), require_approval={ToolCategory.write})
+    env.reset(seed=1)
+    assert obs(env.step(ToolCall(name="add", arguments={"n": "one"})))["error"]["type"] == "invalid_arguments"
+    guarded = Recorder(PermissionGuard(CounterEnv(), require_approval={ToolCategory.write}))
+    guarded.reset(seed=1)
+    guarded.step(ToolCall(name="add", arguments={"n": 1}))
+    guarded.step(ToolCall(name="read"))
+    assert [s.error for s in guarded.steps] == ["permission_denied", None]
+    assert [c and c.name for c in calls_of(guarded.steps)] == [None, "read"]  # a replay never runs the refused add
 
 
 def test_observation_truncation():

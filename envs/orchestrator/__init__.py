@@ -1,0 +1,16 @@
+"""The orchestrator family: delegate whole sub-tasks of other families to frozen sub-agents in
+parallel stages (envs/delegation.py), retry what failed, finish when all succeeded."""
+
+from envs.family import Family
+
+from .facts import OrchestratorFacts
+from .generator import GENERATOR_VERSION, generate
+from .world import OrchestratorEnv
+
+FAMILY = Family(
+    name="orchestrator", env=OrchestratorEnv, generator=generate, generator_version=GENERATOR_VERSION,
+    facts=OrchestratorFacts, verifier=f"{__name__}.verifier:OrchestratorVerifier",
+    scripted_policy=f"{__name__}.policy:ScriptedOrchestratorPolicy")
+generate_task = FAMILY.generate
+
+__all__ = ["FAMILY", "GENERATOR_VERSION", "OrchestratorEnv", "generate_task"]

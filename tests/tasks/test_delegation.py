@@ -1,0 +1,137 @@
+"""A delegating episode lands its sub-agents' episodes as sub-rollouts linked to it, with its
+stages and critical steps; training data holds only the main agent's turns; a sub-rollout is
+never counted as the sub-task family's own data."""
+
+from __future__ import annotations
+
+import envs  # noqa: F401  (registers the families)
+from envs.family import family
+from envs.records import ToolCall
+from tasks.assemble import sft_rows
+from tasks.policies import make_policy
+from tasks.rollout import run_episode
+from warehouse import Warehouse
+
+
+class Calls:
+    """A policy that makes the given calls (the main agent, as a harness would drive it)."""
+
+    policy_id, version = "calls", "1"
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def reset(self, seed=None):
+        self.left = list(self.calls)
+
+    def act(self, observation):
+        call = self.left.pop(0)
+        return f'<tool_call>{{"name": "{call.name}", "arguments": {__import__("json").dumps(call.arguments)}}}</tool_call>'
+
+
+def retried_task(level=2):
+    fam = family("orchestrator")
+    return next(t for s in range(60) for t in [fam.generate(s, level)]
+                if sum(c.name == "delegate" for c in t.hidden.reference) > 1)
+
+
+def test_a_delegated_episode_lands_its_sub_rollouts_linked_to_the_parent(tmp_path):
+    task = retried_task()
+    rollout = run_episode(task, Calls(task.hidden.reference), seed=7)
+    assert rollout.success and rollout.delegation is not None
+    stages = [c.arguments["subtasks"] for c in task.hidden.reference if c.name == "delegate"]
+    subs = rollout.subrollouts
+    assert len(subs) == sum(map(len, stages)) and {s.parent_rollout_id for s in subs} == {rollout.rollout_id}
+    assert [(s.stage, s.stage_index) for s in subs] == [(n, k) for n, st in enumerate(stages) for k in range(len(st))]
+    assert len({s.rollout_id for s in subs}) == len(subs)
+    assert all(s.policy_version.endswith("+mistakes0.2") and s.steps for s in subs)  # each its own steps and version
+    # stage n: the main agent's steps up to and including its n-th delegate call, then the sub-agents
+    layout = rollout.delegation.stages
+    assert [s.main_steps for s in layout] == [2] + [1] * (len(stages) - 1) + [1]  # list, delegate.., then finish
+    assert [s.sub_steps for s in layout[:-1]] == [[len(r.steps) for r in subs if r.stage == n] for n in range(len(stages))]
+    d = rollout.delegation
+    assert d.critical_steps == sum(s.main_steps + max(s.sub_steps, default=0) for s in layout)
+    assert d.serial_steps == len(rollout.steps) + sum(len(s.steps) for s in subs) > d.critical_steps
+
+    with Warehouse(tmp_path) as wh:
+        counts = wh.land(tasks=[task], rollouts=[rollout], rollout_outcomes=True).checked()
+        assert counts["rollouts"] == 1 and counts["sub_rollouts"] == len(subs)
+        assert counts["steps"] == len(rollout.steps)  # the main agent's steps only
+        (row,) = wh.sql("select * from critical_steps").to_pylist()
+        assert (row["critical_steps"], row["serial_steps"], row["stages"]) == (d.critical_steps, d.serial_steps, len(layout))
+        assert row["sub_rollouts"] == len(subs) and row["sub_successes"] == sum(s.success for s in subs)
+        linked = wh.sql("select parent_rollout_id, count(*) n from sub_rollouts group by 1").to_pylist()
+        assert linked == [{"parent_rollout_id": rollout.rollout_id, "n": len(subs)}]
+        # the sub-task families' own statistics never see the frozen sub-agents' episodes
+        assert wh.sql("select count(*) n from rollouts where task_family <> 'orchestrator'").to_pylist() == [{"n": 0}]
+        again = wh.land(tasks=[task], rollouts=[rollout]).checked()
+        assert again == {"tasks": 0, "rollouts": 0, "steps": 0}  # idempotent: nothing lands twice
+
+
+def test_training_rows_hold_only_the_main_agents_turns():
+    task = retried_task()
+    rollout = run_episode(task, Calls(task.hidden.reference), seed=7)
+    (row,) = sft_rows({task.task_id: task}, [rollout], {})
+    called = [c["function"]["name"] for m in row["messages"] for c in m.get("tool_calls") or []]
+    assert called == [c.name for c in task.hidden.reference]
+    sub_tools = {s.tool_call.name for sub in rollout.subrollouts for s in sub.steps if s.tool_call}
+    assert sub_tools and not sub_tools & set(called)
+
+
+def test_the_scripted_orchestrator_through_run_episode():
+    fam = family("orchestrator")
+    policy = make_policy("scripted", "orchestrator")
+    rollouts = [run_episode(fam.generate(s, 3), policy, seed=s) for s in range(6)]
+    assert all(r.delegation is not None and r.subrollouts for r in rollouts)
+    assert {r.termination.value for r in rollouts} >= {"success"}
+
+
+def test_parallelism_reward_is_annealed_and_never_grows_with_sub_agents_alone():
+    from envs.delegation import parallelism_gain
+    from envs.records import ParallelismReward
+    from tasks.training.grpo import episode_reward
+
+    fam = family("orchestrator")
+    task = next(t for s in range(60) for t in [fam.generate(s, 3)]
+                if sum(c.name == "delegate" for c in t.hidden.reference) == 1)  # all succeed in one stage
+    ids = fam.facts_of(task).subtasks
+    parallel = run_episode(task, Calls(task.hidden.reference), seed=1)
+    serial_calls = [ToolCall(name="delegate", arguments={"subtasks": [i]}) for i in ids]
+    serial = run_episode(task, Calls(serial_calls + [task.hidden.reference[-1]]), seed=1)
+    assert parallel.success and serial.success
+    subs = [len(r.steps) for r in parallel.subrollouts]
+    main = len(parallel.steps)
+    assert parallelism_gain(parallel) == 1 - (main + max(subs)) / (main + sum(subs))
+    assert parallelism_gain(serial) == 0.0  # one sub-agent per stage: nothing off the critical path
+    # spawning a wasted sub-agent (a sub-task again after it succeeded) fails the task: no reward at all
+    spam = run_episode(task, Calls(task.hidden.reference[:2] + [ToolCall(name="delegate", arguments={"subtasks": ids[:1]}),
+                                                                task.hidden.reference[-1]]), seed=1)
+    assert not spam.success and parallelism_gain(spam) == 0.0
+
+    schedule = ParallelismReward(weight=0.2, anneal_steps=10)
+    assert [schedule.at(s) for s in (0, 5, 10, 20)] == [0.2, 0.1, 0.0, 0.0]
+    assert episode_reward(parallel, schedule, 0) == 1 + 0.2 * parallelism_gain(parallel)
+    assert episode_reward(parallel, schedule, 10) == 1.0 and episode_reward(parallel, None, 0) == 1.0
+    assert episode_reward(spam, schedule, 0) == 0.0
+
+
+def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
+    from tasks.assemble import assemble_datasets
+    from tasks.training.grpo import dataset_parallelism
+
+    fam = family("orchestrator")
+    tasks = [fam.generate(s, 1) for s in range(4)]
+    rollouts = [run_episode(t, Calls(t.hidden.reference), seed=s) for s, t in enumerate(tasks)]
+    with Warehouse(tmp_path) as wh:
+        wh.land(tasks=tasks, rollouts=rollouts, rollout_outcomes=True).checked()
+    out = assemble_datasets(tmp_path, ["orchestrator"], parallelism_reward={"weight": 0.3, "anneal_steps": 50})
+    grpo = out["grpo"]
+    assert grpo["rows"] > 0
+    schedule = dataset_parallelism(grpo["path"])
+    assert (schedule.weight, schedule.anneal_steps) == (0.3, 50)
+    with Warehouse(tmp_path) as wh:
+        params = {r["kind"]: r["params"] for r in wh.sql("select kind, params from datasets").to_pylist()}
+    assert '"parallelism_reward": {"weight": 0.3, "anneal_steps": 50}' in params["grpo"]
+    assert "parallelism_reward" not in params["sft"]
+    plain = assemble_datasets(tmp_path, ["orchestrator"])
+    assert dataset_parallelism(plain["grpo"]["path"]) is None
