@@ -2,8 +2,8 @@
 bug a user meets): the README's Python and its `gymfoundry sql` / `gymfoundry report` commands
 run, the Python of the docs/ pages listed in OWN_PYTHON runs, every `--option` a page's bash
 names exists, the refusals docs/operations.md shows are what the CLI prints, and every relative
-link and anchor resolves. (docs/warehouse.md, docs/datasets.md and docs/report.md have tests of
-their own.)"""
+link and anchor resolves. (docs/warehouse.md, docs/datasets.md, docs/report.md and
+docs/orchestration.md have tests of their own.)"""
 
 import functools
 import os
@@ -18,7 +18,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 # The docs/ pages whose Python blocks this file runs (and how many each has).
 OWN_PYTHON = {"environments.md": 1, "architecture.md": 0, "records.md": 0, "prm.md": 0, "training.md": 0,
-              "operations.md": 0, "scaling.md": 0, "experiments.md": 0}
+              "operations.md": 0, "scaling.md": 0, "experiments.md": 0, "yaml-families.md": 0}
 
 
 def blocks(path: Path, kind: str) -> list[str]:
