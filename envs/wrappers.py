@@ -6,6 +6,8 @@ Recorder(TimeLimit(ToolBudget(PermissionGuard(ObservationTruncation(env))))).
 
 from __future__ import annotations
 
+import contextvars
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -72,6 +74,7 @@ class TimeLimit(Wrapper):
         super().__init__(env)
         self._limits = (max_steps, step_timeout_s, episode_timeout_s)
         self._over = False
+        self._worker = StepWorker()
 
     def reset(self, task=None, seed=None) -> TimeStep:
         ts = self.env.reset(task=task, seed=seed)
@@ -85,6 +88,11 @@ class TimeLimit(Wrapper):
         self._over = False
         return ts
 
+    def close(self) -> None:
+        self._worker.close()
+        self._worker = StepWorker()
+        self.env.close()
+
     def step(self, action) -> TimeStep:
         if self._over:
             raise RuntimeError("the episode is over; call reset()")
@@ -94,10 +102,11 @@ class TimeLimit(Wrapper):
             reason = "episode time limit reached"
             return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
                         {"error": {"kind": TIMEOUT, "message": reason}})
-        finished, ts = _run_with_timeout(lambda: self.env.step(action), timeout)
+        finished, ts = self._worker.run(lambda: self.env.step(action), timeout)
         self.steps_taken += 1
         if not finished:
             self._over = True
+            self._worker = StepWorker()  # the old one may still be running the abandoned step
             which = "step" if timeout == self.step_timeout_s else "episode"
             reason = f"{which} time limit of {timeout:.3g}s reached during the step"
             return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
@@ -109,24 +118,70 @@ class TimeLimit(Wrapper):
         return ts
 
 
-def _run_with_timeout(fn: Callable[[], TimeStep], timeout: float) -> tuple[bool, TimeStep | None]:
-    """Run fn in a daemon thread; a step that never returns cannot hold up the caller or exit."""
-    box: dict[str, Any] = {}
+class StepWorker:
+    """The thread that runs one env stack's steps, so that a step overrunning its deadline can be
+    abandoned while it runs: the caller waits at most `timeout` and gets control back.
 
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
+    One daemon thread serves the steps handed to it one at a time (starting a thread per step
+    cost more than most steps). It is started on the first step, ends when idle for `IDLE_S` or
+    closed, and is never reused once a step was abandoned: the abandoned step may still be
+    running in it, so `run` reports it and the caller drops this worker for a fresh one. Each
+    step runs in an empty `contextvars` context, as it would in a fresh thread."""
 
-    worker = threading.Thread(target=target, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        return False, None
-    if "error" in box:
-        raise box["error"]
-    return True, box["value"]
+    IDLE_S = 2.0
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards _alive against the worker retiring when idle
+        self._alive = False
+        self.abandoned = False  # or closed: it runs nothing more
+
+    def run(self, fn: Callable[[], TimeStep], timeout: float) -> tuple[bool, TimeStep | None]:
+        """(True, fn()) if fn returned within `timeout` seconds, (False, None) if not; what fn
+        raised is re-raised here."""
+        if self.abandoned:
+            raise RuntimeError("this worker was closed or abandoned a step; use a fresh one")
+        done = threading.Lock()
+        done.acquire()
+        box: dict[str, Any] = {}
+        with self._lock:
+            self._jobs.put((fn, box, done))
+            if not self._alive:
+                self._alive = True
+                threading.Thread(target=self._serve, name="gymfoundry-step", daemon=True).start()
+        if not done.acquire(timeout=min(timeout, threading.TIMEOUT_MAX)):
+            self.abandoned = True
+            self._jobs.put(None)  # the worker ends as soon as the abandoned step returns, if ever
+            return False, None
+        if "error" in box:
+            raise box["error"]
+        return True, box["value"]
+
+    def close(self) -> None:
+        """End the thread once it is idle; a closed worker runs nothing more."""
+        self.abandoned = True
+        self._jobs.put(None)
+
+    def _serve(self) -> None:
+        jobs = self._jobs
+        while True:
+            try:
+                job = jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if jobs.empty():  # run() puts under the lock: nothing is left unserved
+                        self._alive = False
+                        return
+                continue
+            if job is None:
+                return
+            fn, box, done = job
+            try:
+                box["value"] = contextvars.Context().run(fn)
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
+            finally:
+                done.release()
 
 
 class ToolBudget(Wrapper):

@@ -1,0 +1,132 @@
+"""The per-step machinery made cheap keeps its guarantees: one step thread per env stack that is
+abandoned (never reused) when a step overruns, and a state copy equal to deepcopy's."""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import threading
+import time
+
+import pytest
+
+from envs.base import copy_state
+from envs.records import ToolCall
+from envs.wrappers import StepWorker, TimeLimit, standard_stack
+from tests.envs.counter_env import CounterEnv, reward_at_target
+
+WHERE: list[threading.Thread] = []
+MARK: contextvars.ContextVar[str] = contextvars.ContextVar("mark", default="unset")
+
+
+class WhereEnv(CounterEnv):
+    """Records the thread each step ran in."""
+
+    def step(self, action):
+        WHERE.append(threading.current_thread())
+        return super().step(action)
+
+
+def test_steps_of_one_stack_share_one_thread_not_the_callers():
+    WHERE.clear()
+    env = TimeLimit(WhereEnv(outcome_fn=reward_at_target))
+    env.reset(seed=2)
+    for _ in range(3):
+        env.step(ToolCall(name="read"))
+    ts = env.step(ToolCall(name="add", arguments={"n": 3}))
+    ts = env.step(ToolCall(name="finish"))
+    assert ts.terminated and ts.reward == 1.0
+    assert len(WHERE) == 5 and all(t is WHERE[0] for t in WHERE) and WHERE[0] is not threading.current_thread()
+    env.close()
+
+
+def test_an_overrunning_step_is_abandoned_and_the_next_episode_gets_a_fresh_thread():
+    WHERE.clear()
+    env = TimeLimit(WhereEnv(), step_timeout_s=0.2)
+    env.reset(seed=1)
+    env.step(ToolCall(name="read"))
+    hung = env._worker
+    started = time.monotonic()
+    ts = env.step(ToolCall(name="sleep", arguments={"seconds": 1.0}))
+    assert time.monotonic() - started < 0.9
+    assert ts.truncated and ts.info["termination"] == "timeout" and ts.info["error"]["kind"] == "timeout"
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.step(ToolCall(name="read"))
+    assert hung.abandoned and env._worker is not hung
+    with pytest.raises(RuntimeError, match="abandoned"):
+        hung.run(lambda: None, 1.0)
+    time.sleep(1.0)  # the hung step ends in its own thread; the env is reset only now
+    env.reset(seed=1)
+    ts = env.step(ToolCall(name="read"))
+    assert not ts.done and ts.info["error"] is None
+    assert len(WHERE) == 3 and WHERE[0] is WHERE[1] and WHERE[2] is not WHERE[0]
+    env.close()
+
+
+def test_what_a_step_raises_reaches_the_caller_and_the_worker_serves_on():
+    worker = StepWorker()
+
+    def boom():
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError, match="inside"):
+        worker.run(boom, 1.0)
+    assert worker.run(lambda: 7, 1.0) == (True, 7)
+    worker.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.run(lambda: 7, 1.0)
+
+
+def test_each_step_runs_in_an_empty_context_and_an_idle_worker_ends_and_restarts(monkeypatch):
+    monkeypatch.setattr(StepWorker, "IDLE_S", 0.05)
+    worker = StepWorker()
+
+    def set_mark():
+        before = MARK.get()
+        MARK.set("set by a step")
+        return before, threading.current_thread()
+
+    (_, (first, thread)), (_, (second, _)) = worker.run(set_mark, 1.0), worker.run(set_mark, 1.0)
+    assert first == second == "unset"
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not thread.is_alive()
+    finished, (_, again) = worker.run(set_mark, 1.0)
+    assert finished and again is not thread
+
+
+def test_a_fault_rolls_the_state_back_exactly_including_the_event_log():
+    from envs.family import family
+
+    fam = family("inventory")
+    task = fam.generate(3, 3)
+    env = standard_stack(fam.env(outcome_fn=None))
+    env.reset(task=task)
+    *work, _submit = task.hidden.reference
+    for call in work[:2]:
+        env.step(call)
+    world = env.unwrapped
+    before = copy.deepcopy(world._state)
+
+    def broken(state, **args):
+        state["catalog"].clear()
+        state.setdefault("events", []).append({"seq": 99})
+        raise RuntimeError("a bug after writing")
+
+    world.tool_get_stock = broken
+    ts = env.step(ToolCall(name="get_stock", arguments={"sku": "SKU-1"}))
+    assert ts.info["env_bug"] is True and world._state == before
+    env.close()
+
+
+def test_copy_state_equals_deepcopy_and_keeps_sharing():
+    shared = {"n": [1, 2]}
+    value = {"a": shared, "b": shared, "t": (1, [2]), "k": {(1, 2): 3.5}, "f": -0.0, "z": None, "y": True}
+    out = copy_state(value)
+    assert out == value == copy.deepcopy(value)
+    assert out["a"] is out["b"] and out["a"] is not shared and out["t"][1] is not value["t"][1]
+    assert type(out["y"]) is bool and str(out["f"]) == "-0.0"
+    unpicklable = {"fn": lambda: 1, "v": [1]}  # pickle refuses a lambda; deepcopy keeps it
+    out = copy_state(unpicklable)
+    assert out["fn"] is unpicklable["fn"] and out["v"] == [1] and out["v"] is not unpicklable["v"]
