@@ -87,6 +87,9 @@ class FactoryConfig(Config):
                                        "success rate p", json_schema_extra={"cli": "--learnability"})
     min_margin: float = Field(0.5, ge=0, description="DPO trajectory pairs: minimum value margin",
                               json_schema_extra={"cli": "--min-margin"})
+    subagent: PolicySpec | None = Field(
+        None, description="the frozen policy that plays delegated sub-tasks (delegating families such as "
+                          "orchestrator); none: each sub-task family's scripted policy")
     parallelism_reward: ParallelismReward | None = Field(
         None, description="offer GRPO an auxiliary reward for parallel delegation (weight, anneal_steps), stored "
                           "with the GRPO dataset; none by default")

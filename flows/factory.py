@@ -69,10 +69,12 @@ def _crashed_not_exhausted(task, task_run, state) -> bool:
       retry_condition_fn=_crashed_not_exhausted)
 def rollout_batch(tasks: list[TaskSpec], policy: PolicySpec | str, policy_kwargs: dict[str, Any] | None,
                   samples_per_task: int, seed: int, retry: RetryPolicy | None = None,
-                  faults: FaultConfig | None = None) -> list[Rollout]:
-    """`policy`: a PolicySpec (`policy_kwargs` then empty), or a policy name and its keywords."""
+                  faults: FaultConfig | None = None, subagent: PolicySpec | None = None) -> list[Rollout]:
+    """`policy`: a PolicySpec (`policy_kwargs` then empty), or a policy name and its keywords.
+    `subagent`: the frozen policy of delegated sub-tasks (None: each sub-task family's scripted one)."""
     agent = make_policy(policy, tasks[0].family, **(policy_kwargs or {}))
-    return collect_with_retries(tasks, agent, samples_per_task, seed, retry or RetryPolicy(), faults)
+    return collect_with_retries(tasks, agent, samples_per_task, seed, retry or RetryPolicy(), faults,
+                                subagent=subagent)
 
 
 @task(name="score", task_run_name="score", cache_policy=NO_CACHE)
@@ -131,7 +133,7 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
                     policy_kwargs: dict[str, Any] | None,
                     samples_per_task: int, batch_size: int, data_dir: str | None = None,
                     holdout_fraction: float = HOLDOUT_FRACTION, retry: RetryPolicy | None = None,
-                    faults: FaultConfig | None = None) -> dict[str, Any]:
+                    faults: FaultConfig | None = None, subagent: PolicySpec | None = None) -> dict[str, Any]:
     """One family, from task specs to scored rollouts (not yet landed). Its task runs are named
     `<family> · <stage>`, the rollout batches `<family> · rollout i/n`."""
     named = lambda t, stage: t.with_options(task_run_name=f"{family} · {stage}")  # noqa: E731
@@ -141,7 +143,8 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
     batches = [isolated[i:i + batch_size] for i in range(0, len(isolated), batch_size)]
     progress.start(family, len(isolated) * samples_per_task)
     futures = [named(rollout_batch, f"rollout {i}/{len(batches)}").submit(
-        batch, policy, policy_kwargs, samples_per_task, seed, retry, faults) for i, batch in enumerate(batches, 1)]
+        batch, policy, policy_kwargs, samples_per_task, seed, retry, faults, subagent)
+        for i, batch in enumerate(batches, 1)]
     meter = create_progress_artifact(0.0, key=f"{family.replace('_', '-')}-rollouts",
                                      description=f"{family}: rollout batches done (%)") if batches else None
     rollouts, error = batch_rollouts(futures, lambda done: update_progress_artifact(meter, 100.0 * done / len(batches)))
@@ -219,7 +222,8 @@ def factory(**params: Any) -> dict[str, Any]:
     outs = _run_families(pipeline, families, data_dir, dict(
         tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec, policy_kwargs=None,
         samples_per_task=config.samples_per_task, batch_size=config.batch_size,
-        holdout_fraction=config.holdout_fraction, retry=config.retry, faults=config.faults))
+        holdout_fraction=config.holdout_fraction, retry=config.retry, faults=config.faults,
+        subagent=config.subagent))
     errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
     error = errors[0] if errors else None
     # The warehouse does not record where it lives (a moved or copied data dir is the same data).

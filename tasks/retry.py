@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from envs.records import FaultConfig, RetryPolicy, Rollout, TaskSpec
+from envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, TaskSpec
 from tasks import progress
 from tasks.engine import run_concurrently
 from tasks.policies import Policy
@@ -36,7 +36,8 @@ class RetryExhausted(RuntimeError):
 
 def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int,
                          retry: RetryPolicy, faults: FaultConfig | None = None,
-                         sleep: Callable[[float], None] = time.sleep) -> list[Rollout]:
+                         sleep: Callable[[float], None] = time.sleep,
+                         subagent: PolicySpec | None = None) -> list[Rollout]:
     """Every (task, sample)'s attempts, up to the policy's `max_concurrency` episodes in flight
     (tasks/engine.py), in (task, sample, attempt) order whatever order they finished in."""
     stop = threading.Event()
@@ -48,7 +49,7 @@ def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task
         for attempt in range(retry.max_retries + 1):
             if attempt:
                 sleep(retry.delay_s(attempt))
-            rollout = run_episode(task, agent, episode_seed, attempt, faults)
+            rollout = run_episode(task, agent, episode_seed, attempt, faults, subagent=subagent)
             played.append(rollout)
             if rollout.termination not in retry.retry_on:
                 progress.advance(task.family)

@@ -11,7 +11,7 @@ from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
 from envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig, OutcomeReport, PolicySpec, Rollout,
                           TaskSpec, content_hash)
-from envs.registry import make, spec, verifier_for
+from envs.registry import load, make, spec, verifier_for
 from envs.secrets import redact
 from envs.wrappers import standard_stack
 from tasks.classify import classify
@@ -46,13 +46,16 @@ def policy_params(policy: Policy) -> dict | None:
 
 
 def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
-                faults: FaultConfig | None = None, limits: Budget | None = None) -> Rollout:
+                faults: FaultConfig | None = None, limits: Budget | None = None,
+                subagent: PolicySpec | None = None) -> Rollout:
     """One attempt from a clean state: a fresh env, the policy reset with `seed`. `faults`
     injects environment faults (envs/faults.py), drawn anew for each attempt; an attempt they
     never hit is exactly the fault-free episode. `limits` replaces the task's budget in the
-    runtime (an evaluation's cap); the task itself is never edited (reset refuses that)."""
+    runtime (an evaluation's cap); the task itself is never edited (reset refuses that).
+    `subagent` names the frozen policy a delegating env (envs/delegation.py) hands its sub-tasks
+    to; other envs ignore it."""
     faults = faults if faults is not None and faults.rate > 0 else None
-    base = make(task.env_id)
+    base = make(task.env_id, **delegation_options(task.env_id, subagent))
     if faults is not None:
         base = FaultInjection(base, faults, seed=seed * 1009 + attempt)
     env = standard_stack(base, limits=limits)
@@ -79,6 +82,23 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
                       termination=termination, termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
                       env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
     return with_delegation(rollout, sub_episodes) if sub_episodes else rollout
+
+
+def delegation_options(env_id: str, subagent: PolicySpec | None) -> dict:
+    """The env keyword that makes `subagent` play a delegating env's sub-tasks ({} for other envs)."""
+    import inspect
+
+    if subagent is None:
+        return {}
+    entry = load(spec(env_id).entry_point)
+    if not isinstance(entry, type) or "subagent" not in inspect.signature(entry).parameters:
+        return {}
+    from tasks.policies import make_policy
+
+    def frozen(sub_task: TaskSpec, seed: int) -> Policy:
+        return make_policy(subagent, sub_task.family)
+
+    return {"subagent": frozen}
 
 
 def with_delegation(rollout: Rollout, stages: list[list]) -> Rollout:

@@ -135,3 +135,27 @@ def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
     assert "parallelism_reward" not in params["sft"]
     plain = assemble_datasets(tmp_path, ["orchestrator"])
     assert dataset_parallelism(plain["grpo"]["path"]) is None
+
+
+def test_a_subagent_policy_spec_plays_the_sub_tasks_and_is_recorded():
+    from envs.records import PolicySpec, RetryPolicy
+    from tasks.retry import collect_with_retries
+
+    fam = family("orchestrator")
+    task = fam.generate(5, 2)
+    ids = fam.facts_of(task).subtasks
+    calls = [ToolCall(name="delegate", arguments={"subtasks": ids}), ToolCall(name="finish", arguments={"summary": "ok"})]
+    careful = PolicySpec(kind="scripted", mistake_rate=0.0)
+    (rollout,) = collect_with_retries([task], Calls(calls), 1, 0, RetryPolicy(), subagent=careful)
+    assert rollout.success
+    assert {s.policy_version.split("+")[1] for s in rollout.subrollouts} == {"mistakes0"}
+    default = run_episode(task, Calls(calls), seed=rollout.seed)
+    assert {s.policy_version.split("+")[1] for s in default.subrollouts} == {"mistakes0.2"}
+    # the frozen policy a sub-task gets is part of its rollout's identity, not of the main one's
+    assert {s.rollout_id for s in rollout.subrollouts}.isdisjoint(s.rollout_id for s in default.subrollouts)
+    # envs that delegate nothing ignore it
+    inventory = family("inventory").generate(1, 1)
+    plain = run_episode(inventory, make_policy("scripted", "inventory"), seed=3, subagent=careful)
+    same = run_episode(inventory, make_policy("scripted", "inventory"), seed=3)
+    assert plain.rollout_id == same.rollout_id and plain.delegation is None and plain.subrollouts == []
+    assert [s.action_text for s in plain.steps] == [s.action_text for s in same.steps]
