@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -509,12 +510,20 @@ def confine(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
     writes files anywhere, and `read_blob('/etc/shadow')` reads any file. DuckDB itself refuses both
     once external access is off (but for the lake) and the configuration locked. A lake, partition
     or file symlinked onto another disk stays readable: DuckDB checks the resolved path."""
-    lake = data_dir / LAKE_DIR
-    con.execute("SET allowed_directories = ?", [sorted({str(lake) + os.sep, os.path.realpath(lake) + os.sep})])
-    files = [data_dir / e.path for e in catalog.entries(con)]
-    con.execute("SET allowed_paths = ?", [sorted({str(f) for f in files} | {os.path.realpath(f) for f in files})])
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
+    with _CONFINING:  # readers opening at once in threads: one confines, the others see it locked
+        if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+            # Another reader in this process opened the same catalog first: DuckDB shares one database
+            # instance between them, already confined and locked (the whole lake stays readable).
+            return
+        lake = data_dir / LAKE_DIR
+        con.execute("SET allowed_directories = ?", [sorted({str(lake) + os.sep, os.path.realpath(lake) + os.sep})])
+        files = [data_dir / e.path for e in catalog.entries(con)]
+        con.execute("SET allowed_paths = ?", [sorted({str(f) for f in files} | {os.path.realpath(f) for f in files})])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+
+
+_CONFINING = threading.Lock()
 
 
 LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<program>.*?) \(PID (?P<pid>\d+)\)")
