@@ -7,11 +7,12 @@ Recorder(TimeLimit(ToolBudget(PermissionGuard(ObservationTruncation(env))))).
 from __future__ import annotations
 
 import contextvars
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from envs.base import AgentEnv, render_error
 from envs.errors import ErrorKind
@@ -74,7 +75,7 @@ class TimeLimit(Wrapper):
         super().__init__(env)
         self._limits = (max_steps, step_timeout_s, episode_timeout_s)
         self._over = False
-        self._worker = StepWorker()
+        self._worker: StepWorker | None = None  # taken from the idle ones at the first step
 
     def reset(self, task=None, seed=None) -> TimeStep:
         ts = self.env.reset(task=task, seed=seed)
@@ -89,8 +90,9 @@ class TimeLimit(Wrapper):
         return ts
 
     def close(self) -> None:
-        self._worker.close()
-        self._worker = StepWorker()
+        if self._worker is not None:
+            StepWorker.release(self._worker)
+            self._worker = None
         self.env.close()
 
     def step(self, action) -> TimeStep:
@@ -102,11 +104,13 @@ class TimeLimit(Wrapper):
             reason = "episode time limit reached"
             return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
                         {"error": {"kind": TIMEOUT, "message": reason}})
+        if self._worker is None:
+            self._worker = StepWorker.take()
         finished, ts = self._worker.run(lambda: self.env.step(action), timeout)
         self.steps_taken += 1
         if not finished:
             self._over = True
-            self._worker = StepWorker()  # the old one may still be running the abandoned step
+            self._worker = None  # it may still be running the abandoned step: never reused
             which = "step" if timeout == self.step_timeout_s else "episode"
             reason = f"{which} time limit of {timeout:.3g}s reached during the step"
             return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
@@ -122,18 +126,43 @@ class StepWorker:
     """The thread that runs one env stack's steps, so that a step overrunning its deadline can be
     abandoned while it runs: the caller waits at most `timeout` and gets control back.
 
-    One daemon thread serves the steps handed to it one at a time (starting a thread per step
-    cost more than most steps). It is started on the first step, ends when idle for `IDLE_S` or
-    closed, and is never reused once a step was abandoned: the abandoned step may still be
-    running in it, so `run` reports it and the caller drops this worker for a fresh one. Each
+    One daemon thread serves the steps handed to it one at a time (starting a thread per step,
+    or per episode, cost more than the steps: thread start-up waits for the OS scheduler). Its
+    thread starts on the first step and ends when idle for `IDLE_S` (restarted on demand) or
+    closed. A stack takes a worker with `take()` and hands it back with `release()` when it is
+    closed, for the next stack to reuse; a worker that abandoned a step is never reused (the
+    step may still be running in it): `run` reports it and the caller drops the worker. Each
     step runs in an empty `contextvars` context, as it would in a fresh thread."""
 
     IDLE_S = 2.0
+    KEEP = 64  # idle workers kept for reuse (more concurrent stacks than this start their own)
+    _idle: ClassVar[list[StepWorker]] = []
+    _idle_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def take(cls) -> StepWorker:
+        """An idle worker released by a closed stack, or a new one."""
+        with cls._idle_lock:
+            if cls._idle:
+                return cls._idle.pop()
+        return cls()
+
+    @classmethod
+    def release(cls, worker: StepWorker) -> None:
+        """Hand `worker` back for reuse (the caller must not use it again); a worker that abandoned
+        a step, or one more than `KEEP`, is closed instead."""
+        if not worker.abandoned:
+            with cls._idle_lock:
+                if len(cls._idle) < cls.KEEP:
+                    cls._idle.append(worker)
+                    return
+        worker.close()
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _alive against the worker retiring when idle
         self._alive = False
+        self._pid = os.getpid()  # a forked child has none of its parent's threads
         self.abandoned = False  # or closed: it runs nothing more
 
     def run(self, fn: Callable[[], TimeStep], timeout: float) -> tuple[bool, TimeStep | None]:
@@ -141,6 +170,8 @@ class StepWorker:
         raised is re-raised here."""
         if self.abandoned:
             raise RuntimeError("this worker was closed or abandoned a step; use a fresh one")
+        if self._pid != os.getpid():
+            self.__init__()  # in a forked child: a new queue, lock and thread of its own
         done = threading.Lock()
         done.acquire()
         box: dict[str, Any] = {}

@@ -52,7 +52,7 @@ def test_an_overrunning_step_is_abandoned_and_the_next_episode_gets_a_fresh_thre
     assert ts.truncated and ts.info["termination"] == "timeout" and ts.info["error"]["kind"] == "timeout"
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step(ToolCall(name="read"))
-    assert hung.abandoned and env._worker is not hung
+    assert hung.abandoned and env._worker is None and hung not in StepWorker._idle
     with pytest.raises(RuntimeError, match="abandoned"):
         hung.run(lambda: None, 1.0)
     time.sleep(1.0)  # the hung step ends in its own thread; the env is reset only now
@@ -61,6 +61,16 @@ def test_an_overrunning_step_is_abandoned_and_the_next_episode_gets_a_fresh_thre
     assert not ts.done and ts.info["error"] is None
     assert len(WHERE) == 3 and WHERE[0] is WHERE[1] and WHERE[2] is not WHERE[0]
     env.close()
+
+
+def test_a_closed_stack_hands_its_thread_to_the_next_one():
+    WHERE.clear()
+    for seed in (1, 2):
+        env = TimeLimit(WhereEnv())
+        env.reset(seed=seed)
+        env.step(ToolCall(name="read"))
+        env.close()
+    assert len(WHERE) == 2 and WHERE[0] is WHERE[1]
 
 
 def test_what_a_step_raises_reaches_the_caller_and_the_worker_serves_on():
@@ -130,3 +140,22 @@ def test_copy_state_equals_deepcopy_and_keeps_sharing():
     unpicklable = {"fn": lambda: 1, "v": [1]}  # pickle refuses a lambda; deepcopy keeps it
     out = copy_state(unpicklable)
     assert out["fn"] is unpicklable["fn"] and out["v"] == [1] and out["v"] is not unpicklable["v"]
+
+
+def test_a_forked_child_runs_steps_on_a_thread_of_its_own():
+    import os
+
+    env = TimeLimit(CounterEnv(), step_timeout_s=5)
+    env.reset(seed=1)
+    env.step(ToolCall(name="read"))  # the parent's thread now serves this stack
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its step ran in time
+        code = 1
+        try:
+            ts = env.step(ToolCall(name="add", arguments={"n": 1}))
+            code = 0 if ts.info["error"] is None and not ts.truncated else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    env.close()
