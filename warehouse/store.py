@@ -511,7 +511,7 @@ def confine(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
     once external access is off (but for the lake) and the configuration locked. A lake, partition
     or file symlinked onto another disk stays readable: DuckDB checks the resolved path."""
     with _CONFINING:  # readers opening at once in threads: one confines, the others see it locked
-        if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+        if con.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0]:
             # Another reader in this process opened the same catalog first: DuckDB shares one database
             # instance between them, already confined and locked (the whole lake stays readable).
             return
