@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import re
 from collections.abc import Callable
@@ -199,12 +200,25 @@ def _ordered(fn: Callable[[Any, Any], bool]) -> Callable:
     return op
 
 
+INT_LIMIT = 2 ** 63  # what an action may hold (envs.parsing); a state value stays storable as the agent's
+
+
+def bounded(value: Any, what: str) -> Any:
+    """`value` if it is a finite number within 64 bits, else EvalError: a domain's arithmetic never
+    stores Infinity, NaN (not JSON) or an integer no record could hold."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise EvalError(f"{what}: the result {value!r} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT <= value < INT_LIMIT:
+        raise EvalError(f"{what}: the result is an integer past 64 bits")
+    return value
+
+
 def _arith(fn: Callable[[Any, Any], Any]) -> Callable:
     def op(arg, scope, rng, depth):
         a, b = _pair(arg, scope, rng, depth)
         if not (_number(a) and _number(b)):
             raise EvalError(f"arithmetic needs numbers, not {a!r} and {b!r}")
-        return fn(a, b)
+        return bounded(fn(a, b), "arithmetic")
     return op
 
 
@@ -558,7 +572,7 @@ def apply_effect(effect: dict, scope: Scope) -> None:
     if op == "add":
         if not (_number(current) and _number(value)):
             raise EvalError(f"add {target}: needs numbers, not {current!r} and {value!r}")
-        container[key if isinstance(container, list) else str(key)] = current + value
+        container[key if isinstance(container, list) else str(key)] = bounded(current + value, f"add {target}")
     elif op == "append":
         if not isinstance(current, list):
             raise EvalError(f"append {target}: {current!r} is not a list")

@@ -257,6 +257,14 @@ def test_the_expression_language_computes_exactly():
     assert evaluate({"sorted": "$xs"}, scope) == [1, 2, 3] and evaluate({"get": ["$xs", 9, None]}, scope) is None
 
 
+def test_arithmetic_never_makes_a_value_no_record_can_hold():
+    for expr, scope in (({"mul": ["$x", "$x"]}, {"x": 1e200}), ({"add": ["$x", "$x"]}, {"x": 1.7e308}),
+                        ({"mul": ["$x", "$x"]}, {"x": 2 ** 40}), ({"add": ["$x", 1]}, {"x": 2 ** 63 - 1})):
+        with pytest.raises(EvalError, match="not a finite number|past 64 bits"):
+            evaluate(expr, scope)
+    assert evaluate({"mul": ["$x", "$x"]}, {"x": 2 ** 31}) == 2 ** 62  # within 64 bits: exact
+
+
 # -- domain files: refused naming the file and the field ---------------------------------------
 def broken(tmp_path, name, old, new, text=ROOMS):
     assert old in text, old
