@@ -3,8 +3,10 @@
 The verdict is read from the site's final database (the orders placed: product, option,
 quantity, price paid, address; the account's contact details and addresses) and how the episode
 ended, against the task's hidden facts; never from text the agent wrote, except the final answer
-of a question, which is read as one number and compared with the site's own value. An infeasible
-task is solved only by `report_infeasible` with nothing bought or changed.
+of a question, which is read as one number and compared with the site's own value (and succeeds only
+if a page the agent saw before answering showed it), and a purchase's answer, which must name the
+order the database holds (ids are only extracted from it). An infeasible task is solved only by
+`report_infeasible` with nothing bought or changed.
 
 Three checks of the outcome: `observation` (what the agent was shown: the order confirmation page,
 the value on a page it saw, the site's "saved" notice), `invariants` (the final hidden state), and
@@ -46,6 +48,8 @@ def judge(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any]) -> d
         out["incomplete"].append(f"reported the task infeasible, but it can be done{_how(facts, site)}")
     if facts.kind == "buy":
         _judge_orders(facts, site, state, out)
+        if facts.feasible and state["orders"] and ending and ending["tool"] == "answer":
+            _judge_order_number(state["orders"][-1]["order_id"], ending["text"], out)
     else:
         out["side_effects"] += [f"placed order {o['order_id']} though the task buys nothing" for o in state["orders"]]
     if facts.kind == "info" and facts.feasible and ending and ending["tool"] == "answer":
@@ -56,6 +60,18 @@ def judge(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any]) -> d
             out["incomplete"].append(f"answered {value:g}, which is not the {_asked(facts)} shown on the site")
     _judge_account(facts, site, state, out)
     return out
+
+
+ORDER_NUMBER = re.compile(r"(?<![A-Za-z0-9])W(\d+)(?![A-Za-z0-9])", re.IGNORECASE)
+
+
+def _judge_order_number(placed: str, text: str, out: dict[str, list[str]]) -> None:
+    """A buy goal asks for the order number: the answer must name exactly the order the site placed
+    (the database's id; the text is only searched for ids like W58823, never trusted beyond that)."""
+    named = sorted({f"W{n}" for n in ORDER_NUMBER.findall(text)})
+    if named != [placed]:
+        says = f"names {', '.join(named)}" if named else "names no order number"
+        out["incomplete"].append(f"the answer {text[:80]!r} {says}; the order placed is {placed}")
 
 
 def _how(facts: BrowserFacts, site: dict[str, Any]) -> str:
@@ -138,7 +154,7 @@ def _field(change: str | None) -> str | None:
 
 class BrowserVerifier(ReplayVerifier):
     verifier_id = "browser-outcome"
-    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    version = "2"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
     family = "browser"
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
@@ -152,9 +168,13 @@ class BrowserVerifier(ReplayVerifier):
                     "no_regression": not found["regression"], "no_side_effects": not found["side_effects"]}
         success = all(verdicts[rule] for rule in self.profile_rules())
         reasons = list(invariants.reasons)
-        if success and not checks["hidden_variation"].passed:  # a success must hold on the variants too
-            success = False
-            reasons += [f"hidden_variation: {r}" for r in checks["hidden_variation"].reasons]
+        # a success must hold on the variants too; an answer to a question must also have been read
+        # off a page the agent saw before answering, or a blind guess of the number would win
+        required = ["observation", "hidden_variation"] if facts.kind == "info" and facts.feasible else ["hidden_variation"]
+        for name in required:
+            if success and not checks[name].passed:
+                success = False
+                reasons += [f"{name}: {r}" for r in checks[name].reasons]
         return OutcomeReport(verifier_id=self.verifier_id, verifier_version=self.version, success=success,
                              completed=verdicts["completed"], regression=bool(found["regression"]),
                              constraint_violation=bool(found["violation"]), side_effects=found["side_effects"],
@@ -190,12 +210,13 @@ class BrowserVerifier(ReplayVerifier):
         a wrong one."""
         facts, site = self.facts(task), task.initial_state["site"]
         if state["ending"] is not None:
-            return 0.0 if any(judge(facts, site, state).values()) else 1.0
+            if any(judge(facts, site, state).values()):
+                return 0.0
+            return 0.0 if _blind(facts, state) else 1.0
         if facts.kind == "buy" and facts.feasible:
             return round(_buy_progress(facts, site, state), 6)
         if facts.kind == "info" and facts.feasible:
-            page = f"/product/{facts.target}" if facts.target else f"/account/orders/{facts.order_id}"
-            return 0.5 if page in state["visited"] else 0.0
+            return 0.0 if _blind(facts, state) else 0.5
         if facts.kind == "account" and facts.feasible:
             return _account_progress(facts, site, state)
         return 0.0
@@ -230,6 +251,12 @@ class BrowserVerifier(ReplayVerifier):
                           for e in refused[:1]]
             reasons += [f"{variant.name}: {r}" for r in found]
         return CheckResult(passed=not reasons, reasons=reasons)
+
+
+def _blind(facts: BrowserFacts, state: dict[str, Any]) -> bool:
+    """A question whose page holding the value (the product's or the order's) was never opened."""
+    page = f"/product/{facts.target}" if facts.target else f"/account/orders/{facts.order_id}"
+    return facts.kind == "info" and facts.feasible and page not in state["visited"]
 
 
 def _quality(facts: BrowserFacts, product: dict[str, Any], options: dict | None, qty: int) -> float:
@@ -331,7 +358,9 @@ def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -
         shown = {"price": f"Price: {money(round(facts.answer * 100))}", "rating": f"Rating: {facts.answer} out of 5",
                  "order_total": f"Order total: {money(round(facts.answer * 100))}"}[facts.question]
         if not any(shown in p for p in pages):
-            reasons.append(f"saw no page showing {shown!r}")
+            value = f"{facts.answer:.2f}" if facts.question != "rating" else f"{facts.answer}"
+            reasons.append(f"the value {value} was never shown: no page visited before answering shows {shown!r} "
+                           "(the product's own page or the order's page)")
         value = as_number(ending[1])
         if value is None or round(value, 2) != round(facts.answer, 2):
             reasons.append("the accepted answer is not the value shown")

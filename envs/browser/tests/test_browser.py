@@ -70,7 +70,8 @@ def purchase(task, facts, pid, option=None, label=None):
     if facts.wanted.quantity > 1:
         calls.append(call("type", id=QUANTITY, text=str(facts.wanted.quantity)))
     return calls + [call("click", id=ADD_TO_CART), call("click", id=CART), call("click", id=CHECKOUT),
-                    call("select", id=ADDRESS, option=label), call("click", id=PLACE_ORDER), call("answer", text="done")]
+                    call("select", id=ADDRESS, option=label), call("click", id=PLACE_ORDER),
+                    call("answer", text=f"W{task.initial_state['site']['next_order']}")]  # the order's number
 
 
 def feasible_buy(t, f):
@@ -495,3 +496,50 @@ def test_a_task_whose_facts_disagree_with_its_site_is_refused_before_any_action(
     del data["initial_state"]["site"]["order"]
     with pytest.raises(InvalidTask, match="is not a browser world"):
         make(FAMILY.env_id).reset(TaskSpec.model_validate({**data, "task_id": ""}))
+
+
+def test_a_blind_guess_at_a_question_fails_though_the_number_is_right():
+    """Hostile: answering a question at once, with no page visited, even with the site's own value,
+    is not a success: the value was never shown. The reference, which opens the page, succeeds."""
+    verifier = verifier_for(FAMILY.env_id)
+    seen = set()
+    for seed in range(60):
+        task = FAMILY.generate(seed, 1 + seed % 5)
+        facts = FAMILY.facts_of(task)
+        if facts.kind != "info" or not facts.feasible or facts.question in seen and len(seen) == 3:
+            continue
+        seen.add(facts.question)
+        right = task.hidden.reference[-1].arguments["text"]
+        for calls in ([call("answer", text=right)], [call("goto", url="/"), call("answer", text=right)]):
+            env, ts = play(task, calls)
+            o = outcome(ts)
+            assert not o["success"] and not o["checks"]["observation"]["passed"], (task.goal, o)
+            assert any("never shown" in r for r in o["reasons"]), o["reasons"]
+            assert verifier.potential(task, env.state()) == 0.0
+        env, ts = play(task, task.hidden.reference)
+        assert outcome(ts)["success"], outcome(ts)["reasons"]
+        assert verifier.potential(task, env.state()) == 1.0
+    assert seen == {"price", "rating", "order_total"}
+
+
+def test_a_purchase_answered_with_a_wrong_or_missing_order_number_fails():
+    """Hostile: the buy goal asks for the order number, so a made-up id, "done", a sentence or two
+    ids fail, naming the answer and the order the site placed; the real id, in any wording, succeeds."""
+    task = task_where(feasible_buy)
+    *calls, answer = task.hidden.reference
+    placed = answer.arguments["text"]
+    for text in ("W00000", "done", "the order is placed", f"{placed} or W00001", placed[1:]):
+        _, ts = play(task, [*calls, call("answer", text=text)])
+        o = outcome(ts)
+        assert not o["success"] and not o["completed"], (text, o)
+        assert any(placed in r and text[:20] in r for r in o["reasons"]), o["reasons"]
+    for text in (placed, f"Order {placed.lower()}.", f"My order number is #{placed}"):
+        _, ts = play(task, [*calls, call("answer", text=text)])
+        assert outcome(ts)["success"], (text, outcome(ts)["reasons"])
+
+
+def test_an_account_change_still_ends_with_any_answer():
+    """Account goals say 'call answer with "done"' and ask for no content: the database is judged."""
+    task = task_where(lambda t, f: f.kind == "account" and f.feasible)
+    _, ts = play(task, [*task.hidden.reference[:-1], call("answer", text="finished")])
+    assert outcome(ts)["success"], outcome(ts)["reasons"]
