@@ -101,7 +101,7 @@ class ScriptedDiscussionPolicy(ScriptedPolicy):
     def _decide(self, option: str, claims: list[str]) -> str:
         return self._say(f"Decide {option}.", "decide", {
             "option": option, "claims": claims,
-            "rationale": f"Everyone I asked can accept {option}, so we go with it."})
+            "rationale": f"The participants I asked can accept {option}, so we go with it."})
 
     def _ask(self, name: str, question: str) -> Generator[str, str, str]:
         obs = yield self._say(f"Ask {name}.", "ask", {"participant": name, "question": question})

@@ -30,7 +30,7 @@ from .facts import DiscussionFacts, Participant
 from .rules import NONE, contains, feasible, rationale_claims, spoken_list
 from .world import ACCEPT_MARK, DiscussionEnv
 
-VERB = {"prefers": "prefer", "accepts": "accept", "rejects": "reject"}
+VERB = {"prefers": "prefer", "accepts": "accept", "rejects": "reject", "not_prefers": "do not prefer"}
 
 
 def leaks(people: list[Participant], state: dict[str, Any]) -> list[str]:
@@ -48,11 +48,14 @@ def heard(state: dict[str, Any], name: str, before: float = float("inf")) -> boo
 
 
 def stated(state: dict[str, Any], name: str, stance: str, option: str, before: float) -> bool:
-    """Whether the participant's last statement on the point, before call `before`, is the claim."""
+    """Whether the participant's last statement on the point, before call `before`, supports the claim:
+    `prefers X`, their last stated first choice is X; `not_prefers X`, it is another option;
+    `accepts X` / `rejects X`, their last statement bearing on X (the options they accept, or a
+    stance on X in a proposal or a vote) accepts / rejects it. Nothing stated supports nothing."""
     said = [s for s in state["statements"] if s["participant"] == name and s["seq"] < before]
-    if stance == "prefers":
+    if stance in ("prefers", "not_prefers"):
         firsts = [s["option"] for s in said if s["kind"] == "prefers"]
-        return bool(firsts) and firsts[-1] == option
+        return bool(firsts) and (firsts[-1] == option) == (stance == "prefers")
     on = [option in s["options"] if s["kind"] == "accepts" else s["accepts"] for s in said
           if s["kind"] == "accepts" or (s["kind"] == "stance" and s["option"] == option)]
     return bool(on) and on[-1] == (stance == "accepts")
@@ -102,8 +105,10 @@ def judge(facts: DiscussionFacts, state: dict[str, Any], max_calls: int) -> tupl
 class DiscussionVerifier(ReplayVerifier):
     verifier_id = "discussion-outcome"
     # Bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts. 2: a telltale
-    # word of a confidential fact is a leak too.
-    version = "2"
+    # word of a confidential fact is a leak too. 3: texts are normalized
+    # (NFKC, invisible characters, look-alike letters) and matched across separators inside words;
+    # every clause naming a participant and an option is a claim (rules.py).
+    version = "3"
     family = "discussion"
 
     def new_env(self) -> DiscussionEnv:
