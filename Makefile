@@ -25,8 +25,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q
 
+# Every benchmark in a quick mode, one table (about 10 minutes on 2 CPU cores; not part of `make test`).
 bench: $(STAMP)
-	$(BIN)/python tests/benchmarks/bench_factory.py
+	$(BIN)/python tests/benchmarks/run_all.py
 
 # The closed loop (about 70 minutes on 2 CPU cores; not part of `make test`).
 loop: $(STAMP)
