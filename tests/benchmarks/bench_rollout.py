@@ -5,8 +5,9 @@ side with the code path before the per-step overheads were removed. Not a test.
     .venv/bin/python tests/benchmarks/bench_rollout.py [--episodes 200] [--repeats 5] \
         [--mistake-rate 0.25] [--json out.json]
 
-Each repeat plays the same episodes twice, `current` then `legacy` (A, B, A, B ...) after one
-unmeasured warm-up of each, so both arms share the machine's noise. `legacy` monkeypatches the old
+Each repeat plays the same episodes in both arms, alternating `current` and `legacy` every 10
+episodes (A, B, A, B ...) after an unmeasured warm-up of each, so both arms share the machine's
+noise; an episode's policy seed comes from its task, so both arms play the same actions. `legacy` monkeypatches the old
 implementations, copied below and used by this benchmark only: a thread started per step by
 `TimeLimit`, `copy.deepcopy` for crash rollback, `state()` and the event log's arguments.
 Figures: the median steps/s of each arm and the median of the per-repeat ratios current/legacy.
@@ -106,8 +107,8 @@ def tasks_for(episodes: int) -> list:
             for level in fam.levels][:episodes]
 
 
-def play(tasks: list, mistake_rate: float) -> tuple[float, list]:
-    """Steps/s over the episodes, and what they produced (to check both arms agree)."""
+def play(tasks: list, mistake_rate: float) -> tuple[int, float, list]:
+    """Steps, seconds and what the episodes produced (to check both arms agree)."""
     from envs.registry import make
     from envs.wrappers import standard_stack
     from tasks.policies import make_policy
@@ -115,10 +116,10 @@ def play(tasks: list, mistake_rate: float) -> tuple[float, list]:
     policy = make_policy("scripted", FAMILY, mistake_rate=mistake_rate)
     steps, produced = 0, []
     started = time.perf_counter()
-    for i, task in enumerate(tasks):
+    for task in tasks:
         env = standard_stack(make(task.env_id, verified=True))
         try:
-            policy.reset(i)
+            policy.reset(int(task.source.seed) * 10 + task.difficulty.level)
             ts = env.reset(task=task)
             while not ts.done:
                 ts = env.step(policy.act(ts.observation))
@@ -127,21 +128,34 @@ def play(tasks: list, mistake_rate: float) -> tuple[float, list]:
                              (ts.info.get("outcome") or {}).get("success")))
         finally:
             env.close()
-    return steps / (time.perf_counter() - started), produced
+    return steps, time.perf_counter() - started, produced
 
 
-def measure(episodes: int, repeats: int, mistake_rate: float) -> dict[str, Any]:
-    tasks = tasks_for(episodes)
-    play(tasks, mistake_rate)
-    with legacy():
-        play(tasks, mistake_rate)
-    current, old, ratios = [], [], []
-    for i in range(repeats):
-        sps, produced = play(tasks, mistake_rate)
+def one_repeat(tasks: list, mistake_rate: float, block: int) -> tuple[float, float, int]:
+    """Both arms over the same episodes, alternating every `block` episodes (so a burst of load
+    from elsewhere on the machine lands on both): steps/s of each, and the steps."""
+    totals = {"current": [0, 0.0], "legacy": [0, 0.0]}
+    for start in range(0, len(tasks), block):
+        chunk = tasks[start:start + block]
+        steps, seconds, produced = play(chunk, mistake_rate)
         with legacy():
-            legacy_sps, legacy_produced = play(tasks, mistake_rate)
+            legacy_steps, legacy_seconds, legacy_produced = play(chunk, mistake_rate)
         if produced != legacy_produced:
             raise SystemExit("current and legacy code paths produced different episodes")
+        totals["current"][0] += steps
+        totals["current"][1] += seconds
+        totals["legacy"][0] += legacy_steps
+        totals["legacy"][1] += legacy_seconds
+    (steps, seconds), (legacy_steps, legacy_seconds) = totals["current"], totals["legacy"]
+    return steps / seconds, legacy_steps / legacy_seconds, steps
+
+
+def measure(episodes: int, repeats: int, mistake_rate: float, block: int = 10) -> dict[str, Any]:
+    tasks = tasks_for(episodes)
+    one_repeat(tasks[:block], mistake_rate, block)  # warm-up of both arms
+    current, old, ratios = [], [], []
+    for i in range(repeats):
+        sps, legacy_sps, steps = one_repeat(tasks, mistake_rate, block)
         current.append(sps)
         old.append(legacy_sps)
         ratios.append(sps / legacy_sps)
@@ -149,7 +163,7 @@ def measure(episodes: int, repeats: int, mistake_rate: float) -> dict[str, Any]:
               f"ratio {ratios[-1]:.2f}x", flush=True)
     med = statistics.median
     return {"family": FAMILY, "episodes": episodes, "repeats": repeats, "mistake_rate": mistake_rate,
-            "steps": sum(n for n, *_ in produced), "cpus": os.cpu_count(),
+            "block_episodes": block, "steps": steps, "cpus": os.cpu_count(),
             "current_steps_per_s": current, "legacy_steps_per_s": old, "ratios": ratios,
             "current_median_steps_per_s": round(med(current), 1),
             "legacy_median_steps_per_s": round(med(old), 1), "median_ratio": round(med(ratios), 3)}
