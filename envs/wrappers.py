@@ -180,9 +180,16 @@ class StepWorker:
             if not self._alive:
                 self._alive = True
                 threading.Thread(target=self._serve, name="gymfoundry-step", daemon=True).start()
-        if not done.acquire(timeout=min(timeout, threading.TIMEOUT_MAX)):
-            self.abandoned = True
-            self._jobs.put(None)  # the worker ends as soon as the abandoned step returns, if ever
+        try:
+            finished = done.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
+        except BaseException:  # interrupted while waiting (KeyboardInterrupt): the step runs on
+            finished = False
+            raise
+        finally:
+            if not finished:
+                self.abandoned = True
+                self._jobs.put(None)  # the worker ends as soon as the abandoned step returns, if ever
+        if not finished:
             return False, None
         if "error" in box:
             raise box["error"]

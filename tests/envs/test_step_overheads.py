@@ -159,3 +159,26 @@ def test_a_forked_child_runs_steps_on_a_thread_of_its_own():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     env.close()
+
+
+def test_a_wait_interrupted_in_the_caller_abandons_the_worker():
+    import signal
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupt()
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    worker = StepWorker()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(Interrupt):
+            worker.run(lambda: time.sleep(0.5), 5.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert worker.abandoned  # its thread is still in the step: it must serve no other stack
+    StepWorker.release(worker)
+    assert worker not in StepWorker._idle
