@@ -46,7 +46,7 @@ def test_no_hostile_argument_crashes_a_tool(env_id):
     finally:
         env.close()
     assert result.problems == []
-    assert result.steps > 300
+    assert result.steps > min(300, 50 * len(task.allowed_tools))  # a real pass over every tool
 
 
 @pytest.mark.parametrize("env_id", BUILTIN)

@@ -153,7 +153,9 @@ def test_dataset_rows_are_deduplicated_by_content(built, tmp_path):
         twin = type(original).model_validate({**original.model_dump(), "rollout_id": "", "seed": original.seed + 10**6})
         wh.land(rollouts=[twin]).checked()
     again = assemble_datasets(copy, FAMILIES)
-    assert again["sft"]["rows"] == result["sft"]["rows"] and again["sft"]["dropped"]["duplicate_rows"] == 1
+    # the twin is one more duplicate (deterministic families may already have some of their own)
+    assert again["sft"]["rows"] == result["sft"]["rows"]
+    assert again["sft"]["dropped"]["duplicate_rows"] == result["sft"]["dropped"]["duplicate_rows"] + 1
     assert len({r["row_id"] for r in dataset_rows(again)["sft"]}) == again["sft"]["rows"]
 
 
