@@ -159,3 +159,14 @@ def test_a_subagent_policy_spec_plays_the_sub_tasks_and_is_recorded():
     same = run_episode(inventory, make_policy("scripted", "inventory"), seed=3)
     assert plain.rollout_id == same.rollout_id and plain.delegation is None and plain.subrollouts == []
     assert [s.action_text for s in plain.steps] == [s.action_text for s in same.steps]
+
+
+def test_a_stage_no_accepted_call_owns_is_not_the_episodes():
+    from tasks.rollout import with_delegation
+
+    task = retried_task()
+    rollout = run_episode(task, Calls(task.hidden.reference), seed=7)
+    bare = rollout.model_copy(update={"delegation": None, "subrollouts": []})
+    env_stages = [[] for _ in rollout.delegation.stages[:-1]]
+    late = with_delegation(bare, env_stages + [[]])  # one stage more than accepted delegate calls
+    assert [s.main_steps for s in late.delegation.stages] == [s.main_steps for s in rollout.delegation.stages]
