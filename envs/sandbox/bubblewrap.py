@@ -356,8 +356,8 @@ class BubblewrapSandbox(Sandbox):
         [] when the child is already gone (it died setting up: the command never started)."""
         try:
             proc_dir = os.open(f"/proc/{child}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return []  # exited and reaped
+        except (FileNotFoundError, ProcessLookupError):  # exited and reaped (ESRCH while it is being reaped)
+            return []
         except OSError as exc:
             raise SandboxError(f"the sandbox's network namespace could not be observed: {exc}") from None
         opened: list = []
