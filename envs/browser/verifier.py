@@ -4,7 +4,8 @@ The verdict is read from the site's final database (the orders placed: product, 
 quantity, price paid, address; the account's contact details and addresses) and how the episode
 ended, against the task's hidden facts; never from text the agent wrote, except the final answer
 of a question, which is read as one number and compared with the site's own value (and succeeds only
-if a page the agent saw before answering showed it), and a purchase's answer, which must name the
+if the page holding it, the product's or the order's own, showed it to the agent before answering:
+a 404 or results page repeating the agent's own url or query shows nothing), and a purchase's answer, which must name the
 order the database holds (ids are only extracted from it). An infeasible task is solved only by
 `report_infeasible` with nothing bought or changed.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import copy
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from envs.scripted import tool_result
@@ -29,7 +31,7 @@ from verifiers.base import ReplayVerifier, calls_of
 
 from .facts import BrowserFacts
 from .rules import as_number, misses, satisfying
-from .site import ACCOUNT, FORM, PROFILE_LINK, SAVE, money
+from .site import ACCOUNT, FORM, HOST, PROFILE_LINK, SAVE, money
 
 CONTACT = ("email", "phone", "default_address")
 
@@ -154,7 +156,7 @@ def _field(change: str | None) -> str | None:
 
 class BrowserVerifier(ReplayVerifier):
     verifier_id = "browser-outcome"
-    version = "2"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    version = "3"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
     family = "browser"
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
@@ -319,7 +321,7 @@ def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -
     """Success as the agent was shown it: the confirmation page of a right order, the value on a page
     it saw before answering, the site's notice that the change was saved; or, for an infeasible
     task, an accepted report and no order confirmation."""
-    pages, alerts, ending = [], [], None
+    pages, alerts, paths, ending = [], [], [], None
     for step in steps:
         result = tool_result(step.result) if step.tool_call else None
         if result is None:
@@ -327,6 +329,7 @@ def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -
         if "page" in result and ending is None:
             pages.append(str(result["page"]))
             alerts.append(str(result.get("alert", "")))
+            paths.append(_path_of(result.get("url")))
         if step.tool_call.name in ("answer", "report_infeasible") and ending is None:
             ending = (step.tool_call.name, str(result.get("answered", result.get("reported", ""))))
     placed = [p for p, a in zip(pages, alerts) if "has been placed" in a]
@@ -357,7 +360,10 @@ def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -
     elif facts.kind == "info":
         shown = {"price": f"Price: {money(round(facts.answer * 100))}", "rating": f"Rating: {facts.answer} out of 5",
                  "order_total": f"Order total: {money(round(facts.answer * 100))}"}[facts.question]
-        if not any(shown in p for p in pages):
+        # only the page that holds the value counts: a 404 page or a results page repeats what the
+        # agent wrote (its url, its query), and another product may share the number
+        home = f"/product/{facts.target}" if facts.question != "order_total" else f"/account/orders/{facts.order_id}"
+        if not any(shown in p for p, path in zip(pages, paths) if path == home):
             value = f"{facts.answer:.2f}" if facts.question != "rating" else f"{facts.answer}"
             reasons.append(f"the value {value} was never shown: no page visited before answering shows {shown!r} "
                            "(the product's own page or the order's page)")
@@ -380,6 +386,14 @@ def _observation(facts: BrowserFacts, site: dict[str, Any], steps: list[Step]) -
         if not shown:
             reasons.append(f"saw no notice {notice!r}")
     return CheckResult(passed=not reasons, reasons=reasons)
+
+
+def _path_of(url: Any) -> str | None:
+    """The path of a url the site showed (https://shop.example/product/P-1?x=1 -> /product/P-1)."""
+    if not isinstance(url, str):
+        return None
+    parts = urlsplit(url)
+    return (parts.path.rstrip("/") or "/") if parts.netloc == HOST else None
 
 
 __all__ = ["BrowserVerifier", "judge"]

@@ -543,3 +543,34 @@ def test_an_account_change_still_ends_with_any_answer():
     task = task_where(lambda t, f: f.kind == "account" and f.feasible)
     _, ts = play(task, [*task.hidden.reference[:-1], call("answer", text="finished")])
     assert outcome(ts)["success"], outcome(ts)["reasons"]
+
+
+def test_a_value_the_agent_wrote_onto_a_page_is_not_a_value_the_site_showed():
+    """Hostile: a blind guess at a question, echoed onto a page by the agent itself (a 404 page
+    repeats the url, a results page repeats the query), or the same value read off another
+    product's page, was never shown by the page that holds it: no success, though the number is
+    right. Only the target's own page (the product's, or the order's) counts."""
+    from envs.browser.site import money
+
+    def shown(facts):
+        return {"price": f"Price: {money(round(facts.answer * 100))}", "rating": f"Rating: {facts.answer} out of 5",
+                "order_total": f"Order total: {money(round(facts.answer * 100))}"}[facts.question]
+
+    seen = set()
+    for seed in range(120):
+        task = FAMILY.generate(seed, 1 + seed % 5)
+        facts = FAMILY.facts_of(task)
+        if facts.kind != "info" or not facts.feasible:
+            continue
+        seen.add(facts.question)
+        right = task.hidden.reference[-1].arguments["text"]
+        tricks = [[call("goto", url="/" + shown(facts))], [call("goto", url="/search?q=" + shown(facts))]]
+        if facts.question == "rating":  # another product that happens to have the same rating
+            twins = [pid for pid, p in products(task).items() if pid != facts.target and p["rating"] == facts.answer]
+            tricks += [[call("goto", url=f"/product/{pid}")] for pid in twins[:1]]
+        for calls in tricks:
+            env, ts = play(task, [*calls, call("answer", text=right)])
+            assert shown(facts) in json.loads(env.steps[-2].result)["result"]["page"]  # the text is on the page
+            o = outcome(ts)
+            assert not o["success"] and not o["checks"]["observation"]["passed"], (calls, o)
+    assert seen == {"price", "rating", "order_total"}
