@@ -392,7 +392,10 @@ def _path_of(url: Any) -> str | None:
     """The path of a url the site showed (https://shop.example/product/P-1?x=1 -> /product/P-1)."""
     if not isinstance(url, str):
         return None
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 host: the site showed its 404 page there
+        return None
     return (parts.path.rstrip("/") or "/") if parts.netloc == HOST else None
 
 

@@ -574,3 +574,14 @@ def test_a_value_the_agent_wrote_onto_a_page_is_not_a_value_the_site_showed():
             o = outcome(ts)
             assert not o["success"] and not o["checks"]["observation"]["passed"], (calls, o)
     assert seen == {"price", "rating", "order_total"}
+
+
+def test_a_url_python_cannot_split_is_judged_like_any_other_page():
+    """Hostile: a url urlsplit refuses (an unclosed IPv6 host) was the site's 404 page; the verdict
+    over a trajectory that visited it is a verdict, never a verifier error."""
+    task = task_where(lambda t, f: f.kind == "info" and f.feasible)
+    *calls, right = task.hidden.reference
+    for url in ("http://[::1", "https://[shop.example/x"):
+        _, ts = play(task, [call("goto", url=url), *calls, right])
+        assert "verifier_error" not in ts.info, ts.info["verifier_error"]
+        assert outcome(ts)["success"], outcome(ts)["reasons"]
