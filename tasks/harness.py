@@ -1,0 +1,317 @@
+"""Stage: episodes played by an external agent harness, landed as ordinary rollouts.
+
+A harness keeps its own loop, prompts and context management; gymfoundry gives it the env's tools
+(over MCP: tasks/mcp_server.py) and records its model calls (a recording proxy: tasks/proxy.py).
+`EpisodeHub` holds the episodes: one per name the harness uses (its MCP address / session), each
+a task from the family's validated, isolated pool, played through the same runtime stack as a
+factory rollout (`standard_stack`: permission guard, budgets, time limits, recorder). When the env
+ends the episode, or the harness finishes it (or goes idle), the episode is verified, classified,
+scanned for leaks, scored and landed by the factory's own stage functions, in batches by one
+lander thread (one writer). Its steps join the proxy's records (envs/harness.py).
+
+The proxy and the hub meet in `CallLog`: one JSON line per model call under
+`<data_dir>/harness/calls/<episode>.jsonl`, written before the proxy answers, so every call that
+led to a tool call is on disk before the tool call reaches the hub."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envs.base import render_error
+from envs.errors import EnvFault
+from envs.harness import ModelCall, assemble_steps, inference_end, policy_of
+from envs.leaks import find_leaks
+from envs.records import Cost, Rollout, TaskSpec, ToolCall
+from envs.registry import make, spec
+from envs.secrets import redact
+from envs.timestep import TimeStep
+from envs.wrappers import standard_stack
+from tasks.classify import classify
+from tasks.generate import generate_tasks
+from tasks.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
+                           lock_holdout_fraction, row_texts)
+from tasks.land import land_records
+from tasks.rollout import _outcome, rollout_seed
+from tasks.score import score_rollouts
+from tasks.validate import validate_tasks
+
+log = logging.getLogger("gymfoundry.harness")
+EPISODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a file name: no separators
+EPISODE_OVER = "episode_over"
+
+
+def check_episode_name(name: Any) -> str:
+    if not isinstance(name, str) or not EPISODE_NAME.fullmatch(name):
+        raise ValueError(f"an episode name is 1-64 letters, digits, '_', '.', '-' (starting with a letter or digit), "
+                         f"not {str(name)[:80]!r}")
+    return name
+
+
+class CallLog:
+    """The model calls of each episode, one JSON line per call, appended by the proxy and read
+    by the hub (possibly another process) when the episode ends."""
+
+    def __init__(self, data_dir: str | Path):
+        self.dir = Path(data_dir) / "harness" / "calls"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._next: dict[str, int] = {}
+
+    def next_index(self, episode: str) -> int:
+        """The order of a new call of `episode` in this process (the proxy numbers at arrival)."""
+        with self._lock:
+            if episode not in self._next:  # a restarted proxy continues an episode's numbering
+                self._next[episode] = len(self.read(episode))
+            self._next[episode] += 1
+            return self._next[episode] - 1
+
+    def append(self, call: ModelCall) -> None:
+        line = call.model_dump_json() + "\n"
+        with self._lock, open(self.dir / f"{check_episode_name(call.episode_id)}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+    def read(self, episode: str) -> list[ModelCall]:
+        path = self.dir / f"{check_episode_name(episode)}.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # a line still being written has no newline yet
+        return sorted((ModelCall.model_validate_json(line) for line in lines if line), key=lambda c: c.index)
+
+
+def records_of(calls: list[ModelCall]) -> int:
+    """How many conversations ("records") the harness split the calls into: a call whose request does
+    not continue the previous request starts a new one (a summary, a branch, a fresh context)."""
+    records, previous = 0, None
+    for call in calls:
+        if previous is None or call.messages[:len(previous.messages)] != previous.messages:
+            records += 1
+        previous = call
+    return records
+
+
+@dataclass
+class Episode:
+    name: str
+    task: TaskSpec
+    seed: int
+    env: Any  # the runtime stack (envs.wrappers.Recorder on top)
+    goal: str
+    ts: TimeStep
+    started: float = field(default_factory=time.perf_counter)
+    last_active: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    calls: int = 0
+    env_error: str | None = None
+    env_bug: str | None = None
+    rollout: Rollout | None = None  # set once the episode has ended
+    landing_error: str | None = None
+
+    @property
+    def over(self) -> bool:
+        return self.rollout is not None or self.ts.done or bool(self.env_error or self.env_bug)
+
+
+class EpisodeHub:
+    """Episodes of `family` for harnesses: the n-th episode opened plays task n of the pool (its
+    sample n // pool size, so every episode is a rollout of its own). `land=False` keeps the
+    rollouts in memory only (`rollouts`). `idle_timeout_s` ends an episode no call touched for that
+    long (a harness that never says it is done)."""
+
+    def __init__(self, family: str, data_dir: str | Path, *, tasks: int = 32, seed: int = 0,
+                 holdout_fraction: float = HOLDOUT_FRACTION, land: bool = True, idle_timeout_s: float | None = None):
+        self.family, self.data_dir, self.seed, self.land = family, str(data_dir), seed, land
+        if land:
+            lock_holdout_fraction(self.data_dir, [family], holdout_fraction)
+        valid, rejected = validate_tasks(generate_tasks(family, tasks, seed))
+        known = landed_splits(self.data_dir, [family]) if land else {}
+        self.tasks, isolated = isolate_tasks(valid, known, holdout_fraction)
+        if not self.tasks:
+            raise ValueError(f"no {family} task passed validation and isolation (of {tasks} generated)")
+        self.rejections = rejected + isolated
+        self.log = CallLog(self.data_dir)
+        self.rollouts: list[Rollout] = []
+        self.landed: dict[str, int] = {}
+        self._episodes: dict[str, Episode] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._rejections_landed = False
+        self._lander = threading.Thread(target=self._land_loop, name="harness-lander", daemon=True)
+        self._lander.start()
+        self._reaper = None
+        if idle_timeout_s:
+            self._reaper = threading.Thread(target=self._reap_loop, args=(idle_timeout_s,), name="harness-reaper",
+                                            daemon=True)
+            self._reaper.start()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._episodes
+
+    # -- what the harness sees ---------------------------------------------------------------
+    def episode(self, name: str) -> Episode:
+        """The episode called `name`, opened (a fresh env, reset on its task) on first use."""
+        check_episode_name(name)
+        with self._lock:
+            episode = self._episodes.get(name)
+            if episode is None:
+                n = len(self._episodes)
+                task = self.tasks[n % len(self.tasks)]
+                env = standard_stack(make(task.env_id))
+                ts = env.reset(task=task)
+                episode = self._episodes[name] = Episode(name, task, rollout_seed(self.seed, task, n // len(self.tasks)),
+                                                         env, ts.observation, ts)
+            return episode
+
+    def goal(self, name: str) -> str:
+        return self.episode(name).goal
+
+    def tools(self, name: str) -> list[dict[str, Any]]:
+        """The episode's tools as function schemas (name, description, JSON-schema parameters)."""
+        return self.episode(name).env.available_tools
+
+    def call(self, name: str, tool: str, arguments: dict[str, Any] | None) -> tuple[str, bool]:
+        """(observation, is_error) of one tool call through the runtime stack. A bad call (unknown
+        tool, bad arguments, refused permission) is an error observation and the episode goes on."""
+        episode = self.episode(name)
+        with episode.lock:
+            episode.last_active = time.monotonic()
+            if episode.over:
+                return render_error(None, EPISODE_OVER, "the episode is over; no further tool calls"), True
+            action = ToolCall(name=tool, arguments=arguments if arguments is not None else {}, id=f"mcp-{episode.calls}")
+            episode.calls += 1
+            try:
+                episode.ts = ts = episode.env.step(action)
+                observation, is_error = ts.observation, ts.info.get("error") is not None
+            except EnvFault as exc:  # the env itself failed: the whole attempt is a fault (as in tasks/rollout.py)
+                episode.env_error = f"environment fault {type(exc).__name__}: {exc}"
+                observation, is_error = render_error(action, "env_fault", "the environment failed"), True
+            except Exception as exc:
+                episode.env_bug = f"environment bug {type(exc).__name__}: {exc}"
+                observation, is_error = render_error(action, "env_bug", "the environment failed"), True
+            over = episode.over
+        if over:
+            self.finish(name)
+        return observation, is_error
+
+    # -- the end -----------------------------------------------------------------------------
+    def finish(self, name: str) -> Rollout:
+        """End the episode (once: later calls return the same rollout) and queue it for landing."""
+        episode = self.episode(name)
+        with episode.lock:
+            if episode.rollout is None:
+                episode.rollout = self._rollout(episode)
+                self._queue.put(episode)
+            return episode.rollout
+
+    def _rollout(self, episode: Episode) -> Rollout:
+        """The episode as a factory rollout: the same verifier, classes and cost as run_episode."""
+        task, ts, env = episode.task, episode.ts, episode.env
+        try:
+            tool_steps = list(env.steps)
+            env_info = env.unwrapped.runtime_info()
+            outcome, verifier_error = _outcome(task, ts, tool_steps, env)
+        finally:
+            env.close()
+        calls = self.log.read(episode.name)
+        steps, last = assemble_steps(tool_steps, calls)
+        if ts.done and last is not None:  # what the harness asked after the env ended is not this episode's
+            calls = calls[:last + 1]
+        fault, context, refused = inference_end(calls)
+        termination, reason = classify(
+            steps, terminated=ts.terminated, truncated=ts.truncated, end_info=ts.info, outcome=outcome,
+            policy_error=refused, env_error=episode.env_error, verifier_error=verifier_error, env_bug=episode.env_bug,
+            inference_fault=fault, context_exceeded=context)
+        policy_id, policy_version = policy_of(calls)
+        cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
+                    tokens=sum(len(s.token_ids or []) for s in steps),
+                    wall_time_s=round(time.perf_counter() - episode.started, 6))
+        harness = {"episode": episode.name, "model_calls": len(calls), "records": records_of(calls)}
+        return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
+                       env_version=spec(task.env_id).version, policy_id=policy_id, policy_version=policy_version,
+                       seed=episode.seed, steps=steps, termination=termination,
+                       termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
+                       env_info={**env_info, "harness": harness},
+                       # a harness episode is not reproducible from a seed: its name is part of its identity
+                       policy_params={"harness_episode": episode.name})
+
+    def close(self, timeout_s: float = 300.0) -> dict[str, int]:
+        """End every open episode, land what is queued, stop. The rows landed per table."""
+        for name in list(self._episodes):
+            self.finish(name)
+        self._stop.set()
+        self._lander.join(timeout_s)
+        return dict(self.landed)
+
+    def wait_landed(self, timeout_s: float = 120.0) -> None:
+        """Block until everything finished so far has been landed (or failed to)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _land_loop(self) -> None:
+        while True:
+            try:
+                batch = [self._queue.get(timeout=0.1)]
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            while True:  # everything ended meanwhile lands in the same transaction
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._land(batch)
+            except Exception as exc:  # never lose the lander: the error stays with each episode
+                log.exception("landing %d harness episodes failed", len(batch))
+                for episode in batch:
+                    episode.landing_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _land(self, batch: list[Episode]) -> None:
+        kept = []
+        for episode in batch:
+            try:
+                leak_check(episode.rollout, episode.task, self.log.read(episode.name))
+                kept.append(episode)
+            except LeakError as exc:  # an env (or harness) showing hidden values stops that episode, loudly
+                log.error("not landed: %s", exc)
+                episode.landing_error = str(exc)
+        rollouts = [e.rollout for e in kept]
+        self.rollouts += rollouts
+        if not self.land or not rollouts:
+            return
+        tasks = list({e.task.task_id: e.task for e in kept}.values())
+        rejections = [] if self._rejections_landed else self.rejections
+        landing = land_records(self.data_dir, tasks, rejections, rollouts, score_rollouts(rollouts, tasks, self.data_dir))
+        counts = landing.checked()
+        self._rejections_landed = True
+        for table, n in counts.items():
+            self.landed[table] = self.landed.get(table, 0) + n
+
+    def _reap_loop(self, idle_s: float) -> None:
+        while not self._stop.wait(min(1.0, idle_s / 4)):
+            now = time.monotonic()
+            for name, episode in list(self._episodes.items()):
+                if episode.rollout is None and now - episode.last_active > idle_s:
+                    self.finish(name)
+
+
+def leak_check(rollout: Rollout, task: TaskSpec, calls: list[ModelCall]) -> None:
+    """The factory's scan of every observation, plus everything the proxy recorded for the episode
+    (the harness's prompts and the model's replies): a hidden value in any of them is a leak."""
+    assert_no_leaks([rollout], {task.task_id: task})
+    leaks = find_leaks(task, row_texts([[c.messages, c.response, c.tools] for c in calls]))
+    if leaks:
+        raise LeakError(f"the model calls of harness episode {rollout.env_info['harness']['episode']} "
+                        f"show hidden values {leaks}")

@@ -1,0 +1,119 @@
+"""A recording OpenAI-compatible chat endpoint (`gymfoundry proxy`): a harness points its base URL
+at `http://<proxy>/episodes/<name>/v1` (or `/v1` with the `X-Gymfoundry-Episode` header); each
+chat completion is forwarded to the upstream model server and recorded against the episode
+(tasks/harness.py `CallLog`) before the reply goes back: the request's messages and tools, the
+reply's message, token ids and logprobs when the upstream returns them (`sampled_ids`: never
+re-tokenised), latency, the model's name and the upstream.
+
+Where a call fails decides what it is: no connection, no whole answer within `timeout_s`, 429, 5xx
+or an unreadable reply is the upstream's (`fault`: the episode becomes an inference fault unless
+the harness's own retry then succeeds); a 400 with the structured `context_length_exceeded` code
+is a full context (the episode is truncated); another 4xx is the harness's malformed request. The
+harness gets the upstream's status and body as they were, so its client retries as it would.
+The upstream's key is the proxy's (`api_key`), never the harness's, and is redacted from records."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import Any
+
+import anyio
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from envs.harness import ModelCall
+from envs.secrets import redact, register_secret
+from tasks.harness import EPISODE_NAME, CallLog
+from tasks.mcp_server import EPISODE_HEADER
+from tasks.openai_policy import RETRIED_STATUS, sampled_ids
+from verifiers.endpoint import context_length_code
+
+
+def _clean(value: Any) -> Any:
+    """A JSON value with the key (an upstream may echo it) redacted wherever it appears."""
+    return json.loads(redact(json.dumps(value)))
+
+
+def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, timeout_s: float = 60.0,
+                max_connections: int = 256, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    upstream = upstream.rstrip("/")
+    where = redact(upstream)
+    register_secret(api_key)
+    calls = CallLog(data_dir)
+    state: dict[str, httpx.AsyncClient] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        async with httpx.AsyncClient(base_url=upstream, timeout=timeout_s, limits=limits, transport=transport,
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {}) as client:
+            state["client"] = client
+            yield
+
+    async def forward(body: dict) -> tuple[httpx.Response | None, str | None]:
+        try:
+            with anyio.fail_after(timeout_s):  # the whole answer, not each read: a trickling server is a fault too
+                return await state["client"].post("/chat/completions", json=body), None
+        except TimeoutError:
+            return None, f"{where} gave no complete answer within {timeout_s:g} s"
+        except httpx.TransportError as exc:
+            return None, redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
+
+    async def chat(request: Request) -> Response:
+        name = request.path_params.get("episode") or request.headers.get(EPISODE_HEADER)
+        if not name or not EPISODE_NAME.fullmatch(name):
+            return JSONResponse({"error": {"message": "name the episode: base URL /episodes/<name>/v1 or the "
+                                                      f"{EPISODE_HEADER} header", "type": "invalid_request_error"}},
+                                status_code=404)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        record = {"episode_id": name, "index": calls.next_index(name), "upstream": where}
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("stream"):
+            error = "streaming is not recorded: ask without stream" if isinstance(body, dict) and body.get("stream") \
+                else "the request is not a chat completion (a JSON object with messages)"
+            calls.append(ModelCall(**record, status="refused", error=error))
+            return JSONResponse({"error": {"message": error, "type": "invalid_request_error"}}, status_code=400)
+        record.update(messages=_clean(body["messages"]), tools=_clean(body.get("tools")) or None,
+                      model=str(body.get("model") or ""))
+        started = time.perf_counter()
+        response, failure = await forward(body)
+        record["latency_s"] = round(time.perf_counter() - started, 6)
+        if response is None:
+            calls.append(ModelCall(**record, status="fault", error=failure))
+            return JSONResponse({"error": {"message": failure, "type": "upstream_error"}}, status_code=502)
+        text = redact(response.text)
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = None
+        if response.status_code == 200:
+            try:
+                choice = payload["choices"][0]
+                message = choice["message"]
+                if not isinstance(message, dict):
+                    raise TypeError("message is not an object")
+                content_logprobs = (choice.get("logprobs") or {}).get("content") or None
+                logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
+            except (TypeError, KeyError, IndexError, AssertionError, ValueError, AttributeError):
+                error = f"unreadable reply from {where}: {text[:300]}"
+                calls.append(ModelCall(**record, status="fault", error=error))
+                return JSONResponse({"error": {"message": error, "type": "upstream_error"}}, status_code=502)
+            calls.append(ModelCall(**{**record, "model": str(payload.get("model") or record["model"])}, response=message,
+                                   token_ids=sampled_ids(choice, content_logprobs), logprobs=logprobs))
+        else:
+            status = response.status_code
+            kind = "fault" if status in RETRIED_STATUS or status >= 500 else \
+                "context" if status == 400 and context_length_code(payload) else "refused"
+            calls.append(ModelCall(**record, status=kind, error=f"HTTP {status} from {where}: {text[:300]}"))
+        return Response(text, status_code=response.status_code,
+                        media_type=response.headers.get("content-type", "application/json"))
+
+    return Starlette(routes=[Route("/episodes/{episode}/v1/chat/completions", chat, methods=["POST"]),
+                             Route("/v1/chat/completions", chat, methods=["POST"])], lifespan=lifespan)

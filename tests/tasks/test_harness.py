@@ -1,0 +1,236 @@
+"""Bring your own agent harness: an agent written with the OpenAI Agents SDK, unmodified except for
+its base URL and MCP server address, plays inventory episodes through `serve-env` (MCP) and the
+recording proxy; the episodes land as ordinary rollouts. Everything runs on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+from agents.mcp import MCPServerStreamableHttp
+from openai import AsyncOpenAI
+
+import envs  # noqa: F401
+from envs.harness import ModelCall
+from envs.leaks import hidden_values
+from envs.records import Split, Termination
+from tasks.assemble import assemble_datasets
+from tasks.harness import EpisodeHub
+from tasks.mcp_server import build_app, served
+from tasks.proxy import build_proxy
+from tests.tasks.harness_stub import LOGPROBS, TOKEN_IDS, scripted_inventory
+from tests.tasks.policy_endpoint import always
+from tests.verifiers.openai_stub import OpenAIStub
+from warehouse import Warehouse
+
+set_tracing_disabled(True)  # the SDK would upload traces: no network beyond 127.0.0.1
+pytestmark = pytest.mark.timeout(240)
+
+
+async def play(env_url: str, proxy_url: str, name: str) -> str:
+    """A harness as its author wrote it; only the two addresses name the episode."""
+    async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/{name}/mcp", "timeout": 30},
+                                       client_session_timeout_seconds=60) as mcp:
+        goal = (await mcp.get_prompt("task")).messages[0].content.text
+        client = AsyncOpenAI(base_url=f"{proxy_url}/episodes/{name}/v1", api_key="not-a-key")
+        agent = Agent(name="inventory-agent", instructions="You reserve stock for orders with the tools you have.",
+                      mcp_servers=[mcp], model=OpenAIChatCompletionsModel(model="stub-model", openai_client=client))
+        return (await Runner.run(agent, goal, max_turns=20)).final_output
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """(hub, env URL, proxy URL, upstream stub) for a scripted correct upstream."""
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
+    with OpenAIStub(respond=scripted_inventory) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        yield hub, env_url, proxy_url, upstream
+    hub.close()
+
+
+def test_an_agents_sdk_episode_lands_with_steps_outcome_scores_and_in_the_next_sft_dataset(stack, tmp_path):
+    hub, env_url, proxy_url, upstream = stack
+    assert asyncio.run(play(env_url, proxy_url, "ep-1")) == "Done."
+    hub.wait_landed()
+    assert hub.tasks[0].split == Split.train
+    with Warehouse(tmp_path, read_only=True) as wh:
+        [rollout] = wh.load_rollouts()
+        scores = wh.sql_df("select layer, count(*) as n from step_scores group by layer order by layer").rows()
+    assert rollout.termination == Termination.success and rollout.outcome.success
+    assert (rollout.policy_id, rollout.policy_version) == ("harness:stub-model", upstream.base_url)
+    assert [s.tool_call.name for s in rollout.steps] == ["request_authorization", "find_items", "reserve", "submit"]
+    assert [s.tool_call.id for s in rollout.steps] == ["call_0", "call_1", "call_2", "call_3"]
+    assert all(s.token_ids == TOKEN_IDS and s.logprobs == LOGPROBS for s in rollout.steps)
+    assert rollout.cost.tokens == 12 and rollout.cost.tool_calls == 4
+    assert rollout.env_info["harness"] == {"episode": "ep-1", "model_calls": 4, "records": 1}
+    # what the model saw is the recorded request: the SDK's own system prompt, then the goal
+    assert rollout.steps[0].observation.startswith("You reserve stock for orders with the tools you have.\nOrder ")
+    assert ("combined", 4) in scores and ("rules", 4) in scores
+    sft = assemble_datasets(tmp_path, ["inventory"], kinds=("sft",))["sft"]
+    assert sft["rows"] == 1
+    with Warehouse(tmp_path, read_only=True) as wh:
+        assert wh.sql_df("select rollout_ids from dataset_rows").rows() == [([rollout.rollout_id],)]
+
+
+def test_an_unknown_tool_or_bad_arguments_is_an_error_result_and_the_episode_goes_on(stack):
+    hub, env_url, _, _ = stack
+
+    async def session():
+        async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/clumsy/mcp"}) as mcp:
+            unknown = await mcp.call_tool("delete_everything", {})
+            bad = await mcp.call_tool("get_stock", {"sku": 5})
+            good = await mcp.call_tool("find_items", {"query": "a"})
+            return unknown, bad, good
+
+    unknown, bad, good = asyncio.run(session())
+    assert unknown.is_error and json.loads(unknown.content[0].text)["error"]["type"] == "unknown_tool"
+    assert bad.is_error and json.loads(bad.content[0].text)["error"]["type"] == "invalid_arguments"
+    assert not good.is_error and json.loads(good.content[0].text)["ok"] is True
+    finished = httpx.post(f"{env_url}/episodes/clumsy/finish").json()
+    assert finished["termination"] == "truncated"  # the harness stopped before the episode ended: a model outcome
+    rollout = hub.finish("clumsy")  # the same rollout again: an episode ends once
+    assert rollout.rollout_id == finished["rollout_id"]
+    assert [s.error for s in rollout.steps] == ["unknown_tool", "invalid_arguments", None]
+    assert rollout.policy_id == "harness:unrecorded" and all(s.token_ids is None for s in rollout.steps)
+
+
+def test_a_session_sees_no_state_and_no_hidden_value(stack):
+    """Hostile: read every prompt and resource, ask for others, call tools named after internals."""
+    hub, env_url, _, _ = stack
+
+    async def snoop():
+        async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/snoop/mcp"}) as mcp:
+            texts = [json.dumps([t.model_dump(mode="json") for t in await mcp.list_tools()])]
+            texts += [json.dumps((await mcp.list_prompts()).model_dump(mode="json")),
+                      json.dumps((await mcp.get_prompt("task")).model_dump(mode="json"))]
+            session = mcp.session
+            texts.append(json.dumps((await session.list_resources()).model_dump(mode="json")))
+            texts.append(json.dumps((await session.read_resource("gymfoundry://episode/goal")).model_dump(mode="json")))
+            refused = []
+            for ask in (lambda: mcp.get_prompt("hidden"), lambda: session.read_resource("gymfoundry://episode/state"),
+                        lambda: session.read_resource("file:///etc/passwd")):
+                try:
+                    await ask()
+                except Exception as exc:  # an MCP error, the session goes on
+                    refused.append(type(exc).__name__)
+            for tool in ("state", "_state", "hidden", "__class__", "tool_state", "verify", "_check_call"):
+                result = await mcp.call_tool(tool, {})
+                texts.append(result.content[0].text)
+                assert result.is_error and json.loads(result.content[0].text)["error"]["type"] == "unknown_tool"
+            return texts, refused
+
+    texts, refused = asyncio.run(snoop())
+    assert len(refused) == 3
+    task = hub.episode("snoop").task
+    secrets = [v for v in hidden_values(task)] + [json.dumps(task.hidden.checks, sort_keys=True)]
+    assert not [v for v in secrets for text in texts if v in text]
+    joined = "\n".join(texts[:5])  # the tools, prompts and resources (an error result names the tool asked for)
+    for field in ("initial_state", "reference", "hidden", "checks", task.task_id):
+        assert field not in joined
+
+
+def test_an_episode_is_named_by_a_safe_name_only(stack, tmp_path):
+    hub, env_url, proxy_url, _ = stack
+    for bad in ("..%2F..%2Fx", "-x", "a" * 65, "a%20b"):
+        assert httpx.post(f"{env_url}/episodes/{bad}/mcp", json={}).status_code == 404
+        assert httpx.post(f"{proxy_url}/episodes/{bad}/v1/chat/completions", json={"messages": []}).status_code == 404
+        assert httpx.post(f"{env_url}/episodes/{bad}/finish").status_code == 404
+    assert httpx.post(f"{proxy_url}/v1/chat/completions", json={"messages": []}).status_code == 404  # no name at all
+    assert sorted(p.name for p in (tmp_path / "harness" / "calls").iterdir()) == []
+    assert len(hub.rollouts) == 0
+
+
+def test_an_upstream_answering_500_gives_an_inference_fault_never_a_model_failure(tmp_path):
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
+    with OpenAIStub(respond=always(500)) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        with pytest.raises(Exception, match="500"):
+            asyncio.run(play(env_url, proxy_url, "down"))
+        finished = httpx.post(f"{env_url}/episodes/down/finish").json()
+    hub.close()
+    assert finished["termination"] == "inference_fault"
+    [rollout] = hub.rollouts
+    assert rollout.termination == Termination.inference_fault
+    assert "HTTP 500" in rollout.termination_reason and rollout.steps == []
+    calls = hub.log.read("down")
+    assert len(calls) == len(upstream.requests) >= 1 and {c.status for c in calls} == {"fault"}
+
+
+def test_an_upstream_that_cannot_be_reached_is_an_inference_fault(tmp_path):
+    from tests.tasks.policy_endpoint import closed_port_url
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with served(build_app(hub)) as env_url, served(build_proxy(closed_port_url(), str(tmp_path))) as proxy_url:
+        reply = httpx.post(f"{proxy_url}/episodes/cut/v1/chat/completions",
+                           json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 502
+        hub.goal("cut")
+        assert httpx.post(f"{env_url}/episodes/cut/finish").json()["termination"] == "inference_fault"
+    hub.close()
+    assert "connection to http://127.0.0.1" in hub.rollouts[0].termination_reason
+
+
+def test_32_concurrent_harnesses_land_32_rollouts_with_distinct_ids(stack, tmp_path):
+    hub, env_url, proxy_url, _ = stack
+
+    async def many():
+        return await asyncio.gather(*(play(env_url, proxy_url, f"par-{k}") for k in range(32)))
+
+    assert asyncio.run(many()) == ["Done."] * 32
+    hub.wait_landed(300)
+    with Warehouse(tmp_path, read_only=True) as wh:
+        rows = wh.sql_df("select rollout_id, termination, env_info from rollouts").rows()
+    assert len({r[0] for r in rows}) == 32
+    assert {r[1] for r in rows} == {"success"}
+    assert sorted(json.loads(r[2])["harness"]["episode"] for r in rows) == sorted(f"par-{k}" for k in range(32))
+
+
+def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_path):
+    """A harness that re-renders its context (summaries) sends 3 conversations for one episode:
+    still one rollout, the same steps, cost and dataset weight; each step's observation is what
+    the model was sent in that request."""
+    from tasks.assemble import sft_rows
+    from tasks.curriculum import success_rates
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=1, seed=0, land=False)
+
+    def episode(name: str, summarise_at: tuple[int, ...]) -> None:
+        history = [{"role": "system", "content": "sys"}, {"role": "user", "content": hub.goal(name)}]
+        sent = list(history)
+        for n in range(5):
+            if n in summarise_at:  # the harness starts a fresh conversation from its own summary
+                sent = [{"role": "system", "content": "sys"}, {"role": "user", "content": f"summary {n}"}]
+            _, payload = scripted_inventory({"messages": history}, {})
+            message = payload["choices"][0]["message"]
+            hub.log.append(ModelCall(episode_id=name, index=n, model="m", upstream="u", messages=sent, response=message,
+                                     token_ids=[n], logprobs=[-0.5]))
+            if not message.get("tool_calls"):
+                break
+            call = message["tool_calls"][0]
+            result, _ = hub.call(name, call["function"]["name"], json.loads(call["function"]["arguments"]))
+            tool_message = {"role": "tool", "tool_call_id": call["id"], "content": result}
+            history += [message, tool_message]
+            sent = sent + [message, tool_message]
+
+    episode("one", ())
+    episode("three", (2, 3))
+    submit = {"id": "c", "type": "function", "function": {"name": "submit", "arguments": '{"status": "denied"}'}}
+    hub.log.append(ModelCall(episode_id="gives-up", index=0, messages=[{"role": "user", "content": hub.goal("gives-up")}],
+                             response={"role": "assistant", "content": None, "tool_calls": [submit]}))
+    hub.call("gives-up", "submit", {"status": "denied"})
+    hub.close()
+    gives_up, one, three = sorted(hub.rollouts, key=lambda r: r.env_info["harness"]["episode"])
+    assert gives_up.termination == Termination.failure
+    assert (one.env_info["harness"]["records"], three.env_info["harness"]["records"]) == (1, 3)
+    assert one.termination == three.termination == Termination.success
+    assert one.cost.model_dump(exclude={"wall_time_s"}) == three.cost.model_dump(exclude={"wall_time_s"})
+    assert [s.token_ids for s in three.steps] == [[0], [1], [2], [3]]
+    assert [s.observation for s in three.steps][2:] == ["sys\nsummary 2", "sys\nsummary 3"]
+    rows = sft_rows({hub.tasks[0].task_id: hub.tasks[0]}, [one, three], {})
+    assert [r["rollout_id"] for r in rows] == [one.rollout_id, three.rollout_id]
+    rates = success_rates([{"task_family": "inventory", "difficulty": hub.tasks[0].difficulty.level,
+                            "termination": r.termination.value} for r in (three, gives_up)], prior=0.0)
+    assert rates == {f"inventory/{hub.tasks[0].difficulty.level}": 0.5}  # per record it would be 3 of 4
