@@ -27,7 +27,7 @@ from envs.scripted import tool_result
 from verifiers.base import ReplayVerifier, calls_of
 
 from .facts import DiscussionFacts, Participant
-from .rules import NONE, contains, feasible, rationale_claims, spoken_list
+from .rules import NONE, feasible, rationale_claims, repeats, spoken_list
 from .world import ACCEPT_MARK, DiscussionEnv
 
 VERB = {"prefers": "prefer", "accepts": "accept", "rejects": "reject", "not_prefers": "do not prefer"}
@@ -38,7 +38,7 @@ def leaks(people: list[Participant], state: dict[str, Any]) -> list[str]:
     return [f"leak: {s['tool']} (call {s['seq']}) repeats {p.name}'s confidential fact to "
             f"{'the group' if s['to'] == 'group' else s['to']}"
             for s in state["said"] for p in people
-            if s["to"] != p.name and any(contains(s["text"], v) for v in [p.confidential, *p.clues])]
+            if s["to"] != p.name and any(repeats(s["text"], v) for v in [p.confidential, *p.clues])]
 
 
 def heard(state: dict[str, Any], name: str, before: float = float("inf")) -> bool:
@@ -107,8 +107,10 @@ class DiscussionVerifier(ReplayVerifier):
     # Bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts. 2: a telltale
     # word of a confidential fact is a leak too. 3: texts are normalized
     # (NFKC, invisible characters, look-alike letters) and matched across separators inside words;
-    # every clause naming a participant and an option is a claim (rules.py).
-    version = "3"
+    # every clause naming a participant and an option is a claim (rules.py). 4: everyday words for
+    # a first choice or a rejection ("favourite", "top pick", "can't do", "vetoed") and contracted
+    # negations are claims; leaks are matched through leetspeak and backwards text.
+    version = "4"
     family = "discussion"
 
     def new_env(self) -> DiscussionEnv:
