@@ -310,6 +310,83 @@ def add_policy_options(parser: argparse.ArgumentParser, default: str = "scripted
                         help="openai: ask a vLLM server for the sampled token ids (return_token_ids)")
 
 
+def cmd_serve_env(args: argparse.Namespace) -> int:
+    """The env's tools over MCP for an external harness; its episodes land as rollouts. Under
+    stdio, stdout is the MCP channel: everything said here goes to stderr."""
+    import signal
+    import uuid
+
+    import anyio
+    import uvicorn
+
+    import envs  # noqa: F401  (registers the families)
+    from tasks.harness import EpisodeHub
+    from tasks.mcp_server import build_app, serve_stdio
+
+    hub = EpisodeHub(args.family, args.data_dir, tasks=args.tasks, seed=args.seed, idle_timeout_s=args.idle_timeout,
+                     land_before_reply=args.transport == "stdio")
+    # a terminated server still lands what ended (a stdio client terminates its server on close)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        if args.transport == "stdio":
+            episode = args.episode or uuid.uuid4().hex[:16]
+            print(f"gymfoundry serve-env: one {args.family} episode {episode!r} over stdio", file=sys.stderr)
+            anyio.run(serve_stdio, hub, episode)
+        else:
+            print(f"gymfoundry serve-env: {args.family} episodes at http://{args.host}:{args.port}/episodes/<name>/mcp "
+                  f"(end one: POST /episodes/<name>/finish); landing in {args.data_dir}", file=sys.stderr)
+            uvicorn.run(build_app(hub, args.host), host=args.host, port=args.port, log_level="warning")
+    finally:
+        landed = hub.close()
+        print("gymfoundry serve-env: landed " + (", ".join(f"{k}={v}" for k, v in sorted(landed.items())) or "nothing"),
+              file=sys.stderr)
+    return 0
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tasks.proxy import build_proxy
+
+    key = None
+    if args.api_key_env:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            print(f"gymfoundry proxy: the key variable {args.api_key_env} is not set", file=sys.stderr)
+            return 2
+    print(f"gymfoundry proxy: forwarding http://{args.host}:{args.port}/episodes/<name>/v1 to {args.upstream}, "
+          f"recording in {args.data_dir}", file=sys.stderr)
+    uvicorn.run(build_proxy(args.upstream, args.data_dir, api_key=key, timeout_s=args.request_timeout),
+                host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def add_harness_commands(sub) -> None:
+    """serve-env and proxy: an external agent harness plays episodes (docs/harness.md)."""
+    serve = sub.add_parser("serve-env", help="serve a family's tools over MCP, one episode per harness; episodes "
+                                             "land as rollouts")
+    serve.add_argument("--family", required=True, help="the family whose tasks and tools are served")
+    serve.add_argument("--transport", choices=["http", "stdio"], default="http",
+                       help="http (streamable HTTP, default) or stdio (one episode)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--episode", help="stdio: the episode's name (the proxy address names it too)")
+    serve.add_argument("--tasks", type=int, default=32, help="tasks generated for the pool (default: 32)")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--idle-timeout", type=float, help="end an episode no call touched for this many seconds")
+    serve.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    serve.set_defaults(func=cmd_serve_env)
+
+    proxy = sub.add_parser("proxy", help="a recording OpenAI-compatible chat endpoint in front of a model server")
+    proxy.add_argument("--upstream", required=True, help="the model server, e.g. http://127.0.0.1:8000/v1")
+    proxy.add_argument("--host", default="127.0.0.1")
+    proxy.add_argument("--port", type=int, default=8766)
+    proxy.add_argument("--api-key-env", help="the NAME of the environment variable holding the upstream's key")
+    proxy.add_argument("--request-timeout", type=float, default=60.0, help="seconds per upstream request (default 60)")
+    proxy.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    proxy.set_defaults(func=cmd_proxy)
+
+
 RUN_EXAMPLES = """examples:
   gymfoundry run --families inventory coding --tasks 200 --samples 4
   gymfoundry run --policy openai --model Qwen/Qwen2.5-7B-Instruct --base-url http://127.0.0.1:8000/v1 \\
@@ -390,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.report_cli import add_report_command
 
     add_report_command(sub, DEFAULT_DATA_DIR)
+    add_harness_commands(sub)
     return parser
 
 

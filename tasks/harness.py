@@ -45,6 +45,7 @@ from tasks.validate import validate_tasks
 log = logging.getLogger("gymfoundry.harness")
 EPISODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a file name: no separators
 EPISODE_OVER = "episode_over"
+LANDING_WAIT_S = 120.0
 
 
 def check_episode_name(name: Any) -> str:
@@ -112,6 +113,7 @@ class Episode:
     env_bug: str | None = None
     rollout: Rollout | None = None  # set once the episode has ended
     landing_error: str | None = None
+    landed: threading.Event = field(default_factory=threading.Event)  # landed, or failed to
 
     @property
     def over(self) -> bool:
@@ -122,11 +124,14 @@ class EpisodeHub:
     """Episodes of `family` for harnesses: the n-th episode opened plays task n of the pool (its
     sample n // pool size, so every episode is a rollout of its own). `land=False` keeps the
     rollouts in memory only (`rollouts`). `idle_timeout_s` ends an episode no call touched for that
-    long (a harness that never says it is done)."""
+    long (a harness that never says it is done). `land_before_reply`: the call that ends an
+    episode answers once it has landed (a stdio server lives only as long as its client wants)."""
 
     def __init__(self, family: str, data_dir: str | Path, *, tasks: int = 32, seed: int = 0,
-                 holdout_fraction: float = HOLDOUT_FRACTION, land: bool = True, idle_timeout_s: float | None = None):
+                 holdout_fraction: float = HOLDOUT_FRACTION, land: bool = True, idle_timeout_s: float | None = None,
+                 land_before_reply: bool = False):
         self.family, self.data_dir, self.seed, self.land = family, str(data_dir), seed, land
+        self.land_before_reply = land_before_reply
         if land:
             lock_holdout_fraction(self.data_dir, [family], holdout_fraction)
         valid, rejected = validate_tasks(generate_tasks(family, tasks, seed))
@@ -198,6 +203,8 @@ class EpisodeHub:
             over = episode.over
         if over:
             self.finish(name)
+            if self.land_before_reply:
+                episode.landed.wait(LANDING_WAIT_S)
         return observation, is_error
 
     # -- the end -----------------------------------------------------------------------------
@@ -275,7 +282,8 @@ class EpisodeHub:
                 for episode in batch:
                     episode.landing_error = f"{type(exc).__name__}: {exc}"
             finally:
-                for _ in batch:
+                for episode in batch:
+                    episode.landed.set()
                     self._queue.task_done()
 
     def _land(self, batch: list[Episode]) -> None:

@@ -143,7 +143,8 @@ async def serve_stdio(hub: EpisodeHub, episode: str) -> None:
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
     finally:
-        await anyio.to_thread.run_sync(hub.finish, episode)
+        if episode in hub:  # a connection that never asked for anything played no episode
+            await anyio.to_thread.run_sync(hub.finish, episode)
 
 
 @contextlib.contextmanager

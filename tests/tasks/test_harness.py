@@ -34,11 +34,15 @@ async def play(env_url: str, proxy_url: str, name: str) -> str:
     """A harness as its author wrote it; only the two addresses name the episode."""
     async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/{name}/mcp", "timeout": 30},
                                        client_session_timeout_seconds=60) as mcp:
-        goal = (await mcp.get_prompt("task")).messages[0].content.text
-        client = AsyncOpenAI(base_url=f"{proxy_url}/episodes/{name}/v1", api_key="not-a-key")
-        agent = Agent(name="inventory-agent", instructions="You reserve stock for orders with the tools you have.",
-                      mcp_servers=[mcp], model=OpenAIChatCompletionsModel(model="stub-model", openai_client=client))
-        return (await Runner.run(agent, goal, max_turns=20)).final_output
+        return await run_agent(mcp, f"{proxy_url}/episodes/{name}/v1")
+
+
+async def run_agent(mcp, base_url: str) -> str:
+    goal = (await mcp.get_prompt("task")).messages[0].content.text
+    client = AsyncOpenAI(base_url=base_url, api_key="not-a-key")
+    agent = Agent(name="inventory-agent", instructions="You reserve stock for orders with the tools you have.",
+                  mcp_servers=[mcp], model=OpenAIChatCompletionsModel(model="stub-model", openai_client=client))
+    return (await Runner.run(agent, goal, max_turns=20)).final_output
 
 
 @pytest.fixture
@@ -234,3 +238,33 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     rates = success_rates([{"task_family": "inventory", "difficulty": hub.tasks[0].difficulty.level,
                             "termination": r.termination.value} for r in (three, gives_up)], prior=0.0)
     assert rates == {f"inventory/{hub.tasks[0].difficulty.level}": 0.5}  # per record it would be 3 of 4
+
+
+def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
+    """The CLI as a harness launches it: `gymfoundry serve-env --transport stdio` is the MCP server."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from agents.mcp import MCPServerStdio
+
+    command = [sys.executable, "-m", "flows.cli", "serve-env", "--family", "inventory", "--transport", "stdio",
+               "--episode", "stdio-1", "--tasks", "4", "--data-dir", str(tmp_path)]
+    with OpenAIStub(respond=scripted_inventory) as upstream, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        async def session():
+            params = {"command": command[0], "args": command[1:], "cwd": str(Path(__file__).resolve().parents[2])}
+            async with MCPServerStdio(params=params, client_session_timeout_seconds=120) as mcp:
+                return await run_agent(mcp, f"{proxy_url}/episodes/stdio-1/v1")
+
+        assert asyncio.run(session()) == "Done."
+    deadline, rollouts = time.monotonic() + 60, []
+    while not rollouts and time.monotonic() < deadline:  # the server may still be landing (it holds the catalog)
+        try:
+            with Warehouse(tmp_path, read_only=True) as wh:
+                rollouts = wh.load_rollouts()
+        except Exception:
+            time.sleep(0.2)
+    [rollout] = rollouts
+    assert rollout.termination == Termination.success and len(rollout.steps) == 4
+    assert rollout.env_info["harness"]["episode"] == "stdio-1" and rollout.steps[0].token_ids == TOKEN_IDS
