@@ -146,6 +146,9 @@ def load_family(path: str | Path, *, name: str | None = None, prove: bool = True
     domain = read_domain(path)
     if name is not None and domain.name != name:
         raise FamilyError(f"{path}: name: declares {domain.name!r}, expected {name!r}")
+    clash = name_clash(domain.name)
+    if clash:
+        raise FamilyError(f"{path}: name: {clash}")
     before = DOMAINS.get(domain.name)
     fam = build(domain, path)
     if prove:
@@ -162,6 +165,13 @@ def load_family(path: str | Path, *, name: str | None = None, prove: bool = True
 
 
 def read_domain(path: Path) -> Domain:
+    try:
+        return _read_domain(path)
+    except RecursionError:  # the YAML parser, or a check, recursing through the nesting
+        raise FamilyError(f"{path}: nested too deeply to be read (lists or mappings inside each other)") from None
+
+
+def _read_domain(path: Path) -> Domain:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -369,6 +379,23 @@ def profile_of(domain: Domain) -> DomainProfile:
     data = {"outcome_rules": ["completed", "no_side_effects"], **domain.profile}
     return DomainProfile.model_validate({"name": domain.name, "description": domain.description.strip(),
                                          **data, "tools": [t.model_dump() for t in tools]})
+
+
+def name_clash(name: str) -> str | None:
+    """Why a domain cannot take `name`: one of the classes it makes (`<Name>Env`, `<Name>Policy`,
+    `<Name>Verifier`, found by name when pickled or looked up) is the interpreter's own, or
+    another loaded domain's (`a_b` and `a__b` both make ABEnv)."""
+    from envs.generic import policy, verifier, world
+
+    for suffix, module in (("Env", world), ("Policy", policy), ("Verifier", verifier)):
+        cls = world.class_name(name, suffix)
+        if cls in vars(module):
+            return f"{name!r} is reserved: it would make the class {cls}, which is the interpreter's own"
+        other = next((d.name for d, _ in DOMAINS.values() if d.name != name and world.class_name(d.name, suffix) == cls),
+                     None)
+        if other is not None:
+            return f"{name!r} clashes with the loaded domain {other!r}: both would make the class {cls}"
+    return None
 
 
 # -- the family ---------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import json
 import math
 import random
 import re
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -38,7 +39,13 @@ from typing import Any
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PLACEHOLDER = re.compile(r"\{(\$[^{}]*)\}")
 MAX_DEPTH = 60
+# Evaluation steps one task's generation, one tool call or one top-level expression may take: each
+# element iterated (by a loop, `and`, `or`, a table), each value a list, mapping, map or table builds
+# (counted as its values, shared ones once per use) and each value compared or rendered. Loops
+# nested in a domain file, or a value doubled again and again, end in an EvalError, never a hang.
+MAX_STEPS = 1_000_000  # the shipped domains take about 1,000 to make a task
 Scope = dict[str, Any]
+_BUDGET = threading.local()
 
 
 class EvalError(Exception):
@@ -132,9 +139,65 @@ def _step(value: Any, key: Any) -> Any:
     raise EvalError(f"cannot index {type(value).__name__} {value!r} by {key!r}")
 
 
+# -- the budget of steps ------------------------------------------------------------------------
+class budget:  # noqa: N801 (used as `with budget():`)
+    """One budget of MAX_STEPS for every evaluation inside (reentrant: an inner `budget` shares the
+    outer one). A top-level `evaluate`, `truth` or `render` outside any opens its own."""
+
+    __slots__ = ("opened",)
+
+    def __enter__(self) -> None:
+        self.opened = getattr(_BUDGET, "open", 0)
+        if not self.opened:
+            _BUDGET.left = MAX_STEPS
+        _BUDGET.open = self.opened + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        _BUDGET.open = self.opened
+
+
+def _charge(steps: int) -> None:
+    _BUDGET.left -= steps
+    if _BUDGET.left < 0:
+        raise EvalError(f"the expression takes more than {MAX_STEPS:,} steps (a loop, or a value, too large)")
+
+
+def charge_size(value: Any) -> None:
+    """Charge a value's size: its values counted through every list and mapping, a shared one once
+    per place it appears (what a copy, a comparison or JSON text of it costs). Stops at the budget."""
+    kind = type(value)
+    if kind is not list and kind is not dict:
+        _charge(1)
+        return
+    left, count, stack = _BUDGET.left, 0, [value]
+    while stack and count <= left:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            item = item.values()
+        elif kind is not list:
+            count += 1
+            continue
+        count += 1 + len(item)
+        for v in item:
+            if type(v) is list or type(v) is dict:
+                stack.append(v)
+    _charge(count)
+
+
 # -- evaluation ---------------------------------------------------------------------------------
 def evaluate(expr: Any, scope: Scope, rng: random.Random | None = None, depth: int = 0) -> Any:
     """The value of `expr` in `scope`; draws need `rng` (task generation)."""
+    if depth or getattr(_BUDGET, "open", 0):
+        return _evaluate(expr, scope, rng, depth)
+    _BUDGET.left, _BUDGET.open = MAX_STEPS, 1
+    try:
+        return _evaluate(expr, scope, rng, 0)
+    finally:
+        _BUDGET.open = 0
+
+
+def _evaluate(expr: Any, scope: Scope, rng: random.Random | None, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise EvalError("expression nested too deeply")
     if isinstance(expr, str):
@@ -147,7 +210,9 @@ def evaluate(expr: Any, scope: Scope, rng: random.Random | None = None, depth: i
             return render(expr, scope)
         return expr
     if isinstance(expr, list):
-        return [evaluate(e, scope, rng, depth + 1) for e in expr]
+        out = [evaluate(e, scope, rng, depth + 1) for e in expr]
+        charge_size(out)
+        return out
     if isinstance(expr, dict):
         if len(expr) == 1:
             (op, arg), = expr.items()
@@ -157,7 +222,9 @@ def evaluate(expr: Any, scope: Scope, rng: random.Random | None = None, depth: i
                 if rng is None:
                     raise EvalError(f"draw {op!r} outside task generation")
                 return DRAWS[op](arg, scope, rng, depth + 1)
-        return {k: evaluate(v, scope, rng, depth + 1) for k, v in expr.items()}
+        out = {k: evaluate(v, scope, rng, depth + 1) for k, v in expr.items()}
+        charge_size(out)
+        return out
     return expr
 
 
@@ -169,6 +236,9 @@ def truth(expr: Any, scope: Scope, rng: random.Random | None = None, depth: int 
 
 
 def render(template: str, scope: Scope) -> str:
+    if not getattr(_BUDGET, "open", 0):
+        with budget():
+            return render(template, scope)
     return PLACEHOLDER.sub(lambda m: text_of(lookup(parse_path(m.group(1)), scope)), template)
 
 
@@ -179,6 +249,8 @@ def text_of(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, (int, float)):
         return str(value)
+    if getattr(_BUDGET, "open", 0):  # JSON text costs the value's whole size
+        charge_size(value)
     return json.dumps(value, sort_keys=True)
 
 
@@ -224,6 +296,9 @@ def _arith(fn: Callable[[Any, Any], Any]) -> Callable:
 
 def _in(arg, scope, rng, depth):
     x, coll = _pair(arg, scope, rng, depth)
+    if isinstance(coll, list):
+        _charge(len(coll))
+        charge_size(x)
     if isinstance(coll, dict):
         return isinstance(x, str) and x in coll
     if isinstance(coll, list):
@@ -234,10 +309,12 @@ def _in(arg, scope, rng, depth):
 
 
 def _and(arg, scope, rng, depth):
+    _charge(len(arg))
     return all(truth(e, scope, rng, depth) for e in arg)
 
 
 def _or(arg, scope, rng, depth):
+    _charge(len(arg))
     return any(truth(e, scope, rng, depth) for e in arg)
 
 
@@ -252,6 +329,7 @@ def _keys(arg, scope, rng, depth):
     value = evaluate(arg, scope, rng, depth)
     if not isinstance(value, dict):
         raise EvalError(f"keys of {value!r}, not a mapping")
+    _charge(len(value))
     return list(value)
 
 
@@ -266,6 +344,7 @@ def _sorted(arg, scope, rng, depth):
     value = evaluate(arg, scope, rng, depth)
     if not isinstance(value, list):
         raise EvalError(f"sorted of {value!r}, not a list")
+    charge_size(value)
     try:
         return sorted(value, key=lambda v: (not _number(v), v if _number(v) else text_of(v)))
     except TypeError as exc:
@@ -277,6 +356,7 @@ def _range(arg, scope, rng, depth):
     if not (isinstance(lo, int) and isinstance(hi, int)) or isinstance(lo, bool) or isinstance(hi, bool) \
             or hi - lo > 10_000:
         raise EvalError(f"range needs two integers at most 10000 apart, not {lo!r}, {hi!r}")
+    _charge(max(0, hi - lo))
     return list(range(lo, hi))
 
 
@@ -306,6 +386,7 @@ def _elements(arg: dict, scope: Scope, rng, depth) -> list[tuple[Any, Any, Scope
         pairs = list(enumerate(coll))
     else:
         raise EvalError(f"cannot iterate over {coll!r}")
+    _charge(len(pairs))
     out = []
     for key, item in pairs:
         inner = {**scope, "item": item, "key": key}
@@ -321,7 +402,9 @@ def _filter(arg, scope, rng, depth):
 
 
 def _map(arg, scope, rng, depth):
-    return [evaluate(arg["to"], inner, rng, depth) for _, _, inner in _elements(arg, scope, rng, depth)]
+    out = [evaluate(arg["to"], inner, rng, depth) for _, _, inner in _elements(arg, scope, rng, depth)]
+    charge_size(out)
+    return out
 
 
 def _count(arg, scope, rng, depth):
@@ -345,12 +428,19 @@ OPS: dict[str, Callable] = {
     "add": _arith(lambda a, b: a + b), "sub": _arith(lambda a, b: a - b), "mul": _arith(lambda a, b: a * b),
     "len": _len, "keys": _keys, "first": _first, "sorted": _sorted, "range": _range, "get": _get, "if": _if,
     "filter": _filter, "map": _map, "count": _count, "any": _any, "all": _all,
-    "lit": lambda a, s, r, d: copy.deepcopy(a),
+    "lit": lambda a, s, r, d: _lit(a),
 }
+
+
+def _lit(value: Any) -> Any:
+    charge_size(value)
+    return copy.deepcopy(value)
 
 
 def _same(a: Any, b: Any) -> bool:
     """JSON equality: true is not 1, 1 is 1.0."""
+    if (type(a) is list or type(a) is dict) and getattr(_BUDGET, "open", 0):  # a comparison walks the values
+        charge_size(a)
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     return a == b
@@ -395,9 +485,11 @@ def _table(arg, scope, rng, depth):
     out = {}
     for index, key in enumerate(keys):
         inner = {**scope, "key": key, "index": index}
+        _charge(1 + len(arg.get("let") or {}))
         for name, expr in (arg.get("let") or {}).items():
             inner[name] = evaluate(expr, inner, rng, depth)
         out[key] = evaluate(arg["row"], inner, rng, depth)
+        charge_size(out[key])
     return out
 
 
@@ -552,8 +644,13 @@ def check_effect(effect: Any, where: str, names: set[str]) -> list[str]:
 
 
 def apply_effect(effect: dict, scope: Scope) -> None:
+    if not getattr(_BUDGET, "open", 0):
+        with budget():
+            return apply_effect(effect, scope)
     (op, (target, value_expr)), = effect.items()
-    value = copy.deepcopy(evaluate(value_expr, scope))
+    value = evaluate(value_expr, scope)
+    charge_size(value)  # what the copy costs, and the state it grows
+    value = copy.deepcopy(value)
     root, segments = parse_path(target)
     container = lookup((root, segments[:-1]), scope)
     kind, key = segments[-1]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs.base import ToolError
 from envs.errors import InvalidTask
-from envs.generic.expr import EvalError, evaluate, render, text_of, truth
+from envs.generic.expr import EvalError, budget, evaluate, render, text_of, truth
 from envs.generic.facts import GenericFacts, RuleFacts, VariantFacts
 from envs.generic.world import run_tool
 from envs.records import TaskSpec, ToolCall
@@ -32,7 +32,13 @@ def generate(domain: Domain, family: Family, seed: int, level: int) -> TaskSpec:
 
 def generate_from(domain: Domain, family: Family, name: str, seed: int, level: int,
                   rng: random.Random | None = None) -> TaskSpec:
-    """The task of template `name` at (seed, level)."""
+    """The task of template `name` at (seed, level), made within one budget of steps (expr.MAX_STEPS)."""
+    with budget():
+        return _generate_from(domain, family, name, seed, level, rng)
+
+
+def _generate_from(domain: Domain, family: Family, name: str, seed: int, level: int,
+                   rng: random.Random | None) -> TaskSpec:
     t = domain.tasks[name]
     rng = rng or family.rng(seed, level)
     try:

@@ -19,7 +19,7 @@ import jsonschema
 
 from envs.base import ToolEnv, ToolError
 from envs.errors import InvalidTask
-from envs.generic.expr import apply_effect, evaluate, render, truth
+from envs.generic.expr import apply_effect, budget, charge_size, evaluate, render, truth
 from envs.records import TaskSpec
 from envs.tools import ToolDecl
 
@@ -59,7 +59,14 @@ def _state_validator(env_class: type) -> Any:
 
 
 def run_tool(domain: Domain, name: str, state: dict[str, Any], args: dict[str, Any]) -> Any:
-    """Run one call of the domain's tool `name` on `state` (changed in place); its result."""
+    """Run one call of the domain's tool `name` on `state` (changed in place); its result. The
+    whole call has one budget of steps (envs.generic.expr.MAX_STEPS): a tool that loops is an
+    EvalError, the domain's bug, rolled back by the runtime."""
+    with budget():
+        return _run_tool(domain, name, state, args)
+
+
+def _run_tool(domain: Domain, name: str, state: dict[str, Any], args: dict[str, Any]) -> Any:
     tool = domain.tools[name]
     scope = {**{a: None for a in tool.args}, **args, "state": state}
     for pre in tool.preconditions:
@@ -67,7 +74,11 @@ def run_tool(domain: Domain, name: str, state: dict[str, Any], args: dict[str, A
             raise ToolError(pre.error, render(pre.message, scope))
     for effect in tool.effects:
         apply_effect(effect, scope)
-    return copy.deepcopy(evaluate(tool.result, scope)) if tool.result is not None else {}
+    if tool.result is None:
+        return {}
+    result = evaluate(tool.result, scope)
+    charge_size(result)  # rendered to the agent as JSON: its size is charged before the copy
+    return copy.deepcopy(result)
 
 
 def _handler(name: str, decl: ToolDecl):

@@ -460,3 +460,76 @@ def test_no_tool_shows_another_teams_private_agenda():
                     break
             texts.append(env.step(call("submit")).observation if not ts.done else "")
             assert find_leaks(task, texts) == [], (level, seed)
+
+
+# -- hostile domain files ----------------------------------------------------------------------------
+def _chain(name, levels, width):
+    """`name1: [$name0, $name0, ...]`, ... : a value `width` ** `levels` times the size of name0."""
+    return ", ".join(f"{name}{i}: [{', '.join([f'${name}{i - 1}'] * width)}]" for i in range(1, levels + 1))
+
+
+LOOPS = {  # each would run for hours (or fill memory) if evaluated naively
+    "nested": "{count: {in: {map: {in: {range: [0, 10000]}, to: {map: {in: {range: [0, 10000]}, to: 1}}}}}}",
+    "iterate": "{count: {in: {range: [0, 10000]}, where: {all: {in: {range: [0, 10000]}, where: true}}}}",
+    "doubling": "{len: {table: {keys: [k], let: {a0: {range: [0, 10000]}, b0: {range: [0, 10000]}, "
+                f"{_chain('a', 20, 2)}, {_chain('b', 20, 2)}}}, row: {{eq: [$a20, $b20]}}}}}}}}",
+    "text": f"{{len: {{table: {{keys: [k], let: {{a0: {{range: [0, 10000]}}, {_chain('a', 8, 4)}}}, "
+            "row: \"{$a8}\"}}}",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_an_expression_that_would_run_for_hours_is_refused_in_seconds(tmp_path, loop):
+    """Hostile: a domain file whose task state loops (nested maps over ranges, a value doubled
+    twenty times, a template rendering it) made the loader, and so `import envs` with the user's
+    folder set, hang. Evaluation has a budget of steps: over it, the file is refused naming it."""
+    import time
+
+    start = time.monotonic()
+    why = refusal(broken(tmp_path, f"loop_{loop}", "      submitted: false\n",
+                         f"      submitted: false\n      junk: {LOOPS[loop]}\n"))
+    assert "steps" in why, why
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_that_loops_when_the_agent_calls_it_is_an_env_bug_not_a_hang(tmp_path):
+    """Hostile: a tool no reference calls (so the proof at load never runs it) whose result loops;
+    an agent calling it gets an env_bug observation in seconds, the state rolled back."""
+    import time
+
+    path = broken(tmp_path, "loop_tool", "  submit:\n", "  spin:\n    description: Spin.\n    category: read\n"
+                  f"    result: {LOOPS['nested']}\n  submit:\n")
+    fam = load_family(path)
+    env = fam.env(outcome_fn=None)
+    env.reset(fam.generate(0, 1))
+    before, start = env.state(), time.monotonic()
+    ts = env.step(call("spin"))
+    assert ts.info["env_bug"] and "steps" in ts.info["error"]["message"] and not ts.done
+    assert env.state() == before and time.monotonic() - start < 30
+
+
+def test_a_file_nested_too_deeply_is_refused_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("name: deep\ndescription: x\nfinish_when: " + "[" * 50_000 + "]" * 50_000 + "\n", encoding="utf-8")
+    assert "nested too deeply" in refusal(path)
+
+
+@pytest.mark.parametrize("name", ["domain", "tool", "scripted"])
+def test_a_domain_named_like_the_interpreters_own_classes_is_refused(tmp_path, name):
+    """Hostile: a domain named `domain` made the class DomainEnv, the interpreter's own base class:
+    its env could not be pickled (a worker process could not run it) and its verifier was the
+    abstract base. Such names are refused, naming the clash."""
+    why = refusal(broken(tmp_path, name, "x", "x", text=ROOMS.replace("x", "x")))
+    assert "name:" in why and "reserved" in why, why
+
+
+def test_two_domains_whose_class_names_clash_are_not_both_loaded(tmp_path):
+    """Hostile: `a_b` and `a__b` both made the classes ABEnv and ABVerifier: the second domain was
+    judged by the first's verifier. The second is refused, naming the first."""
+    first = load_family(broken(tmp_path, "clash_a", "x", "x", text=ROOMS.replace("name: generic", "name: one_two", 1)))
+    assert first.name == "one_two"
+    why = refusal(broken(tmp_path, "clash_b", "x", "x", text=ROOMS.replace("name: generic", "name: one__two", 1)))
+    assert "one_two" in why and "OneTwo" in why, why
+    assert load_family(broken(tmp_path, "again", "x", "x", text=ROOMS.replace("name: generic", "name: one_two", 1)))
