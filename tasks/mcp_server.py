@@ -16,7 +16,6 @@ stays idle past the hub's limit; then it is verified, scored and landed as a fac
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -149,22 +148,19 @@ async def serve_stdio(hub: EpisodeHub, episode: str) -> None:
 
 @contextlib.contextmanager
 def served(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn in a thread; yields its base URL (`http://host:port`), stops on exit."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
-                                           backlog=512))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    """Serve an ASGI app with uvicorn in a thread (port 0: any free one); yields its base URL
+    (`http://host:port`) and stops it on exit."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=5, backlog=512))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the server on {host}:{sock.getsockname()[1]} did not start")
+            raise RuntimeError(f"the server on {host}:{port} did not start")
         time.sleep(0.02)
     try:
-        yield f"http://{host}:{sock.getsockname()[1]}"
+        yield f"http://{host}:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(15)
-        sock.close()
