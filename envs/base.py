@@ -14,7 +14,7 @@ import jsonschema
 from envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError, boundary
 from envs.parsing import parse_action, storable_text
 from envs.profile import DomainProfile
-from envs.records import Step, TaskSpec, ToolCall, check_task
+from envs.records import Step, TaskSpec, ToolCall, check_task, make_step
 from envs.timestep import TimeStep
 from envs.tools import ToolDecl, checked_profile, declared_tools, render_hint
 
@@ -123,7 +123,10 @@ class ToolEnv(AgentEnv):
         return False
 
     def event_args(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-        """The arguments as the event log keeps them (a family may shorten large ones)."""
+        """The arguments as the event log keeps them (a family may shorten large ones): a copy,
+        so the log never shares a container with the call (flat arguments need only a new dict)."""
+        if all(type(v) in _SCALARS for v in args.values()):
+            return dict(args)
         return copy_state(args)
 
     # -- the protocol -----------------------------------------------------------------
@@ -154,7 +157,7 @@ class ToolEnv(AgentEnv):
         info: dict[str, Any] = {"tool_call": None, "error": None, "thought": None, "env_fault": False,
                                 "env_bug": False}
         observation = self._act(action, info)
-        self._steps.append(Step(
+        self._steps.append(make_step(
             index=len(self._steps), observation=self._observation,
             action_text=storable_text(action) if isinstance(action, str) else None,
             thought=info["thought"], tool_call=info["tool_call"], result=observation,
@@ -174,27 +177,83 @@ class ToolEnv(AgentEnv):
     def _act(self, action: ToolCall | dict | str, info: dict[str, Any]) -> str:
         """Parse, check and run one action; the observation. Errors are attributed by the
         boundary they escaped (envs.errors): the action's own checks, or the tool."""
-        before = None
         try:
             with boundary(Boundary.agent_input.value, allowed=(ActionError,)):
                 parsed = parse_action(action, self.task.budget.max_action_chars)
                 info["tool_call"], info["thought"] = parsed.call, parsed.thought
                 self._check_call(parsed.call)
-            call = parsed.call
-            before = copy_state(self._state)
-            with boundary(f"{Boundary.tool.value} {call.name}", allowed=(ToolError, EnvFault)):
-                result = getattr(self, f"tool_{call.name}")(self._state, **call.arguments)
-                return render_result(call.name, result)
+            return self._run_tool(parsed.call)
         except (ActionError, ToolError) as exc:
             info["error"] = {"kind": exc.kind, "message": exc.message}
         except (EnvFault, EnvBug) as exc:
-            if before is not None:  # a failed call did nothing, so replays stay exact
-                self._state = before
             info["error"] = {"kind": exc.kind, "message": str(exc)}
             if isinstance(exc, EnvBug):
                 info["error"].update(where=exc.where, location=exc.location)
             info[exc.kind] = True
         return render_error(info["tool_call"], info["error"]["kind"], info["error"]["message"])
+
+    def _run_tool(self, call: ToolCall) -> str:
+        """Run a checked call on the state; the rendered result. A crash (an EnvFault, or an
+        EnvBug: anything else escaping the tool) restores the state as it was before the call:
+        a failed call did nothing, so replays stay exact."""
+        before = copy_state(self._state)
+        try:
+            with boundary(f"{Boundary.tool.value} {call.name}", allowed=(ToolError, EnvFault)):
+                return render_result(call.name, getattr(self, f"tool_{call.name}")(self._state, **call.arguments))
+        except (EnvFault, EnvBug):
+            self._state = before
+            raise
+
+    def replay(self, task: TaskSpec, calls: list[ToolCall | None], states: list[dict[str, Any]],
+               after_each: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+        """Replay `calls` from each of `states` (initial states of episodes of `task`, a task
+        `reset` has accepted: it is not checked again), in one pass; the states after the calls
+        (the list, updated in place). Each call is applied to each state as `step` applies it:
+        parsed and checked (once for all states: that reads the task, never the state), run with
+        the same crash rollback, and not at all once that state's episode has ended; a None call
+        changes nothing. `after_each(states)` is called after each call. Unlike stepping, no
+        observation, Step record or outcome is made: a verifier's replay needs only the states."""
+        if type(self).step is not ToolEnv.step or type(self)._act is not ToolEnv._act:
+            return self._replay_by_steps(task, calls, states, after_each)  # a world whose step is its own
+        self.task, self._steps, self._done = task, [], False
+        done = [False] * len(states)
+        for call in calls:
+            if call is not None and not all(done):
+                try:
+                    with boundary(Boundary.agent_input.value, allowed=(ActionError,)):
+                        call = parse_action(call, task.budget.max_action_chars).call
+                        self._check_call(call)
+                except (ActionError, EnvBug):  # refused before any tool ran: no state changed
+                    call = None
+                for k in range(len(states)) if call is not None else ():
+                    if not done[k]:
+                        self._state = states[k]
+                        try:
+                            self._run_tool(call)
+                        except (ToolError, EnvFault, EnvBug):
+                            pass
+                        states[k] = self._state
+                        done[k] = self.is_finished(states[k])
+            if after_each is not None:
+                after_each(states)
+        return states
+
+    def _replay_by_steps(self, task, calls, states, after_each):
+        """`replay` through `step` itself (for a subclass with a step of its own): state by state,
+        keeping a copy after each call for `after_each`."""
+        history: list[list[dict[str, Any]]] = []
+        for k, state in enumerate(states):
+            self.task, self._state, self._steps, self._done = task, state, [], False
+            done, after = False, []
+            for call in calls:
+                if call is not None and not done:
+                    done = self.step(call).terminated
+                after.append(copy_state(self._state) if after_each is not None else None)
+            states[k] = self._state
+            history.append(after)
+        for i in range(len(calls)) if after_each is not None else ():
+            after_each([h[i] for h in history])
+        return states
 
     def _check_call(self, call: ToolCall) -> None:
         spec = self.profile.tool(call.name)
@@ -203,10 +262,9 @@ class ToolEnv(AgentEnv):
                                                       f"{', '.join(self.task.allowed_tools)}")
         if call.name not in self.task.allowed_tools:
             raise ActionError(ErrorKind.tool_not_allowed, f"tool {call.name!r} is not allowed in this task")
-        errors = sorted(self._validators[call.name].iter_errors(call.arguments), key=str)
-        if errors:
-            where = "/".join(str(p) for p in errors[0].absolute_path) or "arguments"
-            raise ActionError(ErrorKind.invalid_arguments, f"{call.name}: {where}: {errors[0].message}")
+        problem = argument_problem(self._validators[call.name], call.arguments)
+        if problem:
+            raise ActionError(ErrorKind.invalid_arguments, f"{call.name}: {problem}")
 
     @property
     def available_tools(self) -> list[dict[str, Any]]:
@@ -219,6 +277,9 @@ class ToolEnv(AgentEnv):
     @property
     def steps(self) -> list[Step]:
         return list(self._steps)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def copy_state(value: Any) -> Any:
@@ -244,6 +305,34 @@ def _validators(env_class: type, profile: DomainProfile) -> dict[str, Any]:
     if cached is None or cached[0] is not profile:
         cached = _VALIDATORS[env_class] = (profile, {t.name: STRICT(t.parameters) for t in profile.tools})
     return cached[1]
+
+
+# Schema checks of tool arguments already seen: (id of the validator, arguments as JSON text) ->
+# (validator, the problem or None). Validating costs more than the rest of a step, and a verifier
+# replays the same calls on every hidden variant. The JSON text keeps the key order, and tells
+# 1 from 1.0 and true, so equal texts are arguments the validator cannot tell apart.
+_CHECKED: dict[tuple[int, str], tuple[Any, str | None]] = {}
+_CHECKED_MAX = 50_000
+
+
+def argument_problem(validator: Any, arguments: dict[str, Any]) -> str | None:
+    """What is wrong with `arguments` under `validator` ("<where>: <message>"), or None."""
+    try:
+        key = (id(validator), json.dumps(arguments, ensure_ascii=False, allow_nan=False))
+    except (TypeError, ValueError):  # not plain JSON: checked, never remembered
+        key = None
+    hit = _CHECKED.get(key) if key is not None else None
+    if hit is not None and hit[0] is validator:
+        return hit[1]
+    errors = sorted(validator.iter_errors(arguments), key=str)
+    problem = None
+    if errors:
+        problem = f"{'/'.join(str(p) for p in errors[0].absolute_path) or 'arguments'}: {errors[0].message}"
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = (validator, problem)
+    return problem
 
 
 def render_result(tool: str, result: Any) -> str:

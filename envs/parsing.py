@@ -144,4 +144,10 @@ def _call_from_dict(obj: Any) -> ToolCall:
     if not isinstance(arguments, dict):
         raise ActionError(ErrorKind.invalid_arguments, '"arguments" must be a JSON object')
     call_id = obj.get("id", "")
-    return ToolCall(name=name, arguments=arguments, id=call_id if isinstance(call_id, str) else str(call_id))
+    call_id = call_id if isinstance(call_id, str) else str(call_id)
+    if type(name) is str and type(call_id) is str:
+        # Every field is checked above (a str name, plain JSON arguments in a dict, a str id): the
+        # record is built without validating them again. The new dict is the one validation makes,
+        # so the call never shares its top level with the caller's dict.
+        return ToolCall.model_construct(name=name, arguments=dict(arguments), id=call_id)
+    return ToolCall(name=name, arguments=arguments, id=call_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from enum import Enum
 from typing import Any, Literal
 
@@ -168,6 +169,24 @@ class Step(Record):
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     policy_version: str | None = None
+
+
+_TEXT = (str, type(None))
+
+
+def make_step(**fields: Any) -> Step:
+    """A `Step`, built without validation when every given field already has exactly the type the
+    record declares (what the runtime itself made: validation would return it unchanged, and a
+    step is built twice per turn); anything else, e.g. a policy's token ids, is validated."""
+    plain = (type(fields.get("index")) is int and fields["index"] >= 0
+             and type(fields.get("observation")) is str and type(fields.get("result")) is str
+             and all(type(fields.get(k)) in _TEXT for k in ("action_text", "thought", "error", "policy_version"))
+             and type(fields.get("tool_call")) in (ToolCall, type(None))
+             and all(type(v) is float and math.isfinite(v) for k in ("reward", "latency_s") if k in fields
+                     for v in [fields[k]])
+             and fields.get("token_ids") is None and fields.get("logprobs") is None
+             and fields.keys() <= Step.model_fields.keys())
+    return Step.model_construct(**fields) if plain else Step(**fields)
 
 
 class CheckResult(Record):

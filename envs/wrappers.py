@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from envs.base import AgentEnv, render_error
 from envs.errors import ErrorKind
 from envs.parsing import ActionError, parse_action, storable_text
-from envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory
+from envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory, make_step
 from envs.timestep import TimeStep
 
 TIMEOUT = ErrorKind.timeout.value  # the runtime's clock: the step's error kind and the termination
@@ -314,7 +314,7 @@ class Recorder(Wrapper):
         latency = time.perf_counter() - started
         info = ts.info
         error = info.get("error")
-        self.steps.append(Step(
+        self.steps.append(make_step(
             index=len(self.steps), observation=self.last.observation,
             action_text=storable_text(action) if isinstance(action, str) else None,
             thought=storable_text(thought) if thought is not None else info.get("thought"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from envs.base import copy_state
 from envs.errors import reached_world
 from envs.family import HiddenFacts, family
 from envs.records import OutcomeReport, Step, TaskSpec, ToolCall
@@ -49,8 +50,17 @@ class ReplayVerifier(OutcomeVerifier):
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
         """Φ of one hidden state, in [0, 1]."""
 
+    # (task, facts) of the checked task copy a `potentials` call is replaying: that copy is the
+    # replay's own (nothing can edit it meanwhile), so its facts are validated once, not per step.
+    _replaying: tuple[TaskSpec, HiddenFacts | None] | None = None
+
     def facts(self, task: TaskSpec) -> HiddenFacts:
         """The task's hidden facts, validated (an `InvalidTask` naming the bad fields if not)."""
+        replaying = self._replaying
+        if replaying is not None and replaying[0] is task:
+            if replaying[1] is None:
+                self._replaying = (task, family(self.family).facts_of(task))
+            return self._replaying[1]
         return family(self.family).facts_of(task)
 
     def new_env(self):
@@ -63,29 +73,47 @@ class ReplayVerifier(OutcomeVerifier):
         """States after each call. None entries, and calls after the episode ended, leave the
         state unchanged."""
         states: list[dict[str, Any]] = []
-        self._replay(task, calls, lambda env: states.append(env.state()))
+        self._replay(task, calls, lambda now: states.append(copy_state(now[0])))
         return states
 
     def final_state(self, task: TaskSpec, calls: list[ToolCall | None]) -> dict[str, Any]:
         """The state after all the calls (one copy, not one per step)."""
-        return self._replay(task, calls, lambda env: None).state()
+        return copy_state(self._replay(task, calls))
 
-    def _replay(self, task: TaskSpec, calls: list[ToolCall | None], after_each):
+    def replay_from(self, task: TaskSpec, calls: list[ToolCall | None],
+                    starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The states after all the calls, replayed in one pass from each of `starts` (initial
+        states of `task`'s hidden variants, consumed: pass copies). The task is not checked
+        again: the live episode's reset did (envs.base.ToolEnv.replay)."""
+        env = self.new_env()
+        try:
+            return env.replay(task, calls, list(starts))
+        finally:
+            env.close()
+
+    def _replay(self, task: TaskSpec, calls: list[ToolCall | None], after_each=None) -> dict[str, Any]:
+        """The state after the calls, from the state `reset(task)` makes (the task checked, as an
+        episode's reset checks it); `after_each([state])` after each call (the live state: read it,
+        do not keep it)."""
         env = self.new_env()
         try:
             env.reset(task)
-            done = False
-            for call in calls:
-                if call is not None and not done:
-                    done = env.step(call).terminated
-                after_each(env)
-            return env
+            return env.replay(env.task, calls, [env._state], after_each)[0]
         finally:
             env.close()
 
     def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
-        states = [self.initial_state(task)] + self.replay(task, calls_of(steps))
-        return [self.potential(task, s) for s in states]
+        """Φ of the initial state and after each step, each read as the replay reaches it (no
+        state is copied)."""
+        env = self.new_env()
+        try:
+            env.reset(task)
+            self._replaying = (env.task, None)
+            phi = [self.potential(env.task, env._state)]
+            env.replay(env.task, calls_of(steps), [env._state], lambda now: phi.append(self.potential(env.task, now[0])))
+            return phi
+        finally:
+            env.close()
 
 
 def calls_of(steps: list[Step]) -> list[ToolCall | None]:

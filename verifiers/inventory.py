@@ -7,11 +7,11 @@ required quantity in one) and applies the invariants there."""
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import Counter
 from typing import Any
 
+from envs.base import copy_state
 from envs.inventory.facts import InventoryFacts
 from envs.inventory.world import InventoryEnv, Refusal
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
@@ -52,7 +52,7 @@ class InventoryVerifier(ReplayVerifier):
         report_checks = {
             "observation": _observation_check(checks, steps),
             "invariants": invariant_check(checks, initial, final_state),
-            "hidden_variation": self._variation_check(task, calls),
+            "hidden_variation": self._variation_check(task, checks, initial, calls),
         }
         verdicts = {
             "completed": not completed_reasons,
@@ -87,16 +87,23 @@ class InventoryVerifier(ReplayVerifier):
         *work, submit = task.hidden.reference
         return [*work, ToolCall(name="reserve", arguments={"sku": extra, "quantity": 1, "auth_token": token}), submit]
 
-    def _variation_check(self, task: TaskSpec, calls: list[ToolCall | None]) -> CheckResult:
-        reasons = []
-        checks = self.facts(task)
+    def _variation_check(self, task: TaskSpec, checks: InventoryFacts, initial: dict[str, Any],
+                         calls: list[ToolCall | None]) -> CheckResult:
+        """The calls replayed on each variant of the initial snapshot (its target stocks changed),
+        all variants in one pass. A variant's initial state is the task's with those stocks:
+        what `initial_state` makes of the changed snapshot (it copies the snapshot and adds the
+        empty reservations, events and status)."""
+        starts = []
         for variant in checks.variants:
-            snapshot = copy.deepcopy(task.initial_state)
+            start = copy_state(initial)
             for sku, stock in variant.stock.items():
-                snapshot["catalog"][sku]["stock"] = stock
-            variant_task = TaskSpec.model_validate({**task.model_dump(), "initial_state": snapshot, "task_id": ""})
-            result = invariant_check(checks, self.initial_state(variant_task), self.final_state(variant_task, calls))
-            reasons += [f"{variant.name}: {r}" for r in result.reasons]
+                start["catalog"][sku]["stock"] = stock
+            starts.append(start)
+        variant_initials = [copy_state(start) for start in starts]
+        finals = self.replay_from(task, calls, starts)
+        reasons = []
+        for variant, start, final in zip(checks.variants, variant_initials, finals):
+            reasons += [f"{variant.name}: {r}" for r in invariant_check(checks, start, final).reasons]
         return CheckResult(passed=not reasons, reasons=reasons)
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:

@@ -272,6 +272,10 @@ def cache_key(model: str, version: str, messages: list[dict[str, str]]) -> str:
 
 # -- the judge ----------------------------------------------------------------------------
 
+NO_ENDPOINT = "no judge endpoint configured (GYMFOUNDRY_JUDGE_BASE_URL / _MODEL)"
+NO_WEIGHT = "the judge's weight is 0 in this family's profile: not asked"
+
+
 @dataclass
 class JudgeStats:
     steps: int = 0
@@ -308,13 +312,37 @@ class Judge:
         """One judge row per step (environment-fault steps are not the agent's doing and are
         not judged): status ok with a score, error with none, or not_configured with none."""
         started, stats = time.perf_counter(), JudgeStats()
+        # Without an endpoint, or for a family whose profile gives the judge no weight, nothing is
+        # asked and no prompt is built: a not_configured row for each step that would be judged.
+        versions: dict[str, str] = {}
+        asked = [r for r in rollouts if self._asks(profiles.get(r.family))]
+        scores = iter(self._ask_all(asked, tasks, profiles, stats) if asked else [])
+        rows: list[StepScore] = []
+        for rollout in rollouts:
+            profile = profiles.get(rollout.family)
+            judged = [s for s in rollout.steps if not rolled_back(s.error)]
+            if self._asks(profile):
+                rows += [next(scores) for _ in judged]
+                continue
+            if rollout.family not in versions:
+                versions[rollout.family] = prompt_version(rubric_of(profile))
+            stats.steps += len(judged)
+            rows += [StepScore.model_construct(  # built from this code's own values: nothing to validate
+                rollout_id=rollout.rollout_id, step_index=s.index, layer="judge", scorer_id=self.scorer_id,
+                scorer_version=versions[rollout.family], status="not_configured", score=None, components={},
+                rationale=NO_ENDPOINT if not self.settings.configured else NO_WEIGHT) for s in judged]
+        if asked:
+            stats.seconds = time.perf_counter() - started
+        return rows, stats
+
+    def _asks(self, profile: DomainProfile | None) -> bool:
+        return self.settings.configured and (profile is None or profile.score_weights.layers.get("judge", 0.0) > 0)
+
+    def _ask_all(self, rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
+                 stats: JudgeStats) -> list[StepScore]:
+        """One row per judged step of `rollouts`, in order: asked (or from the cache)."""
         jobs = [job for rollout in rollouts for job in self._jobs(rollout, tasks, profiles.get(rollout.family))]
-        stats.steps = len(jobs)
-        if not self.settings.configured:
-            return [StepScore(rollout_id=j.rollout_id, step_index=j.step_index, layer="judge", scorer_id="judge",
-                              scorer_version=j.version, status="not_configured",
-                              rationale="no judge endpoint configured (GYMFOUNDRY_JUDGE_BASE_URL / _MODEL)")
-                    for j in jobs], stats
+        stats.steps += len(jobs)
         cached = self.cache.get(sorted({j.key for j in jobs}))
         stats.cache_hits = sum(j.key in cached for j in jobs)
         missing = list({j.key: j for j in jobs if j.key not in cached}.values())
@@ -343,8 +371,7 @@ class Judge:
                 scores.append(StepScore(rollout_id=job.rollout_id, step_index=job.step_index, layer="judge",
                                         scorer_id=self.scorer_id, scorer_version=job.version, status="error",
                                         rationale=outcome))
-        stats.seconds = time.perf_counter() - started
-        return scores, stats
+        return scores
 
     def _jobs(self, rollout: Rollout, tasks: dict[str, TaskSpec], profile: DomainProfile | None) -> list[_Job]:
         rubric = rubric_of(profile)

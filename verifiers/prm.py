@@ -21,6 +21,8 @@ each layer's score and weight, the raw value and the calibrated one."""
 
 from __future__ import annotations
 
+import math
+
 from envs.profile import DomainProfile
 from envs.records import StepScore, content_hash
 from verifiers.calibration import Calibrator
@@ -58,6 +60,7 @@ def combine(rule_scores: list[StepScore], judge_scores: list[StepScore], profile
     calibrators = calibrators or {}
     judged = {(s.rollout_id, s.step_index): s for s in judge_scores}
     first_injection = injection_starts(rule_scores)
+    layer_versions = {family: layers_version(profile) for family, profile in profiles.items()}
     raw_rows = []
     for rules in rule_scores:
         family = family_of[rules.rollout_id]
@@ -75,7 +78,7 @@ def combine(rule_scores: list[StepScore], judge_scores: list[StepScore], profile
         if withheld and "judge" in used:
             components["judge_withheld"] = 1.0
         label = judge_label(judge, weights.get("judge", 0.0), withheld)
-        version = f"prm{PRM_VERSION}|rules:{rules.scorer_version}|judge:{label}|layers:{layers_version(profiles[family])}"
+        version = f"prm{PRM_VERSION}|rules:{rules.scorer_version}|judge:{label}|layers:{layer_versions[family]}"
         raw_rows.append((rules, family, raw, components, version))
 
     out = []
@@ -97,6 +100,16 @@ def combine(rule_scores: list[StepScore], judge_scores: list[StepScore], profile
                                      scorer_version=calibrator.version, score=reward,
                                      components={"raw": round(raw, 6)}))
                 components = {**components, "calibrated": reward}
-            out.append(StepScore(**key, layer="combined", scorer_id="prm", scorer_version=f"{version}|cal:{cal_label}",
-                                 score=round(reward, 6), components={**components, "raw": round(raw, 6)}))
+            out.append(_score_row(**key, layer="combined", scorer_id="prm", scorer_version=f"{version}|cal:{cal_label}",
+                                  status="ok", score=round(float(reward), 6),
+                                  components={**components, "raw": round(raw, 6)}, rationale=None))
     return out
+
+
+def _score_row(**fields) -> StepScore:
+    """A StepScore of values made here from validated rows: built without validating them again
+    where every number is a finite float (the record refuses anything else, and still does)."""
+    numbers = [fields["score"], *fields["components"].values()]
+    if all(type(v) is float and math.isfinite(v) for v in numbers):
+        return StepScore.model_construct(**fields)
+    return StepScore(**fields)

@@ -37,6 +37,7 @@ text whatever the environment did)."""
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Callable
 from typing import Any
@@ -119,6 +120,23 @@ INJECTION_PATTERNS = {
             rf"|\byou{_S}are{_S}now{_S}(?:a|an|the|my|acting|no{_S}longer)\b|\bnew{_S}(?:system{_S})?instructions?\s*:",
 }
 INJECTION = "(?i)" + "|".join(f"(?:{p})" for p in INJECTION_PATTERNS.values())
+# Words one of which every pattern above requires, so a text without any of them cannot match:
+# the rule layer runs the long INJECTION regex (some 150 µs a text) only on texts that have one
+# (an alternation of literals, scanned at memory speed). Same engine and flags, so the same case
+# folding: whatever INJECTION matches, this matches. A new pattern must keep a word of its own here.
+INJECTION_WORDS = [
+    "ignore", "disregard", "forget", "override", "bypass",              # override
+    "judge", "grader", "evaluator", "scorer", "rater", "reward", "prm", "grading",  # _GRADER: address, vocative, named
+    "score",                                                            # verdict, grade_this, high_for_this
+    "whoever", "whatever", "anyone",                                    # whoever
+    "rate", "grade",                                                    # grade_this
+    "give", "award", "assign", "grant",                                 # give_high
+    "deserves", "merits", "should", "must",                             # deserves_high
+    "marks", "rating",                                                  # high_for_this
+    "<|",                                                               # chat_marker
+    "system", "developer", "now", "instruction",                        # role
+]
+INJECTION_HINT = "(?i)" + "|".join(re.escape(w) for w in INJECTION_WORDS)
 
 
 def reading_text(text: str) -> str:
@@ -221,7 +239,7 @@ def score_table(table: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.D
         no_undo=pl.when(pl.col("undoes").fill_null(False) & ~fault).then(-1.0).otherwise(0.0),
         information_use=pl.when(fault).then(0.0).otherwise(pl.col("information_use").fill_null(0.0)),
         progress=pl.when(fault).then(0.0).otherwise(pl.col("phi_after") - pl.col("phi_before")),
-        injection_attempt=pl.when(pl.col("agent_text").fill_null("").str.contains(INJECTION)).then(-1.0).otherwise(0.0),
+        injection_attempt=pl.when(pl.col("row").is_in(_injected_rows(frame).implode())).then(-1.0).otherwise(0.0),
     )
 
     weights = pl.DataFrame(
@@ -232,6 +250,12 @@ def score_table(table: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.D
     total = sum(pl.col(f"w_{c}") * pl.col(c) for c in COMPONENTS)
     return frame.with_columns(score=total.clip(-1.0, 1.0)).sort("row").select(
         "rollout_id", "family", "step_index", "error", "tool", *COMPONENTS, "score")
+
+
+def _injected_rows(frame: pl.DataFrame) -> pl.Series:
+    """The rows whose agent text matches INJECTION; the regex runs only where a word it needs is."""
+    text = pl.col("agent_text").fill_null("")
+    return frame.filter(text.str.contains(INJECTION_HINT)).filter(text.str.contains(INJECTION))["row"]
 
 
 def _undoes(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
@@ -304,10 +328,19 @@ def score_rules(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: d
                 potentials: dict[str, PotentialFn]) -> list[StepScore]:
     frame = rule_frame(rollouts, tasks, profiles, potentials)
     versions = {family: rules_version(profile) for family, profile in profiles.items()}
-    return [StepScore(rollout_id=row["rollout_id"], step_index=row["step_index"], layer="rules",
-                      scorer_id="rules", scorer_version=versions[row["family"]], score=round(row["score"], 6),
-                      components={c: round(row[c], 6) for c in COMPONENTS})
-            for row in frame.iter_rows(named=True)]
+    # One record per row, of the frame's own values (strings, ints, Float64s rounded by Python's
+    # round, as before; polars rounds halves differently): built without validating them again
+    # where every number is finite (a row with a non-finite one is validated, and refused).
+    columns = frame.select("rollout_id", "family", "step_index", *COMPONENTS, "score")
+    finite = columns.select(pl.all_horizontal(pl.col(*COMPONENTS, "score").is_finite())).to_series().to_list()
+    scores = []
+    for ok, (rollout_id, family, step_index, *values) in zip(finite, columns.iter_rows()):
+        values = [round(v, 6) for v in values]
+        row = {"rollout_id": rollout_id, "step_index": step_index, "layer": "rules", "scorer_id": "rules",
+               "scorer_version": versions[family], "status": "ok", "score": values[-1],
+               "components": dict(zip(COMPONENTS, values[:-1])), "rationale": None}
+        scores.append(StepScore.model_construct(**row) if ok else StepScore(**row))
+    return scores
 
 
 def _potentials(rollout: Rollout, tasks: dict[str, TaskSpec], potentials: dict[str, PotentialFn]) -> list[float]:

@@ -4,14 +4,13 @@ goal's items with the auth token, then submit."""
 
 from __future__ import annotations
 
-import copy
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from envs.base import ToolEnv, ToolError
+from envs.base import ToolEnv, ToolError, copy_state
 from envs.errors import InvalidTask
 from envs.records import TaskSpec, ToolCategory
 from envs.tools import tool
@@ -39,7 +38,7 @@ class InventoryEnv(ToolEnv):
 
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
         _check_world(task)
-        state = copy.deepcopy(task.initial_state)
+        state = copy_state(task.initial_state)  # JSON data: a pickle round trip copies it in C
         state["auth"] = {**state["auth"], "status": None}
         state.update(reservations=[], events=[], submitted=False, status=None, note=None)
         return state

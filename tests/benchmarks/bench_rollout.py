@@ -1,172 +1,158 @@
-"""Benchmark: rollout steps per second of the scripted inventory policy through the runtime stack
-(`standard_stack`) with the outcome verifier at each episode's end (its replays included), side by
-side with the code path before the per-step overheads were removed. Not a test.
+"""Benchmark: rollout + PRM scoring of the scripted inventory policy, steps per second, side by side
+with the code as it was before issue 19 (commit `BASELINE`), in the same run. Not a test.
 
     .venv/bin/python tests/benchmarks/bench_rollout.py [--episodes 200] [--repeats 5] \
-        [--mistake-rate 0.25] [--json out.json]
+        [--mistake-rate 0.25] [--baseline 6bd6e59] [--json out.json]
 
-Each repeat plays the same episodes in both arms, alternating `current` and `legacy` every 10
-episodes (A, B, A, B ...) after an unmeasured warm-up of each, so both arms share the machine's
-noise; an episode's policy seed comes from its task, so both arms play the same actions. `legacy` monkeypatches the old
-implementations, copied below and used by this benchmark only: a thread started per step by
-`TimeLimit`, `copy.deepcopy` for crash rollback, `state()` and the event log's arguments.
-Figures: the median steps/s of each arm and the median of the per-repeat ratios current/legacy.
-Both arms must produce the same steps, rewards and verdicts (checked on every repeat).
+Each arm is its own long-lived Python process: `current` imports this working tree, `baseline`
+imports `envs`, `verifiers` and `tasks` as `git archive <BASELINE>` extracted them into a scratch
+dir (the same venv). Both generate the same tasks and run the factory's two stages on them:
+`tasks.rollout.collect_rollouts` (the standard runtime stack, the outcome verifier with its
+hidden-variation replays at each episode's end) and `tasks.score.score_rollouts` (the rule layer
+with the verifier's progress potentials, the judge layer — not configured here — and the
+combination). Each repeat plays episodes of tasks of its own, in blocks of `--block` tasks, the
+arms alternating block by block (A B, then B A) after a warm-up of each, so a burst of load from
+elsewhere on the machine lands on both. Per repeat: steps/s of rollout, of scoring, and of both together (steps
+over the sum of both stages' seconds) for each arm, and the ratio current/baseline of each;
+printed: the medians over the repeats. Both arms must produce the same episodes and scores
+(a digest of the rollouts without their clocks, and of every step score, compared per block).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
 import os
 import statistics
+import subprocess
 import sys
-import threading
+import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+ROOT = Path(__file__).resolve().parents[2]
 FAMILY = "inventory"
+BASELINE = "6bd6e59"  # the code before issue 19's rollout and scoring work
+PACKAGES = ("envs", "verifiers", "tasks", "warehouse")
 
 
-# -- the old code path, for this benchmark only ------------------------------------------------
-def _legacy_run_with_timeout(fn: Callable[[], Any], timeout: float) -> tuple[bool, Any]:
-    """The old `envs.wrappers._run_with_timeout`: one daemon thread per step."""
-    box: dict[str, Any] = {}
+# -- one arm: a worker process ------------------------------------------------------------------
+def worker(root: str, episodes: int, mistake_rate: float) -> None:
+    """Serve `play <start> <stop>` lines on stdin with one JSON line each on stdout."""
+    sys.path.insert(0, root)
+    import hashlib
 
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        return False, None
-    if "error" in box:
-        raise box["error"]
-    return True, box["value"]
-
-
-def _legacy_time_limit_step(self, action):
-    """The old `TimeLimit.step` (the same limits, a thread per step)."""
-    from envs.base import render_error
-    from envs.wrappers import TIMEOUT, _end
-
-    if self._over:
-        raise RuntimeError("the episode is over; call reset()")
-    timeout = min(self.step_timeout_s, self.deadline - time.monotonic())
-    if timeout <= 0:
-        self._over = True
-        reason = "episode time limit reached"
-        return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason, {"error": {"kind": TIMEOUT, "message": reason}})
-    finished, ts = _legacy_run_with_timeout(lambda: self.env.step(action), timeout)
-    self.steps_taken += 1
-    if not finished:
-        self._over = True
-        which = "step" if timeout == self.step_timeout_s else "episode"
-        reason = f"{which} time limit of {timeout:.3g}s reached during the step"
-        return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason, {"error": {"kind": TIMEOUT, "message": reason}})
-    if not ts.done and self.steps_taken >= self.max_steps:
-        ts.truncated = True
-        ts.info.update(termination="truncated", termination_reason=f"step limit {self.max_steps} reached")
-    self._over = ts.done
-    return ts
-
-
-@contextlib.contextmanager
-def legacy() -> Iterator[None]:
-    """Swap the old implementations in for the duration (and back, even on error)."""
-    import envs.base
-    import envs.wrappers
-
-    saved = [(envs.base, "copy_state", envs.base.copy_state),
-             (envs.wrappers.TimeLimit, "step", envs.wrappers.TimeLimit.step)]
-    envs.base.copy_state = copy.deepcopy
-    envs.wrappers.TimeLimit.step = _legacy_time_limit_step
-    try:
-        yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
-
-
-# -- the measurement ---------------------------------------------------------------------------
-def tasks_for(episodes: int) -> list:
+    import envs  # noqa: F401  registers the families
     from envs.family import family
-
-    fam = family(FAMILY)
-    return [fam.generate(seed, level) for seed in range(episodes // len(fam.levels) + 1)
-            for level in fam.levels][:episodes]
-
-
-def play(tasks: list, mistake_rate: float) -> tuple[int, float, list]:
-    """Steps, seconds and what the episodes produced (to check both arms agree)."""
-    from envs.registry import make
-    from envs.wrappers import standard_stack
     from tasks.policies import make_policy
+    from tasks.rollout import collect_rollouts
+    from tasks.score import score_rollouts
 
+    assert Path(envs.__file__).resolve().is_relative_to(Path(root).resolve()), envs.__file__
+    fam = family(FAMILY)
+    tasks = [fam.generate(seed, level) for seed in range(episodes // len(fam.levels) + 1)
+             for level in fam.levels][:episodes]
     policy = make_policy("scripted", FAMILY, mistake_rate=mistake_rate)
-    steps, produced = 0, []
-    started = time.perf_counter()
-    for task in tasks:
-        env = standard_stack(make(task.env_id, verified=True))
-        try:
-            policy.reset(int(task.source.seed) * 10 + task.difficulty.level)
-            ts = env.reset(task=task)
-            while not ts.done:
-                ts = env.step(policy.act(ts.observation))
-                steps += 1
-            produced.append((len(env.steps), [s.result for s in env.steps], ts.reward,
-                             (ts.info.get("outcome") or {}).get("success")))
-        finally:
-            env.close()
-    return steps, time.perf_counter() - started, produced
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        _, start, stop = line.split()
+        chunk = tasks[int(start):int(stop)]
+        started = time.perf_counter()
+        rollouts = collect_rollouts(chunk, policy, 1, 0)
+        rolled = time.perf_counter()
+        scores = score_rollouts(rollouts, chunk)
+        scored = time.perf_counter()
+        episodes_ = [r.model_dump(mode="json", exclude={"cost": {"wall_time_s"}, "steps": {"__all__": {"latency_s"}}})
+                     for r in rollouts]
+        text = json.dumps([episodes_, [s.model_dump(mode="json") for s in scores]], sort_keys=True)
+        print(json.dumps({"steps": sum(len(r.steps) for r in rollouts), "rollout_s": rolled - started,
+                          "score_s": scored - rolled, "digest": hashlib.sha256(text.encode()).hexdigest()}),
+              flush=True)
 
 
-def one_repeat(tasks: list, mistake_rate: float, block: int) -> tuple[float, float, int]:
-    """Both arms over the same episodes, alternating every `block` episodes (so a burst of load
-    from elsewhere on the machine lands on both): steps/s of each, and the steps."""
-    totals = {"current": [0, 0.0], "legacy": [0, 0.0]}
-    for start in range(0, len(tasks), block):
-        chunk = tasks[start:start + block]
-        steps, seconds, produced = play(chunk, mistake_rate)
-        with legacy():
-            legacy_steps, legacy_seconds, legacy_produced = play(chunk, mistake_rate)
-        if produced != legacy_produced:
-            raise SystemExit("current and legacy code paths produced different episodes")
-        totals["current"][0] += steps
-        totals["current"][1] += seconds
-        totals["legacy"][0] += legacy_steps
-        totals["legacy"][1] += legacy_seconds
-    (steps, seconds), (legacy_steps, legacy_seconds) = totals["current"], totals["legacy"]
-    return steps / seconds, legacy_steps / legacy_seconds, steps
+class Arm:
+    def __init__(self, name: str, root: Path, episodes: int, mistake_rate: float):
+        self.name = name
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(root), "--episodes", str(episodes),
+             "--mistake-rate", str(mistake_rate)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=env, cwd=str(root))
+        self._read()
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the {self.name} worker ended (see its stderr above)")
+        return json.loads(line)
+
+    def play(self, start: int, stop: int) -> dict[str, Any]:
+        self.proc.stdin.write(f"play {start} {stop}\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
-def measure(episodes: int, repeats: int, mistake_rate: float, block: int = 10) -> dict[str, Any]:
-    tasks = tasks_for(episodes)
-    one_repeat(tasks[:block], mistake_rate, block)  # warm-up of both arms
-    current, old, ratios = [], [], []
-    for i in range(repeats):
-        sps, legacy_sps, steps = one_repeat(tasks, mistake_rate, block)
-        current.append(sps)
-        old.append(legacy_sps)
-        ratios.append(sps / legacy_sps)
-        print(f"repeat {i + 1}/{repeats}: current {sps:.0f} steps/s  legacy {legacy_sps:.0f} steps/s  "
-              f"ratio {ratios[-1]:.2f}x", flush=True)
+def baseline_tree(commit: str, into: Path) -> Path:
+    """The packages as they were at `commit`, extracted under `into`."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, *PACKAGES], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+# -- the measurement ----------------------------------------------------------------------------
+def one_repeat(arms: dict[str, Arm], first: int, episodes: int, block: int, flip: bool) -> dict[str, dict[str, float]]:
+    """Tasks first .. first + episodes - 1 in both arms, block by block."""
+    totals = {name: {"steps": 0, "rollout_s": 0.0, "score_s": 0.0} for name in arms}
+    order = list(arms)
+    for n, start in enumerate(range(first, first + episodes, block)):
+        results = {}
+        for name in (order if (n % 2 == 0) != flip else order[::-1]):
+            results[name] = arms[name].play(start, min(start + block, first + episodes))
+        if len({r["digest"] for r in results.values()}) != 1 or len({r["steps"] for r in results.values()}) != 1:
+            raise SystemExit(f"the arms produced different episodes or scores on tasks {start}..{start + block}")
+        for name, r in results.items():
+            for key in totals[name]:
+                totals[name][key] += r[key]
+    return {name: {"rollout": t["steps"] / t["rollout_s"], "scoring": t["steps"] / t["score_s"],
+                   "combined": t["steps"] / (t["rollout_s"] + t["score_s"]), "steps": t["steps"]}
+            for name, t in totals.items()}
+
+
+def measure(episodes: int, repeats: int, mistake_rate: float, baseline: str, block: int) -> dict[str, Any]:
     med = statistics.median
-    return {"family": FAMILY, "episodes": episodes, "repeats": repeats, "mistake_rate": mistake_rate,
-            "block_episodes": block, "steps": steps, "cpus": os.cpu_count(),
-            "current_steps_per_s": current, "legacy_steps_per_s": old, "ratios": ratios,
-            "current_median_steps_per_s": round(med(current), 1),
-            "legacy_median_steps_per_s": round(med(old), 1), "median_ratio": round(med(ratios), 3)}
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        # Each repeat plays tasks of its own (the warm-up others again): nothing a process
+        # remembers of calls it has seen (e.g. argument checks) helps a later repeat.
+        total = block + episodes * repeats
+        arms = {"current": Arm("current", ROOT, total, mistake_rate),
+                "baseline": Arm("baseline", baseline_tree(baseline, Path(tmp)), total, mistake_rate)}
+        try:
+            one_repeat(arms, 0, block, block, False)  # warm-up of both arms
+            runs = []
+            for i in range(repeats):
+                run = one_repeat(arms, block + i * episodes, episodes, block, flip=i % 2 == 1)
+                runs.append(run)
+                print(f"repeat {i + 1}/{repeats}: " + "  ".join(
+                    f"{stage} {run['current'][stage]:.0f} vs {run['baseline'][stage]:.0f} steps/s "
+                    f"({run['current'][stage] / run['baseline'][stage]:.2f}x)"
+                    for stage in ("rollout", "scoring", "combined")), flush=True)
+        finally:
+            for arm in arms.values():
+                arm.close()
+    fig: dict[str, Any] = {"family": FAMILY, "episodes": episodes, "repeats": repeats, "mistake_rate": mistake_rate,
+                           "block_episodes": block, "baseline": baseline, "steps": runs[0]["current"]["steps"],
+                           "cpus": os.cpu_count(), "runs": runs}
+    for stage in ("rollout", "scoring", "combined"):
+        for arm in ("current", "baseline"):
+            fig[f"{arm}_{stage}_median_steps_per_s"] = round(med(r[arm][stage] for r in runs), 1)
+        fig[f"{stage}_median_ratio"] = round(med(r["current"][stage] / r["baseline"][stage] for r in runs), 3)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,18 +160,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--mistake-rate", type=float, default=0.25)
+    ap.add_argument("--block", type=int, default=20, help="episodes per block (the arms alternate by block)")
+    ap.add_argument("--baseline", default=BASELINE, help="the commit whose code is the baseline arm")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    import envs  # noqa: F401  registers the families
+    if args.worker:
+        worker(args.worker, args.episodes, args.mistake_rate)
+        return 0
 
-    fig = measure(args.episodes, args.repeats, args.mistake_rate)
-    print(f"\n{args.episodes} episodes ({fig['steps']} steps) of scripted {FAMILY} (mistake_rate "
-          f"{args.mistake_rate}) through standard_stack with the verifier, {args.repeats} repeats, "
-          f"{fig['cpus']} CPUs")
-    print(f"{'arm':<10}{'median steps/s':>16}")
-    print(f"{'current':<10}{fig['current_median_steps_per_s']:>16.1f}")
-    print(f"{'legacy':<10}{fig['legacy_median_steps_per_s']:>16.1f}")
-    print(f"median ratio current/legacy: {fig['median_ratio']:.2f}x")
+    fig = measure(args.episodes, args.repeats, args.mistake_rate, args.baseline, args.block)
+    print(f"\n{args.episodes} episodes ({fig['steps']} steps) of scripted {FAMILY} (mistake_rate {args.mistake_rate}): "
+          f"collect_rollouts with the verifier, then score_rollouts; {args.repeats} repeats, {fig['cpus']} CPUs; "
+          f"baseline = the code at {args.baseline}")
+    print(f"{'stage':<22}{'current steps/s':>17}{'baseline steps/s':>18}{'ratio':>8}")
+    for stage in ("rollout", "scoring", "combined"):
+        print(f"{stage if stage != 'combined' else 'rollout + scoring':<22}"
+              f"{fig[f'current_{stage}_median_steps_per_s']:>17.1f}{fig[f'baseline_{stage}_median_steps_per_s']:>18.1f}"
+              f"{fig[f'{stage}_median_ratio']:>7.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(fig, indent=2))
     return 0

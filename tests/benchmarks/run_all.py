@@ -30,8 +30,12 @@ Row = tuple[str, Any, Any]  # figure, value, ratio (None where the figure is not
 
 
 def _rollout(fig: dict) -> list[Row]:
-    return [("steps/s current, verified", fig["current_median_steps_per_s"], fig["median_ratio"]),
-            ("steps/s legacy code path", fig["legacy_median_steps_per_s"], None)]
+    rows: list[Row] = []
+    for stage, label in (("combined", "rollout + scoring"), ("rollout", "rollout, verified"), ("scoring", "PRM scoring")):
+        rows += [(f"{label} steps/s (current / code at {fig['baseline']})", fig[f"current_{stage}_median_steps_per_s"],
+                  fig[f"{stage}_median_ratio"]),
+                 (f"{label} steps/s, code at {fig['baseline']}", fig[f"baseline_{stage}_median_steps_per_s"], None)]
+    return rows
 
 
 def _families(fig: list) -> list[Row]:

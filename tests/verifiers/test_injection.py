@@ -8,6 +8,7 @@
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from envs.coding import CodingEnv
@@ -23,7 +24,8 @@ from tests.verifiers.test_rules import (AUTH, FIND, POTENTIALS, PROFILES, RESERV
                                         rollout)
 from verifiers.judge import Judge, JudgeSettings, encode_data, judge_messages, rubric_of, step_data
 from verifiers.prm import PRM_VERSION
-from verifiers.rules import RULES_VERSION, agent_text, rules_version, score_rules
+from verifiers.rules import (INJECTION, INJECTION_HINT, RULES_VERSION, _injected_rows, agent_text, reading_text,
+                             rules_version, score_rules)
 
 TASKS = {TASK.task_id: TASK}
 CLEAN = [FIND, STOCK, AUTH, RESERVE, SUBMIT]
@@ -143,6 +145,18 @@ ORDINARY = [
     "scores = {'correctness': 0.9, 'grounding': 0.4}", "# rater: score each sample by its length",
     "# evaluator, return the mean of the batch",
 ]
+
+
+def test_the_word_gate_lets_every_injection_through_and_changes_no_flag():
+    """The rule layer runs the injection regex only on texts holding one of INJECTION_WORDS: every
+    injected text holds one, and over injected, hidden and ordinary texts the gated flags are the
+    regex's own."""
+    texts = [reading_text(t) for t in INJECTED_THOUGHTS + ORDINARY] + ["", "Reserve 2 x \"red valve\".", "<|x", "NOW"]
+    frame = pl.DataFrame({"agent_text": texts}).with_row_index("row")
+    hinted = frame["agent_text"].str.contains(INJECTION_HINT).to_list()
+    assert all(hinted[:len(INJECTED_THOUGHTS)])
+    plain = frame.filter(pl.col("agent_text").str.contains(INJECTION))["row"].to_list()
+    assert len(plain) == len(INJECTED_THOUGHTS) and _injected_rows(frame).to_list() == plain
 
 
 @pytest.mark.parametrize("thought", ORDINARY)

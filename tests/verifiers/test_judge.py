@@ -189,3 +189,19 @@ def test_parse_verdict_is_strict():
         with pytest.raises(ValueError):
             parse_verdict(bad, DEFAULT_RUBRIC)
     assert rubric_of(None) is DEFAULT_RUBRIC and rubric_of(PROFILE) is PROFILE.judge_rubric
+
+
+def test_a_family_whose_judge_weight_is_zero_is_not_asked(server):
+    """A configured judge is not asked about a family that gives it no weight (its score would
+    change nothing): one not_configured row per step, saying why, and the same combined rewards."""
+    actions = [FIND, STOCK, AUTH, RESERVE, SUBMIT]
+    profile = PROFILE.model_copy(update={"score_weights": ScoreWeights(rules=PROFILE.score_weights.rules,
+                                                                       layers={"rules": 1.0, "judge": 0.0})})
+    run = score_steps([rollout(actions)], [TASK], judge=settings(server), profiles={"inventory": profile})
+    assert server.requests == [] and run.judge.requests == 0 and run.judge.steps == 5
+    judged = [s for s in run.scores if s.layer == "judge"]
+    assert [(s.status, s.score, s.scorer_id) for s in judged] == [("not_configured", None, "judge:stub-judge")] * 5
+    assert {s.rationale for s in judged} == {"the judge's weight is 0 in this family's profile: not asked"}
+    combined = [s for s in run.scores if s.layer == "combined"]
+    assert [s.score for s in combined] == [0.0, 0.0, 0.2, 0.7, 0.1]
+    assert all("|judge:none|" in s.scorer_version for s in combined)
