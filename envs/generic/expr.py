@@ -451,7 +451,7 @@ def _draw_int(arg, scope, rng, depth):
     lo, hi = _pair(arg, scope, rng, depth)
     if not (isinstance(lo, int) and isinstance(hi, int)) or isinstance(lo, bool) or lo > hi:
         raise EvalError(f"int needs [lo, hi] integers with lo <= hi, not {lo!r}, {hi!r}")
-    return rng.randint(lo, hi)
+    return rng.randint(bounded(lo, "int"), bounded(hi, "int"))
 
 
 def _pool(arg, scope, rng, depth) -> list:
@@ -537,6 +537,23 @@ def check(expr: Any, where: str, names: set[str], *, draws: bool = False, predic
         return [f"{where}: a predicate must be an operator, a $path or true/false, not {expr!r}"]
     if expr is not None and not isinstance(expr, (bool, int, float)):
         return [f"{where}: {type(expr).__name__} is not a YAML value an expression can hold"]
+    return _number_problems(expr, where)
+
+
+def _number_problems(value: Any, where: str) -> list[str]:
+    """A literal number no record can hold (Infinity, NaN, an integer past 64 bits), anywhere in `value`."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        else:
+            try:
+                bounded(item, "a literal")
+            except EvalError as exc:
+                return [f"{where}: {exc}"]
     return []
 
 
@@ -559,7 +576,7 @@ def _check_op(op: str, arg: Any, where: str, names: set[str], draws: bool, predi
         return [f"{where}: {op!r} does not give true or false, so it cannot be a predicate"]
     sub = lambda e, w, pred=False, inner=names: check(e, w, inner, draws=draws, predicate=pred, depth=depth + 1)  # noqa: E731
     if op == "lit":
-        return []
+        return _number_problems(arg, where)
     if op in PAIR_OPS:
         if not (isinstance(arg, list) and len(arg) == 2):
             return [f"{where}: takes a list of two operands, not {arg!r}"]

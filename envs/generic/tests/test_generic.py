@@ -533,3 +533,15 @@ def test_two_domains_whose_class_names_clash_are_not_both_loaded(tmp_path):
     why = refusal(broken(tmp_path, "clash_b", "x", "x", text=ROOMS.replace("name: generic", "name: one__two", 1)))
     assert "one_two" in why and "OneTwo" in why, why
     assert load_family(broken(tmp_path, "again", "x", "x", text=ROOMS.replace("name: generic", "name: one_two", 1)))
+
+
+@pytest.mark.parametrize("junk,why", [
+    (".inf", "not a finite number"), (".nan", "not a finite number"), ("-.inf", "not a finite number"),
+    ("100000000000000000000000000000", "past 64 bits"), ("{lit: {deep: [1, 100000000000000000000000000000]}}", "past 64 bits"),
+    ("{int: [0, 100000000000000000000000000000000]}", "past 64 bits")])
+def test_a_number_no_record_can_hold_is_refused_when_the_file_loads(tmp_path, junk, why):
+    """Hostile: a literal Infinity or NaN (stored as null, so the task played in process and the task
+    landed differ) or an integer past 64 bits, written in the file or drawn, is refused like the
+    arithmetic that would make one."""
+    message = refusal(broken(tmp_path, "huge", "      submitted: false\n", f"      submitted: false\n      junk: {junk}\n"))
+    assert "tasks.book_room" in message and why in message, message
