@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from envs.records import FaultConfig, ParallelismReward, PolicySpec, RetryPolicy
 from tasks.evaluate import HELDOUT_SPLITS
@@ -71,13 +71,17 @@ class FactoryConfig(Config):
     mistake_rate: float = Field(0.25, ge=0, le=1, description="the scripted policy's mistake rate (when its spec "
                                                                "sets none)", json_schema_extra={"cli": "--mistake-rate"})
     samples_per_task: int = Field(2, ge=1, description="rollouts per task", json_schema_extra={"cli": "--samples"})
-    batch_size: int = Field(25, ge=1, description="tasks per rollout batch (one Prefect task run each)",
-                            json_schema_extra={"cli": "--batch-size"})
+    batch_size: int | None = Field(None, ge=1, description="tasks per rollout batch (one Prefect task run each); "
+                                   "none: chosen from the work (two batches per worker of the task runner, at most "
+                                   "500 tasks each)", json_schema_extra={"cli": "--batch-size"})
     data_dir: str = Field(".gymfoundry", min_length=1, description="the warehouse directory",
                           json_schema_extra={"cli": "--data-dir"})
     task_runner: TaskRunner = Field("threads", description="where rollout batches run: threads (one machine), "
                                                            "dask or ray (needs the extra)",
                                     json_schema_extra={"cli": "--task-runner"})
+    cluster_address: str | None = Field(None, description="with task_runner dask or ray: the address of an existing "
+                                        "cluster (tcp://host:8786, ray://host:10001); none: a local cluster",
+                                        json_schema_extra={"cli": "--cluster-address"})
     retry: RetryPolicy | None = Field(default_factory=RetryPolicy, description="which episode classes are retried, how "
                                                                         "often, and what happens when retries run out")
     faults: FaultConfig | None = Field(None, description="environment faults to inject (tests of the retry policy)")
@@ -111,6 +115,13 @@ class FactoryConfig(Config):
     @classmethod
     def _check_fraction(cls, v: float) -> float:
         check_holdout_fraction(None, [], v)  # the rule's owner (the lock is checked when the run starts)
+        return v
+
+    @field_validator("cluster_address")
+    @classmethod
+    def _check_address(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v and info.data.get("task_runner") == "threads":
+            raise ValueError("a cluster address needs the task runner dask or ray")
         return v
 
     @field_validator("retry", mode="before")

@@ -1,11 +1,19 @@
 """The factory flow: generate → validate → isolate → rollout → classify → score → land →
 assemble. Stage logic lives in `tasks/`; these Prefect tasks are thin wrappers that add
-orchestration (retries, concurrency through the task runner, artifacts)."""
+orchestration (retries, concurrency through the task runner, artifacts).
+
+Kept cheap at thousands of tasks: one task run per stage and per rollout batch (never per
+rollout), bulky arguments `quote()`d (Prefect would otherwise walk every field of every record
+of them, twice per task run), no result persisted and no cache key computed. Only the rollout
+batches go through the task runner, so on Dask or Ray only they run in other processes: they
+return records, and this process alone writes the catalog."""
 
 from __future__ import annotations
 
 import contextvars
 import importlib
+import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,10 +22,12 @@ from typing import Any
 from prefect import flow, get_run_logger, tags, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import (FaultConfig, ParallelismReward, PolicySpec, RetryPolicy, Rollout, Run, StepScore,
@@ -35,17 +45,17 @@ from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
 
 
-@task(name="generate", task_run_name="generate", cache_policy=NO_CACHE)
+@task(name="generate", task_run_name="generate", cache_policy=NO_CACHE, persist_result=False)
 def generate(family: str, n: int, seed: int) -> list[TaskSpec]:
     return generate_tasks(family, n, seed)
 
 
-@task(name="validate", task_run_name="validate", cache_policy=NO_CACHE)
+@task(name="validate", task_run_name="validate", cache_policy=NO_CACHE, persist_result=False)
 def validate(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]]:
     return validate_tasks(tasks)
 
 
-@task(name="isolate", task_run_name="isolate", cache_policy=NO_CACHE)
+@task(name="isolate", task_run_name="isolate", cache_policy=NO_CACHE, persist_result=False)
 def isolate(tasks: list[TaskSpec], data_dir: str | None = None,
             holdout_fraction: float = HOLDOUT_FRACTION) -> tuple[list[TaskSpec], list[TaskRejection]]:
     """Templates already in the warehouse keep their split (the holdout stays locked)."""
@@ -64,7 +74,7 @@ def _crashed_not_exhausted(task, task_run, state) -> bool:
     return False
 
 
-@task(name="rollout-batch", task_run_name="rollout-batch", cache_policy=NO_CACHE, retries=1,
+@task(name="rollout-batch", task_run_name="rollout-batch", cache_policy=NO_CACHE, persist_result=False, retries=1,
       retry_delay_seconds=1,
       retry_condition_fn=_crashed_not_exhausted)
 def rollout_batch(tasks: list[TaskSpec], policy: PolicySpec | str, policy_kwargs: dict[str, Any] | None,
@@ -77,7 +87,7 @@ def rollout_batch(tasks: list[TaskSpec], policy: PolicySpec | str, policy_kwargs
                                 subagent=subagent)
 
 
-@task(name="score", task_run_name="score", cache_policy=NO_CACHE)
+@task(name="score", task_run_name="score", cache_policy=NO_CACHE, persist_result=False)
 def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None = None) -> list[StepScore]:
     """All PRM layers: rules, the judge where GYMFOUNDRY_JUDGE_* configures one, and the family's
     current calibrator under `data_dir`."""
@@ -85,7 +95,7 @@ def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None =
     return score_rollouts(rollouts, tasks, data_dir)
 
 
-@task(name="land", task_run_name="land", cache_policy=NO_CACHE)
+@task(name="land", task_run_name="land", cache_policy=NO_CACHE, persist_result=False)
 def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
          scores: list[StepScore], run_id: str | None = None, flow_run_id: str | None = None) -> dict[str, Any]:
     """One transaction after the quality gates; a failing batch goes to quarantine, loudly. The
@@ -114,7 +124,7 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
             "spooled": str(landing.spooled) if landing.spooled else None}
 
 
-@task(name="assemble", task_run_name="assemble", cache_policy=NO_CACHE)
+@task(name="assemble", task_run_name="assemble", cache_policy=NO_CACHE, persist_result=False)
 def assemble(data_dir: str, families: list[str], policy_version: str | None = None, learnability: str = "p(1-p)",
              min_margin: float = 0.5, policy_id: str | None = None,
              parallelism_reward: ParallelismReward | None = None) -> dict[str, Any]:
@@ -123,35 +133,39 @@ def assemble(data_dir: str, families: list[str], policy_version: str | None = No
                                             parallelism_reward=parallelism_reward)
 
 
-@task(name="record-run", task_run_name="record-run", cache_policy=NO_CACHE)
+@task(name="record-run", task_run_name="record-run", cache_policy=NO_CACHE, persist_result=False)
 def record_run(data_dir: str, run: Run) -> dict[str, int]:
     return land_run(data_dir, run)
 
 
-@flow(name="factory-family", flow_run_name="{family}")
+@flow(name="factory-family", flow_run_name="{family}", persist_result=False)
 def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: PolicySpec | str,
                     policy_kwargs: dict[str, Any] | None,
-                    samples_per_task: int, batch_size: int, data_dir: str | None = None,
+                    samples_per_task: int, batch_size: int | None = None, data_dir: str | None = None,
                     holdout_fraction: float = HOLDOUT_FRACTION, retry: RetryPolicy | None = None,
-                    faults: FaultConfig | None = None, subagent: PolicySpec | None = None) -> dict[str, Any]:
-    """One family, from task specs to scored rollouts (not yet landed). Its task runs are named
-    `<family> · <stage>`, the rollout batches `<family> · rollout i/n`."""
+                    faults: FaultConfig | None = None, subagent: PolicySpec | None = None) -> quote:
+    """One family, from task specs to scored rollouts (not yet landed), `quote()`d. Its task runs
+    are named `<family> · <stage>`, the rollout batches `<family> · rollout i/n`; `batch_size`
+    None: chosen from the work (`batch_size_for`). The episodes' seeds come from the task and
+    sample, never the batch, so any batch size collects the same rollouts."""
     named = lambda t, stage: t.with_options(task_run_name=f"{family} · {stage}")  # noqa: E731
     generated = named(generate, "generate")(family, tasks_per_family, seed)
-    valid, invalid = named(validate, "validate")(generated)
-    isolated, leaked = named(isolate, "isolate")(valid, data_dir, holdout_fraction)
-    batches = [isolated[i:i + batch_size] for i in range(0, len(isolated), batch_size)]
+    valid, invalid = named(validate, "validate")(quote(generated))
+    isolated, leaked = named(isolate, "isolate")(quote(valid), data_dir, holdout_fraction)
+    size = batch_size_for(len(isolated), runner_workers(), batch_size)
+    batches = [isolated[i:i + size] for i in range(0, len(isolated), size)]
     progress.start(family, len(isolated) * samples_per_task)
     futures = [named(rollout_batch, f"rollout {i}/{len(batches)}").submit(
-        batch, policy, policy_kwargs, samples_per_task, seed, retry, faults, subagent)
+        quote(batch), policy, policy_kwargs, samples_per_task, seed, retry, faults, subagent)
         for i, batch in enumerate(batches, 1)]
     meter = create_progress_artifact(0.0, key=f"{family.replace('_', '-')}-rollouts",
                                      description=f"{family}: rollout batches done (%)") if batches else None
     rollouts, error = batch_rollouts(futures, lambda done: update_progress_artifact(meter, 100.0 * done / len(batches)))
     progress.finish(family)
-    scores = named(score, "score")(rollouts, isolated, data_dir) if rollouts else []
-    return {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
-            "error": error}
+    scores = named(score, "score")(quote(rollouts), quote(isolated), data_dir) if rollouts else []
+    # quote(): Prefect would walk every record of the returned value looking for futures
+    return quote({"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
+                  "error": error})
 
 
 def batch_rollouts(futures, on_done=None) -> tuple[list[Rollout], str | None]:
@@ -180,22 +194,51 @@ def batch_rollouts(futures, on_done=None) -> tuple[list[Rollout], str | None]:
     return rollouts, error
 
 
-def make_task_runner(name: str, max_workers: int | None = None):
-    """`threads` (default, one machine), `dask` or `ray` (many machines; needs the extra)."""
+BATCHES_PER_WORKER = 2  # a worker that finishes early takes another batch; the progress artifact moves
+MAX_BATCH = 500         # a crashed batch is retried whole: bound what one retry repeats
+
+
+def batch_size_for(tasks: int, workers: int, given: int | None = None) -> int:
+    """Tasks per rollout batch: `given`, else enough batches for every worker to take two and
+    none over MAX_BATCH tasks (1,000 tasks on 2 workers: 4 batches of 250). Few batches keep
+    Prefect's cost per task run out of the figures; the engine keeps a batch's episodes in flight."""
+    if given is not None:
+        return given
+    batches = max(BATCHES_PER_WORKER * max(workers, 1), math.ceil(tasks / MAX_BATCH))
+    return max(1, math.ceil(tasks / batches))
+
+
+def runner_workers() -> int:
+    """Batches the current flow's task runner runs at once: a Dask cluster's worker threads, else
+    this machine's cores (a thread pool's CPU-bound batches share one interpreter anyway)."""
+    runner = FlowRunContext.get().task_runner
+    client = getattr(runner, "client", None)  # DaskTaskRunner's, connected when the runner starts
+    if client is not None and hasattr(client, "nthreads"):
+        return max(1, sum(client.nthreads().values()))
+    return os.cpu_count() or 1
+
+
+def make_task_runner(name: str, max_workers: int | None = None, address: str | None = None):
+    """`threads` (default, one machine), `dask` or `ray` (many machines; needs the extra): a local
+    cluster of their own, or the existing one at `address` (Dask `tcp://host:8786`, Ray
+    `ray://host:10001`)."""
     if name == "threads":
+        if address:
+            raise ValueError("the threads task runner takes no cluster address")
         return ThreadPoolTaskRunner(max_workers=max_workers)
     extras = {"dask": ("prefect_dask", "DaskTaskRunner"), "ray": ("prefect_ray", "RayTaskRunner")}
     if name not in extras:
         raise ValueError(f"unknown task runner {name!r}; use threads, dask or ray")
     module, cls = extras[name]
     try:
-        return getattr(importlib.import_module(module), cls)()
+        runner = getattr(importlib.import_module(module), cls)
     except ImportError:
         raise ValueError(f"task runner {name!r} needs {module.replace('_', '-')}: "
                          f"pip install -e '.[{name}]'") from None
+    return runner(address=address) if address else runner()
 
 
-@flow(name="factory")
+@flow(name="factory", persist_result=False)
 @flow_parameters(FactoryConfig)
 def factory(**params: Any) -> dict[str, Any]:
     """Run the whole factory and land everything in the warehouse under `data_dir`.
@@ -218,7 +261,8 @@ def factory(**params: Any) -> dict[str, Any]:
     logger = get_run_logger()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec = config.collecting_policy()
-    pipeline = family_pipeline.with_options(task_runner=make_task_runner(config.task_runner))
+    pipeline = family_pipeline.with_options(task_runner=make_task_runner(config.task_runner,
+                                                                         address=config.cluster_address))
     outs = _run_families(pipeline, families, data_dir, dict(
         tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec, policy_kwargs=None,
         samples_per_task=config.samples_per_task, batch_size=config.batch_size,
@@ -226,8 +270,9 @@ def factory(**params: Any) -> dict[str, Any]:
         subagent=config.subagent))
     errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
     error = errors[0] if errors else None
-    # The warehouse does not record where it lives (a moved or copied data dir is the same data).
-    params = config.model_dump(mode="json", exclude={"data_dir"})
+    # The warehouse does not record where it lives (a moved or copied data dir is the same data),
+    # nor which cluster played it.
+    params = config.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
     run_id = Run(params=params, retry_policy=config.retry, faults=config.faults,
                  status="failed" if error else "completed", error=error).run_id
     landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id)
@@ -273,7 +318,7 @@ def _run_families(pipeline, families: list[str], data_dir: str, options: dict[st
     each in a thread and tagged `family:<name>`; their outputs in the order of `families`."""
     def one(family: str) -> dict[str, Any]:
         with tags(f"family:{family}"):
-            return pipeline(family, data_dir=data_dir, **options)
+            return pipeline(family, data_dir=data_dir, **options).unquote()
 
     # Each thread runs in a copy of this flow's context (taken here, in the flow's thread), so each
     # family's subflow is a child of this run, against the same API and settings.
@@ -292,8 +337,8 @@ def _land_families(data_dir: str, families: list[str], outs: list[dict[str, Any]
     quarantined: list[str] = []
     for family, out in zip(families, outs):
         landing = land.with_options(task_run_name=f"{family} · land")(
-            data_dir, out["tasks"], out["rejections"], out["rollouts"], out["scores"], run_id,
-            str(flow_run_id) if flow_run_id else None)
+            data_dir, quote(out["tasks"]), quote(out["rejections"]), quote(out["rollouts"]), quote(out["scores"]),
+            run_id, str(flow_run_id) if flow_run_id else None)
         for table, n in landing["counts"].items():
             landed[table] = landed.get(table, 0) + n
         if landing["quarantine"]:
