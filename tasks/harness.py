@@ -316,10 +316,12 @@ class EpisodeHub:
 
 
 def leak_check(rollout: Rollout, task: TaskSpec, calls: list[ModelCall]) -> None:
-    """The factory's scan of every observation, plus everything the proxy recorded for the episode
-    (the harness's prompts and the model's replies): a hidden value in any of them is a leak."""
+    """The factory's scan of every observation, plus what the proxy recorded the model was shown
+    (the harness's system, user and tool messages, and the tools it offered): a hidden value there is
+    a leak. As in the factory, the model's own output is not scanned (a guess is not a leak)."""
     assert_no_leaks([rollout], {task.task_id: task})
-    leaks = find_leaks(task, row_texts([[c.messages, c.response, c.tools] for c in calls]))
+    shown = [[m for m in c.messages if m.get("role") != "assistant"] + [c.tools] for c in calls]
+    leaks = find_leaks(task, row_texts(shown))
     if leaks:
         raise LeakError(f"the model calls of harness episode {rollout.env_info['harness']['episode']} "
                         f"show hidden values {leaks}")

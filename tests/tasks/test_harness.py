@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -243,7 +244,6 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
 def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
     """The CLI as a harness launches it: `gymfoundry serve-env --transport stdio` is the MCP server."""
     import sys
-    import time
     from pathlib import Path
 
     from agents.mcp import MCPServerStdio
@@ -268,3 +268,91 @@ def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
     [rollout] = rollouts
     assert rollout.termination == Termination.success and len(rollout.steps) == 4
     assert rollout.env_info["harness"]["episode"] == "stdio-1" and rollout.steps[0].token_ids == TOKEN_IDS
+
+
+def test_a_hidden_value_in_what_the_model_was_shown_stops_that_episode_from_landing(tmp_path):
+    """The leak scan covers the proxy's records: a harness (or an env) that shows the model a hidden
+    value gets its episode refused, loudly; another episode of the same batch still lands."""
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
+    with OpenAIStub(respond=scripted_inventory) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        secret = hub.episode("leaky").task.hidden.secrets[-1]
+        body = {"model": "m", "messages": [{"role": "user", "content": f"{hub.goal('leaky')}\n(psst: {secret})"}]}
+        assert httpx.post(f"{proxy_url}/episodes/leaky/v1/chat/completions", json=body).status_code == 200
+        assert asyncio.run(play(env_url, proxy_url, "clean")) == "Done."
+    hub.close()
+    assert "show hidden values" in hub.episode("leaky").landing_error and secret[:60] in hub.episode("leaky").landing_error
+    with Warehouse(tmp_path, read_only=True) as wh:
+        assert [r.env_info["harness"]["episode"] for r in wh.load_rollouts()] == ["clean"]
+
+
+def test_a_header_names_the_episode_on_the_plain_addresses(stack):
+    hub, env_url, proxy_url, _ = stack
+    header = {"X-Gymfoundry-Episode": "by-header"}
+    body = {"model": "m", "messages": [{"role": "user", "content": hub.goal("by-header")}]}
+    reply = httpx.post(f"{proxy_url}/v1/chat/completions", json=body, headers=header).json()
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+
+    async def session():
+        async with MCPServerStreamableHttp(params={"url": f"{env_url}/mcp", "headers": header}) as mcp:
+            return await mcp.call_tool(call["name"], json.loads(call["arguments"]))
+
+    assert not asyncio.run(session()).is_error
+    rollout = hub.finish("by-header")
+    assert [s.tool_call.name for s in rollout.steps] == [call["name"]]
+    assert rollout.steps[0].token_ids == TOKEN_IDS and rollout.steps[0].tool_call.id == "call_0"
+
+
+def test_an_idle_episode_ends_on_its_own(tmp_path):
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False, idle_timeout_s=0.3)
+    hub.call("idle", "find_items", {"query": "a"})
+    for _ in range(100):
+        if hub.rollouts:
+            break
+        time.sleep(0.05)
+    hub.close()
+    [rollout] = hub.rollouts
+    assert rollout.termination == Termination.truncated and len(rollout.steps) == 1
+    assert rollout.termination_reason == "the policy stopped before the episode ended"
+
+
+@pytest.mark.parametrize("status, payload, termination, reason", [
+    (400, {"error": {"message": "too long", "code": "context_length_exceeded"}}, "truncated",
+     "the model's context is full"),
+    (400, {"error": {"message": "bad role"}}, "policy_error", "the harness's model request was refused"),
+    (429, {"error": {"message": "slow down"}}, "inference_fault", "inference endpoint failed"),
+    (200, {"choices": []}, "inference_fault", "inference endpoint failed: model call 0 through the proxy: unreadable"),
+])
+def test_where_a_model_call_failed_decides_the_class(tmp_path, status, payload, termination, reason):
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with OpenAIStub(respond=always(status, payload)) as upstream, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        body = {"model": "m", "messages": [{"role": "user", "content": hub.goal("e")}]}
+        reply = httpx.post(f"{proxy_url}/episodes/e/v1/chat/completions", json=body)
+    assert reply.status_code == (502 if status == 200 else status)  # the harness sees the upstream's answer
+    rollout = hub.finish("e")
+    hub.close()
+    assert rollout.termination.value == termination and rollout.termination_reason.startswith(reason)
+
+
+def test_a_retried_failure_is_no_fault_and_a_failure_after_the_end_is_not_the_episodes(tmp_path):
+    """The first request fails once (the SDK's client retries it); after the submit, every request
+    fails: the episode ended at the submit, a verified success."""
+    def flaky(body, headers):
+        if len(upstream.requests) == 1:
+            return 503, {"error": {"message": "warming up"}}
+        if any(c["function"]["name"] == "submit" for m in body["messages"] for c in m.get("tool_calls") or []):
+            return 500, {"error": {"message": "down"}}
+        return scripted_inventory(body, headers)
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with OpenAIStub(respond=flaky) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        with pytest.raises(Exception, match="500"):
+            asyncio.run(play(env_url, proxy_url, "flaky"))
+    hub.close()
+    [rollout] = hub.rollouts
+    assert rollout.termination == Termination.success and len(rollout.steps) == 4
+    statuses = [c.status for c in hub.log.read("flaky")]
+    assert statuses[:2] == ["fault", "ok"] and statuses[-1] == "fault"
+    assert rollout.env_info["harness"]["model_calls"] == 5  # up to the one that submitted
