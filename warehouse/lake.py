@@ -14,11 +14,13 @@ import hashlib
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from envs.records import content_hash
@@ -42,11 +44,11 @@ class Batch:
     sha256: str  # of the file's bytes, as written
 
 
-def batch_id(table: Table, family: str, rows: list[dict[str, Any]]) -> str:
-    """Content hash of the rows' keys: the same new rows always make the same file name, so a
-    file written by a run that crashed before registering is simply overwritten on re-run."""
-    keys = sorted([row[k] for k in table.key] for row in rows)
-    return "b-" + content_hash([table.name, family, keys], length=24)
+def batch_id(table: Table, family: str, keys: list[tuple]) -> str:
+    """Content hash of the rows' keys (tuples of the key columns): the same new rows always make the
+    same file name, so a file written by a run that crashed before registering is simply overwritten
+    on re-run."""
+    return "b-" + content_hash([table.name, family, sorted(list(k) for k in keys)], length=24)
 
 
 def check_family(family: str) -> None:
@@ -55,22 +57,47 @@ def check_family(family: str) -> None:
 
 
 def write_batch(data_dir: Path, table: Table, family: str, rows: list[dict[str, Any]]) -> Batch:
-    """Write rows of one family as one Parquet file into staging (temp name, then an atomic rename)."""
+    """Write row dicts of one family as one Parquet file into staging; see `write_arrow`."""
+    file_rows = [{k: v for k, v in row.items() if k != PARTITION} for row in rows]
+    return write_arrow(data_dir, table, family, pa.Table.from_pylist(file_rows, schema=table.file_schema))
+
+
+def write_arrow(data_dir: Path, table: Table, family: str, data: pa.Table) -> Batch:
+    """Write the rows of one family (the table's file columns) as one Parquet file into staging:
+    a temp name, then an atomic rename."""
     if table.partitioned:
         check_family(family)
-    bid = batch_id(table, family, rows)
+    data = data.select(table.file_schema.names)
+    bid = batch_id(table, family, list(zip(*(data[k].to_pylist() for k in table.key))))
     folder = f"{LAKE_DIR}/{table.name}/{PARTITION}={family}" if table.partitioned else f"{LAKE_DIR}/{table.name}"
     relative = f"{folder}/{bid}.parquet"
     target = data_dir / staging_path(relative)
     target.parent.mkdir(parents=True, exist_ok=True)
-    file_rows = [{k: v for k, v in row.items() if k != PARTITION} for row in rows]
-    arrow = pa.Table.from_pylist(file_rows, schema=table.file_schema)
     temp = target.with_name(f".{bid}.{os.getpid()}{TEMP_SUFFIX}")
-    pq.write_table(arrow, temp)
+    pq.write_table(data, temp)
     digest = file_sha256(temp)
     make_read_only(temp)
     os.replace(temp, target)  # replaces a read-only leftover of a killed run too (the directory is writable)
-    return Batch(bid, table.name, family, relative, len(rows), digest)
+    return Batch(bid, table.name, family, relative, data.num_rows, digest)
+
+
+def write_batches(data_dir: Path, tables: dict[Table, pa.Table], threads: int | None = None) -> list[Batch]:
+    """Write each table's rows (logical columns) as one file per family, the files in parallel:
+    Parquet encoding and hashing release the GIL, so the writes share the machine's cores."""
+    parts = []
+    for table, data in tables.items():
+        if not table.partitioned:
+            parts.append((table, "", data))
+            continue
+        families = data[PARTITION].unique().to_pylist()
+        for family in families:
+            check_family(family)  # before any file is written
+        for family in sorted(families):
+            parts.append((table, family, data.filter(pc.equal(data[PARTITION], family))))
+    if len(parts) <= 1:
+        return [write_arrow(data_dir, *part) for part in parts]
+    with ThreadPoolExecutor(threads or min(len(parts), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda part: write_arrow(data_dir, *part), parts))
 
 
 def staging_path(path: str) -> str:

@@ -43,7 +43,12 @@ class TableResult:
     rows: int
     success: bool
     failures: list[dict[str, Any]] = field(default_factory=list)
-    result: dict[str, Any] = field(default_factory=dict)  # GX's validation result, as JSON
+    gx_result: Any = field(default=None, repr=False)  # GX's validation result
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """GX's validation result, as JSON: made when a report asks (a batch that passes needs none)."""
+        return _clean(self.gx_result.to_json_dict()) if self.gx_result is not None else {}
 
 
 @dataclass
@@ -77,24 +82,32 @@ def reference_key(values: Iterable[Any]) -> str | None:
     return json.dumps([int(v) if isinstance(v, float) and v.is_integer() else v for v in values])
 
 
-def validate_batch(rows: dict[str, list[dict[str, Any]]], landed_keys: LandedKeys) -> QualityReport:
-    """Validate the rows of one batch, per table; references may point into the batch itself."""
+def validate_batch(frames: dict[str, pd.DataFrame], landed_keys: LandedKeys,
+                   identity: dict[str, list[str]] | None = None) -> QualityReport:
+    """Validate one batch, a frame per table (its logical columns); references may point into the
+    batch itself. `identity` holds, per table whose key is a content hash, its rows' identity
+    verdicts where the caller has them (`record_verdicts`); otherwise they come from the rows."""
     results = {}
-    for name, table_rows in rows.items():
-        if not table_rows:
+    for name, frame in frames.items():
+        if len(frame) == 0:
             continue
         table = TABLES[name]
         found = {}
         for ref in table.references:
-            keys = {tuple(row.get(c) for c in ref.columns) for row in table_rows}
-            keys = {k for k in keys if reference_key(k) is not None}
-            parent = TABLES[ref.table]
-            in_batch = {tuple(row.get(c) for c in parent.key) for row in rows.get(ref.table, [])}
+            keys = {k for k in set(_keys(frame, ref.columns)) if reference_key(k) is not None}
+            parent = frames.get(ref.table)
+            in_batch = set(_keys(parent, TABLES[ref.table].key)) if parent is not None else set()
             missing = sorted(keys - in_batch, key=str)
             found[ref] = (keys & in_batch) | (landed_keys(ref, missing) if missing else set())
-        frame = pd.DataFrame(table_rows, columns=[c.name for c in table.columns])
-        results[name] = validate_table(table, frame, found, identity_verdicts(table, table_rows))
+        verdicts = (identity or {}).get(name)
+        if verdicts is None and table.content_id is not None:
+            verdicts = identity_verdicts(table, frame.to_dict("records"))
+        results[name] = validate_table(table, frame, found, verdicts)
     return QualityReport(results)
+
+
+def _keys(frame: pd.DataFrame, columns: Iterable[str]) -> list[tuple]:
+    return list(zip(*(frame[c].tolist() for c in columns)))
 
 
 def identity_verdicts(table: Table, rows: list[dict[str, Any]]) -> list[str] | None:
@@ -114,6 +127,25 @@ def identity_verdicts(table: Table, rows: list[dict[str, Any]]) -> list[str] | N
     return verdicts
 
 
+def record_verdicts(table: Table, records: list) -> list[str] | None:
+    """`identity_verdicts` of records (the rows `table.arrow` makes of them) without rebuilding
+    each record from its row: a record that pydantic validated holds a valid value in every field,
+    so only its id is in question, and `compute_id` (the record's own rule) answers that. A record
+    whose id is not its content's (a `model_copy(update=...)` or an assignment after validation)
+    is judged from its row, which also says when it is no valid record at all."""
+    if table.content_id is None:
+        return None
+    verdicts = []
+    for record in records:
+        try:
+            expected = record.compute_id()
+        except Exception:  # a value no serializer takes: the row says what is wrong
+            expected = None
+        stored = getattr(record, table.content_id)
+        verdicts.append(FOUND if expected == stored else identity_verdicts(table, [table.row(record)])[0])
+    return verdicts
+
+
 def tampered(table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows whose stored id is not their content's."""
     verdicts = identity_verdicts(table, rows) or [FOUND] * len(rows)
@@ -124,7 +156,7 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
                    identity: list[str] | None = None) -> TableResult:
     """Validate one table's rows; `found` holds, per reference, the referenced keys that exist;
     `identity` the rows' `identity_verdicts` where the table's key is a content hash."""
-    frame = frame.copy()
+    frame = frame.copy(deep=False)  # the helper columns are this validation's, not the caller's
     expectations = table_expectations(table.name)
     if identity is not None:
         column = f"id:{table.content_id}"
@@ -133,10 +165,11 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
             column=column, value_set=[FOUND], meta={"rule": f"{table.content_id} is the hash of the content"}))
     for ref in table.references:
         column = f"ref:{ref.table}"
-        exists = {reference_key(k) for k in found.get(ref, set())}
-        keys = (reference_key(k) for k in zip(*(frame[c].tolist() for c in ref.columns)))
-        # The key where it names nothing (so the report shows it), else FOUND: a tiny value set.
-        frame[column] = [k if k is None or k not in exists else FOUND for k in keys]
+        exists = found.get(ref, set())
+        # FOUND where the key names a row, else the key itself (so the report shows it; None where a
+        # key column is null, which the not-null check reports): a tiny value set. Membership is
+        # tested on the key tuples; only a dangling key is rendered.
+        frame[column] = [FOUND if k in exists else reference_key(k) for k in _keys(frame, ref.columns)]
         expectations.append(_gx().expectations.ExpectColumnValuesToBeInSet(
             column=column, value_set=[FOUND], meta={"reference": f"{','.join(ref.columns)} -> {ref.table}"}))
     suite = _gx().ExpectationSuite(name=f"gymfoundry.{table.name}", expectations=expectations)
@@ -146,7 +179,7 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
         if not result.success:  # again, with the offending values for the report
             result = batch.validate(suite, result_format="SUMMARY")
     failures = [_failure(table.name, r) for r in result.results if not r.success]
-    return TableResult(table.name, len(frame), result.success, failures, _clean(result.to_json_dict()))
+    return TableResult(table.name, len(frame), result.success, failures, gx_result=result)
 
 
 def table_expectations(name: str) -> list:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,13 +27,16 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import duckdb
+import pandas as pd
 import polars as pl
 import pyarrow as pa
+from pydantic_core import PydanticSerializationError
 
 from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
-from warehouse.lake import LAKE_DIR, check_family, write_batch
+from warehouse.lake import LAKE_DIR, staging_path, write_batches
+from warehouse.schema import check_lists
 from warehouse.tables import PARTITION, TABLES, Reference, Table
 
 DEFAULT_DATA_DIR = ".gymfoundry"
@@ -115,63 +119,89 @@ class Warehouse:
         this batch also lands its own outcome there as the factory's verdict (`Verdict.of_rollout`).
         `run_id` and `flow_run_id` (the factory run and its Prefect flow run) are written on the
         rollouts new in this batch: a rollout landed before keeps the run that first landed it."""
-        rows: dict[str, list[dict[str, Any]]] = {}
+        parts: dict[str, Part] = {}
+        verdicts: dict[str, list[str] | None] = {}
         if tasks is not None:
-            rows["tasks"] = [_row(TABLES["tasks"], t) for t in tasks]
+            tasks = list(tasks)
+            parts["tasks"] = _arrow(TABLES["tasks"], tasks)
+            if gate:  # from the records: cheaper than rebuilding each record from its row
+                verdicts["tasks"] = quality.record_verdicts(TABLES["tasks"], tasks)
         if rejections is not None:
-            rows["task_rejections"] = [_row(TABLES["task_rejections"], r) for r in rejections]
+            parts["task_rejections"] = _arrow(TABLES["task_rejections"], list(rejections))
         families = dict(family_of or {})
+        verdict_records = []
         if rollouts is not None:
             by_id: dict[str, Rollout] = {}
             for rollout in rollouts:
                 by_id.setdefault(rollout.rollout_id, rollout)
             families.update({rid: r.family for rid, r in by_id.items()})
-            new = self._new_rows(TABLES["rollouts"], [_row(TABLES["rollouts"], r, run_id=run_id, flow_run_id=flow_run_id)
-                                                      for r in by_id.values()])
-            rows["rollouts"] = new
-            rows["steps"] = [_row(TABLES["steps"], step, rollout_id=row["rollout_id"], task_family=row[PARTITION])
-                             for row in new for step in by_id[row["rollout_id"]].steps]
-            subs = [_row(TABLES["sub_rollouts"], sub) for row in new for sub in by_id[row["rollout_id"]].subrollouts]
+            unique = list(by_id.values())
+            data = _arrow(TABLES["rollouts"], unique, run_id=run_id, flow_run_id=flow_run_id)
+            keep = self._new_indices(TABLES["rollouts"], data)
+            new = [unique[i] for i in keep]
+            parts["rollouts"] = _take(data, keep)
+            parts["steps"] = _arrow(TABLES["steps"], [step for r in new for step in r.steps],
+                                    rollout_id=[r.rollout_id for r in new for _ in r.steps],
+                                    task_family=[r.family for r in new for _ in r.steps])
+            subs = [sub for r in new for sub in r.subrollouts]
             if subs:  # a delegating rollout's sub-agents' episodes
-                rows["sub_rollouts"] = subs
+                parts["sub_rollouts"] = _arrow(TABLES["sub_rollouts"], subs)
             if rollout_outcomes:
                 now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-                verdicts = [Verdict.of_rollout(by_id[row["rollout_id"]], now) for row in new]
-                rows["outcomes"] = [_row(TABLES["outcomes"], v) for v in verdicts if v is not None]
+                verdict_records += [v for v in (Verdict.of_rollout(r, now) for r in new) if v is not None]
         if outcomes is not None:
-            rows.setdefault("outcomes", []).extend(_row(TABLES["outcomes"], v) for v in outcomes)
+            verdict_records += list(outcomes)
+        if rollout_outcomes and rollouts is not None or outcomes is not None:
+            parts["outcomes"] = _arrow(TABLES["outcomes"], verdict_records)
         if scores is not None:
-            rows["step_scores"] = self._score_rows(list(scores), families)
+            scores = list(scores)
+            parts["step_scores"] = _arrow(TABLES["step_scores"], scores, task_family=self._score_families(scores, families))
         for name, records in (("runs", runs), ("datasets", datasets), ("dataset_rows", dataset_rows),
                               ("holdout_locks", holdout_locks)):
             if records is not None:
-                rows[name] = [_row(TABLES[name], r) for r in records]
-        return self.land_rows(rows, gate=gate)
+                parts[name] = _arrow(TABLES[name], list(records))
+        return self._land(parts, gate, verdicts)
 
     def land_rows(self, rows: Mapping[str, list[dict[str, Any]]], gate: bool = True) -> Landing:
-        """Land table rows (as `_row` makes them) as one batch; see `land`."""
+        """Land table rows (as `Table.row` makes them) as one batch; see `land`. Rows that do not hold
+        their columns' types still meet the gates, which say what is wrong with them."""
+        return self._land({name: _from_rows(TABLES[name], list(table_rows)) for name, table_rows in rows.items()},
+                          gate, {})
+
+    def _land(self, parts: dict[str, Part], gate: bool, verdicts: dict[str, list[str] | None]) -> Landing:
+        """Keep each table's new rows, gate them, write them and register the files in one transaction.
+        `verdicts`: identity verdicts (one per row of `parts`) the caller made from the records."""
         if self.read_only:
             raise PermissionError("this warehouse was opened read-only")
-        new = {name: self._new_rows(TABLES[name], list(table_rows)) for name, table_rows in rows.items()}
-        if gate:
-            for name, table_rows in rows.items():  # a tampered copy of a landed row is refused, not skipped
-                new[name] += [r for r in quality.tampered(TABLES[name], list(table_rows)) if r not in new[name]]
-            report = quality.validate_batch(new, self._landed_keys)
-            if not report.success:
-                return self._quarantine(new, report)
-        for name, table_rows in new.items():
-            if TABLES[name].partitioned:
-                for row in table_rows:
-                    check_family(row[PARTITION])  # before any file is written
-        batches = []
-        for name, table_rows in new.items():
+        new: dict[str, Part] = {}
+        identity: dict[str, list[str]] = {}
+        for name, part in parts.items():
             table = TABLES[name]
-            groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for row in table_rows:
-                groups[row[PARTITION] if table.partitioned else ""].append(row)
-            batches += [write_batch(self.data_dir, table, family, group) for family, group in sorted(groups.items())]
+            keep = self._new_indices(table, part)
+            if gate and table.content_id is not None:
+                found = verdicts.get(name) or quality.identity_verdicts(table, _rows(part))
+                kept = set(keep)  # a tampered copy of a landed row is refused, not skipped
+                keep += [i for i, verdict in enumerate(found) if verdict != quality.FOUND and i not in kept]
+                identity[name] = [found[i] for i in keep]
+            new[name] = _take(part, keep)
+        tables = {TABLES[name]: part for name, part in new.items() if len(part)}
+        with ThreadPoolExecutor(1) as background:
+            staged = None
+            if gate and all(isinstance(part, pa.Table) for part in tables.values()):
+                # Staged files are invisible until registered: write them while the gates run (Parquet
+                # encoding and hashing release the GIL), and remove them if the gates fail.
+                staged = background.submit(write_batches, self.data_dir, tables)
+            if gate:
+                frames = {name: _frame(TABLES[name], part) for name, part in new.items()}
+                report = quality.validate_batch(frames, self._landed_keys, identity)
+                if not report.success:
+                    _discard(self.data_dir, staged)
+                    return self._quarantine({name: _rows(part) for name, part in new.items()}, report)
+            # Every family is checked before any file is written; the files are written in parallel.
+            batches = staged.result() if staged is not None else \
+                write_batches(self.data_dir, {table: _to_arrow(table, part) for table, part in tables.items()})
         catalog.register(self.con, self.data_dir, batches, _utcnow(), before_commit=_landing_hook)
-        return Landing({name: len(table_rows) for name, table_rows in new.items()})
+        return Landing({name: len(part) for name, part in new.items()})
 
     def land_tasks(self, tasks: Iterable[TaskSpec]) -> dict[str, int]:
         return self.land(tasks=tasks).checked()
@@ -188,7 +218,7 @@ class Warehouse:
     def land_rejections(self, rejections: Iterable[TaskRejection]) -> dict[str, int]:
         return self.land(rejections=rejections).checked()
 
-    def _score_rows(self, scores: list[StepScore], families: dict[str, str]) -> list[dict[str, Any]]:
+    def _score_families(self, scores: list[StepScore], families: dict[str, str]) -> list[str]:
         missing = sorted({s.rollout_id for s in scores} - families.keys())
         if missing:
             found = self._execute("SELECT rollout_id, task_family FROM rollouts WHERE rollout_id IN "
@@ -197,17 +227,29 @@ class Warehouse:
         unknown = sorted({s.rollout_id for s in scores} - families.keys())
         if unknown:
             raise ValueError(f"no task family known for rollouts {unknown}; land them first or pass family_of")
-        table = TABLES["step_scores"]
-        return [_row(table, s, task_family=families[s.rollout_id]) for s in scores]
+        return [families[s.rollout_id] for s in scores]
 
-    def _new_rows(self, table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Rows whose key is neither registered already nor repeated earlier in `rows`."""
-        unique: dict[tuple, dict[str, Any]] = {}
-        for row in rows:
-            unique.setdefault(tuple(row.get(k) for k in table.key), row)
-        for key in self._existing_keys(table, list(unique)):
-            unique.pop(key)
-        return list(unique.values())
+    def _new_indices(self, table: Table, part: Part) -> list[int]:
+        """Where the rows are whose key is neither registered already nor repeated earlier in `part`."""
+        if isinstance(part, pa.Table):
+            # One query over the key columns as they are: no key tuples in Python.
+            columns = ", ".join(catalog.quote_ident(k) for k in table.key)
+            incoming = part.select(list(table.key)).append_column("_row", pa.array(range(part.num_rows), pa.int64()))
+            self.con.register("incoming_keys", incoming)
+            try:
+                with self._damage_explained():
+                    found = self.con.execute(
+                        f"SELECT _row FROM incoming_keys ANTI JOIN {table.name} USING ({columns}) "
+                        f"QUALIFY row_number() OVER (PARTITION BY {columns} ORDER BY _row) = 1 ORDER BY _row")
+                    return found.fetchnumpy()["_row"].tolist()
+            finally:
+                self.con.unregister("incoming_keys")
+        first: dict[tuple, int] = {}
+        for i, key in enumerate(_keys(table, part)):
+            first.setdefault(key, i)
+        for key in self._existing_keys(table, list(first)):
+            first.pop(key)
+        return list(first.values())  # ascending: the dict keeps the order of first appearance
 
     def _landed_keys(self, ref: Reference, keys: list[tuple]) -> set[tuple]:
         return self._existing_keys(TABLES[ref.table], keys)
@@ -564,6 +606,70 @@ def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckD
 
 def _row(table: Table, record: Record, **added: Any) -> dict[str, Any]:
     return table.row(record, **added)
+
+
+# One table's rows in a batch: an Arrow table of its logical columns (always, for rows made from
+# valid records), or row dicts whose values do not fit those columns (the gates say why).
+Part = pa.Table | list[dict[str, Any]]
+CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError, PydanticSerializationError)
+
+
+def _arrow(table: Table, records: list[Record], **added: Any) -> Part:
+    """The records as the table's rows, a column at a time; where a record holds a value of another
+    type than its field's (`model_copy` does not validate), the rows one by one, as the gates see them."""
+    try:
+        return table.arrow(records, **added)
+    except CONVERSION_ERRORS:
+        return [table.row(r, **{k: v[i] if isinstance(v, list) else v for k, v in added.items()})
+                for i, r in enumerate(records)]
+
+
+def _from_rows(table: Table, rows: list[dict[str, Any]]) -> Part:
+    try:
+        for column in table.columns:
+            check_lists(column, [row.get(column.name) for row in rows])
+        return pa.Table.from_pylist(rows, schema=table.schema)
+    except CONVERSION_ERRORS:
+        return rows
+
+
+def _keys(table: Table, part: Part) -> list[tuple]:
+    if isinstance(part, pa.Table):
+        return list(zip(*(part[k].to_pylist() for k in table.key)))
+    return [tuple(row.get(k) for k in table.key) for row in part]
+
+
+def _take(part: Part, indices: list[int]) -> Part:
+    if len(indices) == len(part):
+        return part  # indices are ascending and distinct: all of it
+    if isinstance(part, pa.Table):
+        return part.take(pa.array(indices, pa.int64()))
+    return [part[i] for i in indices]
+
+
+def _rows(part: Part) -> list[dict[str, Any]]:
+    return part.to_pylist() if isinstance(part, pa.Table) else part
+
+
+def _frame(table: Table, part: Part) -> pd.DataFrame:
+    """What the gates validate (great-expectations takes pandas)."""
+    if isinstance(part, pa.Table):
+        return part.to_pandas()
+    return pd.DataFrame(part, columns=[c.name for c in table.columns])
+
+
+def _discard(data_dir: Path, staged: Future | None) -> None:
+    """Remove the staged files of a batch the gates refused (a write that failed left at most a temp
+    file, which the next writer removes with everything else unregistered in staging)."""
+    if staged is None or staged.exception() is not None:
+        return
+    for batch in staged.result():
+        (data_dir / staging_path(batch.path)).unlink(missing_ok=True)
+
+
+def _to_arrow(table: Table, part: Part) -> pa.Table:
+    """The rows to write; row dicts that do not fit the columns raise here, as they always did."""
+    return part if isinstance(part, pa.Table) else pa.Table.from_pylist(part, schema=table.schema)
 
 
 def _record(table: Table, row: dict[str, Any], **fields: Any) -> Record:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 
 from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, TrainingRun, Verdict)
-from warehouse.schema import Column, arrow_schema, from_row, model_columns, to_row
+from warehouse.schema import Column, arrow_schema, from_row, model_columns, to_arrays, to_row
 
 PARTITION = "task_family"
 REWARD_RANGE = (-1.0, 1.0)
@@ -84,6 +84,28 @@ class Table:
         row.update(added)
         return row
 
+    def arrow(self, records: Sequence[Record], **added: Any) -> pa.Table:
+        """The records as rows of this table (what `row` makes of each), built a column at a time.
+        `added` fills the added and lineage columns: one value for every row, or one per row (a
+        list or an Arrow array); a lineage column not given is NULL."""
+        arrays = to_arrays(self.model, records, self.exclude)
+        if self.family_field:
+            arrays[PARTITION] = arrays.pop(self.family_field)
+        for name in self.timestamps:
+            arrays[name] = pa.array([to_timestamp(v, f"{self.name}.{name}") for v in arrays[name].to_pylist()],
+                                    TIMESTAMP)
+        unknown = set(added) - {c.name for c in self.columns}
+        if unknown:
+            raise KeyError(f"{self.name} has no columns {sorted(unknown)}")
+        n = len(records)
+        for column in (*self.added, *self.lineage):
+            value = added.get(column.name)
+            if isinstance(value, (pa.Array, pa.ChunkedArray)):
+                arrays[column.name] = value
+            else:
+                arrays[column.name] = pa.array(value if isinstance(value, list) else [value] * n, column.type)
+        return pa.Table.from_arrays([arrays[c.name] for c in self.columns], schema=self.schema)
+
     def record(self, row: dict[str, Any], **fields: Any) -> Record:
         """The record a row holds (pydantic's ValidationError, a ValueError, where it holds none)."""
         if self.family_field:
@@ -103,6 +125,11 @@ class Table:
                 column = Column(column.name, TIMESTAMP, nullable=True)
             columns.append(column)
         return columns + list(self.lineage)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The logical columns' Arrow schema (`task_family` included)."""
+        return arrow_schema(self.columns)
 
     @property
     def file_columns(self) -> list[Column]:

@@ -1,6 +1,6 @@
 """Benchmark: warehouse ingest rate (steps/s through `Warehouse.land`, quality gates included)
-and the latency of a family-filtered aggregate over 1M steps. Not a test (pytest collects
-test_*.py only).
+side by side with DuckDB writing the same rows as hive-partitioned Parquet from Arrow, and the
+latency of a family-filtered aggregate over 1M steps. Not a test (pytest collects test_*.py only).
 
     .venv/bin/python tests/benchmarks/bench_warehouse.py --steps 1000000 [--batch-steps 100000]
         [--families 4] [--no-gates] [--repeats 7] [--json out.json]
@@ -8,9 +8,16 @@ test_*.py only).
 Synthetic records (hand-built rollouts of 10 steps over `--families` families, realistic text
 sizes) land in batches of `--batch-steps` steps, each batch one `land(tasks, rollouts)` call:
 rows derived from the records, new-key check against the catalog, great-expectations gates,
-Parquet write, one registering transaction. Record construction is timed apart. Then a fresh
-read-only connection times aggregates over `steps` filtered to one family (cold = first query
-after opening, warm = median of the repeats), against the same aggregate over all families.
+Parquet write, one registering transaction. Record construction is timed apart.
+
+The physical reference, per batch and right beside its landing (the two arms alternate which goes
+first): DuckDB's `COPY ... TO (FORMAT parquet, PARTITION_BY (task_family))` of the same batch's
+tasks, rollouts and steps, handed over as Arrow tables (made from the records untimed), into a
+scratch directory. The ratio is the median over batches of land rate / reference rate.
+
+Then a fresh read-only connection times aggregates over `steps` filtered to one family (cold =
+first query after opening, warm = median of the repeats), against the same aggregate over all
+families.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,6 +71,25 @@ def make_batch(first: int, n_rollouts: int, families: list[str]):
     return tasks, rollouts
 
 
+def same_rows(tasks, rollouts) -> dict:
+    """The batch's tasks, rollouts and steps as Arrow tables of the warehouse's logical columns."""
+    from warehouse import TABLES
+
+    steps = [(r, step) for r in rollouts for step in r.steps]
+    return {"tasks": TABLES["tasks"].arrow(tasks), "rollouts": TABLES["rollouts"].arrow(rollouts),
+            "steps": TABLES["steps"].arrow([s for _, s in steps], rollout_id=[r.rollout_id for r, _ in steps],
+                                           task_family=[r.family for r, _ in steps])}
+
+
+def write_reference(con, arrow: dict, folder: Path) -> None:
+    """DuckDB's own hive-partitioned Parquet write of the tables into `folder` (made here)."""
+    folder.mkdir(parents=True)
+    for name, table in arrow.items():
+        con.register("batch", table)
+        con.execute(f"COPY batch TO '{folder / name}' (FORMAT parquet, PARTITION_BY (task_family))")
+        con.unregister("batch")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=1_000_000)
@@ -74,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     command = " ".join(shlex.quote(a) for a in [sys.executable.replace(os.getcwd() + "/", ""), *sys.argv])
+    import duckdb
+
     from warehouse import Warehouse, quality
 
     t0 = time.perf_counter()
@@ -85,19 +114,33 @@ def main(argv: list[str] | None = None) -> int:
     n_rollouts = args.steps // STEPS_PER_ROLLOUT
     with tempfile.TemporaryDirectory(prefix="bench-wh-") as tmp:
         data_dir = Path(args.data_dir or tmp)
-        build_s, land_s, batch_rates = 0.0, 0.0, []
+        build_s, land_s, batch_rates, reference_rates = 0.0, 0.0, [], []
+        reference = duckdb.connect()
         with Warehouse(data_dir) as wh:
             for first in range(0, n_rollouts, per_batch):
                 t0 = time.perf_counter()
                 tasks, rollouts = make_batch(first, min(per_batch, n_rollouts - first), families)
                 t1 = time.perf_counter()
-                landing = wh.land(tasks=tasks, rollouts=rollouts, gate=not args.no_gates)
-                t2 = time.perf_counter()
+                arrow = same_rows(tasks, rollouts)  # the reference's input, untimed
+                arms = {"land": lambda: wh.land(tasks=tasks, rollouts=rollouts, gate=not args.no_gates),
+                        "reference": lambda: write_reference(reference, arrow, Path(tmp) / "reference")}
+                timed = {}
+                for arm in (["land", "reference"] if len(batch_rates) % 2 == 0 else ["reference", "land"]):
+                    started = time.perf_counter()
+                    out = arms[arm]()
+                    timed[arm] = time.perf_counter() - started
+                    if arm == "land":
+                        landing = out
+                shutil.rmtree(Path(tmp) / "reference")  # each batch's reference writes into a fresh folder
                 assert landing.ok, landing.report.summary()
-                build_s, land_s = build_s + t1 - t0, land_s + t2 - t1
-                batch_rates.append(landing.counts["steps"] / (t2 - t1))
-                print(f"batch {len(batch_rates)}: {landing.counts['steps']} steps landed in {t2 - t1:.2f}s "
-                      f"({batch_rates[-1]:,.0f} steps/s); records built in {t1 - t0:.2f}s", flush=True)
+                steps = landing.counts["steps"]
+                assert steps == arrow["steps"].num_rows, "the reference writes the rows that landed"
+                build_s, land_s = build_s + t1 - t0, land_s + timed["land"]
+                batch_rates.append(steps / timed["land"])
+                reference_rates.append(steps / timed["reference"])
+                print(f"batch {len(batch_rates)}: {steps} steps landed in {timed['land']:.2f}s "
+                      f"({batch_rates[-1]:,.0f} steps/s); DuckDB wrote them in {timed['reference']:.2f}s "
+                      f"({reference_rates[-1]:,.0f} steps/s); records built in {t1 - t0:.2f}s", flush=True)
             total_steps = wh.count("steps")
         lake_mb = sum(p.stat().st_size for p in (data_dir / "lake").rglob("*.parquet")) / 1e6
 
@@ -121,12 +164,15 @@ def main(argv: list[str] | None = None) -> int:
                 timings[name] = {"cold_s": runs[0], "warm_median_s": statistics.median(runs[1:]),
                                  "warm_min_s": min(runs[1:]), "rows": out.num_rows}
 
+    ratios = [land / ref for land, ref in zip(batch_rates, reference_rates)]
     fig = {"command": command, "cpus": os.cpu_count(), "gates": not args.no_gates, "gates_warmup_s": warmup_s,
            "steps": total_steps,
            "families": len(families), "batch_steps": per_batch * STEPS_PER_ROLLOUT, "batches": len(batch_rates),
            "land_s": land_s, "build_records_s": build_s, "ingest_steps_per_s": total_steps / land_s,
-           "ingest_steps_per_s_median_batch": statistics.median(batch_rates), "lake_mb": lake_mb,
-           "queries": timings}
+           "ingest_steps_per_s_median_batch": statistics.median(batch_rates),
+           "reference_steps_per_s_median_batch": statistics.median(reference_rates),
+           # land rate / DuckDB's rate for the same rows, per batch (the arms side by side), median
+           "land_over_duckdb_ratio": statistics.median(ratios), "lake_mb": lake_mb, "queries": timings}
     print(f"\ncommand: {command}")
     print(f"{total_steps:,} steps in {len(batch_rates)} batches over {len(families)} families, "
           f"{os.cpu_count()} CPUs, gates {'on' if fig['gates'] else 'off'} (loading them: {warmup_s:.1f}s, "
@@ -134,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ingest: {fig['ingest_steps_per_s']:,.0f} steps/s overall (landing {land_s:.1f}s; "
           f"median batch {fig['ingest_steps_per_s_median_batch']:,.0f} steps/s); "
           f"building the records took {build_s:.1f}s more")
+    print(f"DuckDB writing the same rows as hive-partitioned Parquet from Arrow: median batch "
+          f"{fig['reference_steps_per_s_median_batch']:,.0f} steps/s; Warehouse.land / DuckDB: median "
+          f"{fig['land_over_duckdb_ratio']:.3f} (per batch: {', '.join(f'{r:.3f}' for r in ratios)})")
     for name, t in timings.items():
         print(f"{name:<22} cold {t['cold_s'] * 1000:8.1f} ms   warm median {t['warm_median_s'] * 1000:8.1f} ms"
               f"   (min {t['warm_min_s'] * 1000:.1f} ms, {t['rows']} rows)")

@@ -1,0 +1,75 @@
+"""Landing builds each table's rows a column at a time into Arrow (`Table.arrow`); those rows are
+exactly the rows `Table.row` makes of each record, and records that bypassed validation
+(`model_construct`, `model_copy`) still meet the gates."""
+
+from __future__ import annotations
+
+import json
+
+from envs.records import Step, Verdict
+from warehouse import TABLES
+from warehouse.lake import STAGING_DIR
+
+
+def same_rows(table, records, **added):
+    """`Table.arrow`'s rows against `Table.row`'s, JSON columns compared as the values they hold."""
+    json_columns = {c.name for c in table.columns if c.is_json}
+    arrow = table.arrow(records, **added).to_pylist()
+    per_row = [table.row(r, **{k: v[i] if isinstance(v, list) else v for k, v in added.items()})
+               for i, r in enumerate(records)]
+    assert [list(row) for row in arrow] == [[c.name for c in table.columns]] * len(records)
+    for got, want in zip(arrow, per_row):
+        assert {k: json.loads(v) if k in json_columns and v is not None else v for k, v in got.items()} == \
+               {k: json.loads(v) if k in json_columns and v is not None else v for k, v in want.items()}
+
+
+def test_arrow_rows_are_the_records_rows(build):
+    tasks = [build.task("inventory", n) for n in range(3)]
+    rollouts = [build.rollout(t, seed=n) for n, t in enumerate(tasks)]
+    same_rows(TABLES["tasks"], tasks)
+    same_rows(TABLES["rollouts"], rollouts, run_id="run-1", flow_run_id=None)
+    steps = [(r, s) for r in rollouts for s in r.steps]
+    same_rows(TABLES["steps"], [s for _, s in steps], rollout_id=[r.rollout_id for r, _ in steps],
+              task_family="inventory")
+    same_rows(TABLES["step_scores"], [build.score(rollouts[0], i) for i in range(3)], task_family="inventory")
+    same_rows(TABLES["outcomes"], [Verdict.of_rollout(r, "2026-05-01T12:00:00+00:00") for r in rollouts])
+
+
+def test_arrow_columns_hold_enum_values_timestamps_and_nulls(build):
+    task = build.task("inventory", 1)
+    rollout = build.rollout(task)
+    row = TABLES["rollouts"].arrow([rollout]).to_pylist()[0]
+    assert row["termination"] == "success" and row["task_family"] == "inventory"
+    assert row["run_id"] is None and row["policy_params"] is None
+    assert json.loads(row["cost"]) == {"steps": 3, "tool_calls": 2, "tokens": 42, "wall_time_s": 1.5}
+    steps = TABLES["steps"].arrow(rollout.steps, rollout_id=rollout.rollout_id, task_family="inventory")
+    assert steps["token_ids"].to_pylist() == [[1, 2, 3], None, None]
+    assert steps["tool_call"].to_pylist()[1] is None
+    verdict = TABLES["outcomes"].arrow([Verdict.of_rollout(rollout, "2026-05-01T12:00:00+02:00")])
+    assert str(verdict["verified_at"][0]) == "2026-05-01 10:00:00"  # UTC, without a zone
+
+
+def test_a_step_built_without_validation_still_meets_the_gates(wh, data_dir, build):
+    task = build.task("inventory", 2)
+    rollout = build.rollout(task)
+    out_of_range = Step.model_construct(index=3, observation="o", result="r", reward=5.0)
+    bad = rollout.model_copy(update={"steps": [*rollout.steps, out_of_range]})
+    landing = wh.land(tasks=[task], rollouts=[bad])
+    assert not landing.ok
+    assert [(f["table"], f["column"], f["examples"]) for f in landing.report.failures] == \
+           [("steps", "reward", [5.0])]
+    assert [wh.count(t) for t in ("tasks", "rollouts", "steps")] == [0, 0, 0]
+    # The files written while the gates ran are gone with the batch: nothing staged, nothing in the lake.
+    assert not [p for p in (data_dir / STAGING_DIR).rglob("*") if p.is_file()]
+    assert not (data_dir / "lake").exists() or not [p for p in (data_dir / "lake").rglob("*") if p.is_file()]
+
+
+def test_a_record_holding_a_value_of_another_type_goes_to_quarantine_not_a_crash(wh, build):
+    task = build.task("inventory", 3)
+    rollout = build.rollout(task)
+    wrong = Step.model_construct(index="first", observation="o", result="r")  # no int: no Arrow column takes it
+    landing = wh.land(tasks=[task], rollouts=[rollout.model_copy(update={"steps": [wrong]})])
+    assert not landing.ok and landing.quarantine.is_dir()
+    assert ("steps", "index") in {(f["table"], f["column"]) for f in landing.report.failures}
+    assert wh.count("steps") == 0
+    assert wh.land(tasks=[task], rollouts=[rollout]).checked() == {"tasks": 1, "rollouts": 1, "steps": 3}
