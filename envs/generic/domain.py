@@ -171,9 +171,30 @@ def read_domain(path: Path) -> Domain:
         raise FamilyError(f"{path}: nested too deeply to be read (lists or mappings inside each other)") from None
 
 
+MAX_FILE_BYTES = 8 * 2 ** 20  # far more than any domain file; a larger one is refused unread
+
+
+def _text(path: Path) -> str:
+    """The file's text: a regular file (links followed) of at most MAX_FILE_BYTES, never a FIFO or
+    a device, which could block or never end."""
+    import stat
+
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise FamilyError(f"{path}: not a regular file (a domain file is a plain YAML file)")
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise FamilyError(f"{path}: larger than {MAX_FILE_BYTES // 2 ** 20} MiB; no domain file is this large")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FamilyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
 def _read_domain(path: Path) -> Domain:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(_text(path))
     except OSError as exc:
         raise FamilyError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

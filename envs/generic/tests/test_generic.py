@@ -545,3 +545,19 @@ def test_a_number_no_record_can_hold_is_refused_when_the_file_loads(tmp_path, ju
     arithmetic that would make one."""
     message = refusal(broken(tmp_path, "huge", "      submitted: false\n", f"      submitted: false\n      junk: {junk}\n"))
     assert "tasks.book_room" in message and why in message, message
+
+
+@pytest.mark.timeout(60)
+def test_a_path_that_is_no_regular_file_or_too_large_is_refused_without_reading_it(tmp_path):
+    """Hostile: a "domain file" that is a FIFO (or a link to /dev/zero) blocked the loader for ever
+    (or read without end); one far larger than any domain filled memory. Each is refused, naming it."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    assert "not a regular file" in refusal(fifo)
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(FamilyError, match="/dev/zero: not a regular file"):  # named as resolved
+        load_family(zero)
+    big = tmp_path / "big.yaml"
+    big.write_text("name: big\ndescription: " + "x" * (9 * 2 ** 20) + "\n", encoding="utf-8")
+    assert "larger than" in refusal(big)
