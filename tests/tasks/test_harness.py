@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,15 +29,20 @@ from tests.tasks.policy_endpoint import always
 from tests.verifiers.openai_stub import OpenAIStub
 from warehouse import Warehouse
 
+ROOT = Path(__file__).resolve().parents[2]
 set_tracing_disabled(True)  # the SDK would upload traces: no network beyond 127.0.0.1
 pytestmark = pytest.mark.timeout(240)
 
 
-async def play(env_url: str, proxy_url: str, name: str) -> str:
-    """A harness as its author wrote it; only the two addresses name the episode."""
-    async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/{name}/mcp", "timeout": 30},
-                                       client_session_timeout_seconds=60) as mcp:
-        return await run_agent(mcp, f"{proxy_url}/episodes/{name}/v1")
+def documented(name: str):
+    """A function of docs/harness.md's Python block: the harness the docs show is the one tested."""
+    (block,) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "harness.md").read_text(), re.DOTALL)
+    scope: dict = {}
+    exec(compile(block, "docs/harness.md", "exec"), scope)
+    return scope[name]
+
+
+play = documented("play")  # a harness as its author wrote it; only the two addresses name the episode
 
 
 async def run_agent(mcp, base_url: str) -> str:
@@ -244,7 +251,6 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
 def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
     """The CLI as a harness launches it: `gymfoundry serve-env --transport stdio` is the MCP server."""
     import sys
-    from pathlib import Path
 
     from agents.mcp import MCPServerStdio
 
@@ -253,7 +259,7 @@ def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
     with OpenAIStub(respond=scripted_inventory) as upstream, \
             served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
         async def session():
-            params = {"command": command[0], "args": command[1:], "cwd": str(Path(__file__).resolve().parents[2])}
+            params = {"command": command[0], "args": command[1:], "cwd": str(ROOT)}
             async with MCPServerStdio(params=params, client_session_timeout_seconds=120) as mcp:
                 return await run_agent(mcp, f"{proxy_url}/episodes/stdio-1/v1")
 
