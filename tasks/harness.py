@@ -20,6 +20,7 @@ import queue
 import re
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ class EpisodeHub:
         self.log = CallLog(self.data_dir)
         self.rollouts: list[Rollout] = []
         self.landed: dict[str, int] = {}
-        self._episodes: dict[str, Episode] = {}
+        self._episodes: dict[str, Future] = {}  # name -> its Episode, once opened
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -157,22 +158,33 @@ class EpisodeHub:
             self._reaper.start()
 
     def __contains__(self, name: object) -> bool:
-        return name in self._episodes
+        """Whether an episode of this name was opened (and could be)."""
+        opened = self._episodes.get(name) if isinstance(name, str) else None
+        return opened is not None and opened.done() and opened.exception() is None
 
     # -- what the harness sees ---------------------------------------------------------------
     def episode(self, name: str) -> Episode:
-        """The episode called `name`, opened (a fresh env, reset on its task) on first use."""
+        """The episode called `name`, opened (a fresh env, reset on its task) on first use. The
+        env is built outside the hub's lock (a sandbox can take seconds to start): other episodes
+        open meanwhile, and other requests for this one wait for it."""
         check_episode_name(name)
+        n = None
         with self._lock:
-            episode = self._episodes.get(name)
-            if episode is None:
-                n = len(self._episodes)
-                task = self.tasks[n % len(self.tasks)]
-                env = standard_stack(make(task.env_id))
-                ts = env.reset(task=task)
-                episode = self._episodes[name] = Episode(name, task, rollout_seed(self.seed, task, n // len(self.tasks)),
-                                                         env, ts.observation, ts)
-            return episode
+            opened = self._episodes.get(name)
+            if opened is None:
+                opened = self._episodes[name] = Future()
+                n = len(self._episodes) - 1
+        if n is None:
+            return opened.result()
+        try:
+            task = self.tasks[n % len(self.tasks)]
+            env = standard_stack(make(task.env_id))
+            ts = env.reset(task=task)
+            opened.set_result(Episode(name, task, rollout_seed(self.seed, task, n // len(self.tasks)), env,
+                                      ts.observation, ts))
+        except BaseException as exc:
+            opened.set_exception(exc)
+        return opened.result()
 
     def goal(self, name: str) -> str:
         return self.episode(name).goal
@@ -250,8 +262,9 @@ class EpisodeHub:
 
     def close(self, timeout_s: float = 300.0) -> dict[str, int]:
         """End every open episode, land what is queued, stop. The rows landed per table."""
-        for name in list(self._episodes):
-            self.finish(name)
+        for name, opened in list(self._episodes.items()):
+            if opened.done() and opened.exception() is None:
+                self.finish(name)
         self._stop.set()
         self._lander.join(timeout_s)
         return dict(self.landed)
@@ -310,9 +323,10 @@ class EpisodeHub:
     def _reap_loop(self, idle_s: float) -> None:
         while not self._stop.wait(min(1.0, idle_s / 4)):
             now = time.monotonic()
-            for name, episode in list(self._episodes.items()):
-                if episode.rollout is None and now - episode.last_active > idle_s:
-                    self.finish(name)
+            for name, opened in list(self._episodes.items()):
+                if opened.done() and opened.exception() is None:
+                    if opened.result().rollout is None and now - opened.result().last_active > idle_s:
+                        self.finish(name)
 
 
 def leak_check(rollout: Rollout, task: TaskSpec, calls: list[ModelCall]) -> None:
