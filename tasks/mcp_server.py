@@ -107,10 +107,10 @@ class _Episodes:
         if named is not None and not EPISODE_NAME.fullmatch(named):
             await JSONResponse({"error": "bad episode name"}, status_code=404)(scope, receive, send)
             return
-        await self.app(scope, receive, send)
         ended = named or request.headers.get(EPISODE_HEADER) or request.headers.get("mcp-session-id")
-        if request.method == "DELETE" and ended in self.hub:
+        if request.method == "DELETE" and ended in self.hub:  # ended before the client hears it is closed
             await anyio.to_thread.run_sync(self.hub.finish, ended)
+        await self.app(scope, receive, send)
 
 
 def build_app(hub: EpisodeHub, host: str = "127.0.0.1"):

@@ -362,3 +362,28 @@ def test_a_retried_failure_is_no_fault_and_a_failure_after_the_end_is_not_the_ep
     statuses = [c.status for c in hub.log.read("flaky")]
     assert statuses[:2] == ["fault", "ok"] and statuses[-1] == "fault"
     assert rollout.env_info["harness"]["model_calls"] == 5  # up to the one that submitted
+
+
+def test_a_stateful_client_that_deletes_its_session_ends_its_episode(stack, tmp_path):
+    """A client of the 2025 protocol (initialize, an MCP session id, DELETE on close) on the plain
+    /mcp address: its session is its episode, and closing it lands the episode."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    hub, env_url, _, _ = stack
+
+    async def session():
+        async with streamable_http_client(f"{env_url}/mcp") as (read, write):
+            async with ClientSession(read, write) as mcp:
+                await mcp.initialize()
+                goal = (await mcp.get_prompt("task")).messages[0].content.text
+                return goal, await mcp.call_tool("find_items", {"query": "a"})
+
+    goal, result = asyncio.run(session())
+    assert not result.is_error and goal.startswith("Order ")
+    hub.wait_landed()
+    with Warehouse(tmp_path, read_only=True) as wh:
+        [rollout] = wh.load_rollouts()
+    assert re.fullmatch(r"[0-9a-f]{32}", rollout.env_info["harness"]["episode"])
+    assert [s.tool_call.name for s in rollout.steps] == ["find_items"]
+    assert rollout.termination == Termination.truncated
