@@ -387,3 +387,58 @@ def test_a_stateful_client_that_deletes_its_session_ends_its_episode(stack, tmp_
     assert re.fullmatch(r"[0-9a-f]{32}", rollout.env_info["harness"]["episode"])
     assert [s.tool_call.name for s in rollout.steps] == ["find_items"]
     assert rollout.termination == Termination.truncated
+
+
+def test_the_commands_serve_a_harness_and_a_stopped_server_lands_its_open_episodes(tmp_path):
+    """`gymfoundry serve-env` and `gymfoundry proxy` as a user starts them; SIGTERM ends serve-env,
+    which lands the episode still open first."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    def ready(url: str, probe: str) -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.post(url + probe, timeout=2).status_code == 404:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise AssertionError(f"{url} did not start")
+
+    env_port, proxy_port = free_port(), free_port()
+    cli = [sys.executable, "-m", "flows.cli"]
+    with OpenAIStub(respond=scripted_inventory) as upstream:
+        server = subprocess.Popen(cli + ["serve-env", "--family", "inventory", "--port", str(env_port), "--tasks", "4",
+                                         "--data-dir", str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        proxy = subprocess.Popen(cli + ["proxy", "--upstream", upstream.base_url, "--port", str(proxy_port),
+                                        "--data-dir", str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        try:
+            env_url, proxy_url = f"http://127.0.0.1:{env_port}", f"http://127.0.0.1:{proxy_port}"
+            ready(env_url, "/episodes/probe/finish")
+            ready(proxy_url, "/v1/chat/completions")
+            assert asyncio.run(play(env_url, proxy_url, "cli-1")) == "Done."
+
+            async def open_one():
+                async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/cli-open/mcp"}) as mcp:
+                    await mcp.call_tool("find_items", {"query": "a"})
+
+            asyncio.run(open_one())
+            server.send_signal(signal.SIGTERM)
+            _, said = server.communicate(timeout=120)
+        finally:
+            for process in (server, proxy):
+                if process.poll() is None:
+                    process.terminate()
+                    process.wait(30)
+    assert "landed" in said and "rollouts=" in said, said
+    with Warehouse(tmp_path, read_only=True) as wh:
+        rollouts = {r.env_info["harness"]["episode"]: r for r in wh.load_rollouts()}
+    assert rollouts["cli-1"].termination == Termination.success
+    assert rollouts["cli-open"].termination == Termination.truncated and len(rollouts["cli-open"].steps) == 1
