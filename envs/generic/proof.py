@@ -36,6 +36,8 @@ def prove_domain(fam: Family, domain: Domain) -> list[str]:
                         _policy_problem(fam, task)
                 except EvalError as exc:  # finish_when, or a rule, cannot be evaluated on these states
                     why = f"an expression fails while it plays: {exc}"
+                except InvalidTask as exc:  # its own env refuses it at reset (finish_when fails on it)
+                    why = f"refused at reset: {exc}"
                 if why:
                     problems.append(f"{at}: {why}")
             if problems:

@@ -7,7 +7,8 @@ message: a `ToolError`, the state as it was, the attempt in the event log), then
 Arguments arrive already checked against the tool's JSON schema by the runtime (envs/base.py).
 An expression that cannot be evaluated inside a tool (a missing key no precondition guards) is
 the domain's bug: it escapes as an `EvalError`, which the runtime reports as `env_bug` and rolls
-back."""
+back. So does a `finish_when` that cannot be judged on the state a call leaves (it is evaluated
+inside the call too), and a task whose initial state it cannot judge is refused at reset."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import jsonschema
 
 from envs.base import ToolEnv, ToolError
 from envs.errors import InvalidTask
-from envs.generic.expr import apply_effect, budget, charge_size, evaluate, render, truth
+from envs.generic.expr import EvalError, apply_effect, budget, charge_size, evaluate, render, truth
 from envs.records import TaskSpec
 from envs.tools import ToolDecl
 
@@ -46,6 +47,11 @@ class DomainEnv(ToolEnv):
                                   f"{where}: {error.message}")
         state = copy.deepcopy(task.initial_state)
         state["events"] = []
+        try:  # `is_finished` runs outside every tool's boundary: it must be able to judge this state
+            truth(self.domain.finish_when, {"state": state})
+        except EvalError as exc:
+            raise InvalidTask(f"task {task.task_id}: finish_when cannot be evaluated on its initial state: "
+                              f"{exc}") from None
         return state
 
     def is_finished(self, state: dict[str, Any]) -> bool:
@@ -87,6 +93,10 @@ def _handler(name: str, decl: ToolDecl):
         event = {"seq": len(events), "tool": name, "args": copy.deepcopy(args)}
         try:
             result = run_tool(self.domain, name, state, args)
+            # `is_finished` judges the state after the call outside the tool's boundary: a finish_when
+            # that fails on it is this call's env bug (rolled back), never an exception out of step()
+            with budget():
+                truth(self.domain.finish_when, {"state": state})
         except ToolError as exc:
             events.append({**event, "outcome": exc.kind})
             raise

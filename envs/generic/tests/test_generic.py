@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from envs.check import check_family
+from envs.errors import InvalidTask
 from envs.family import FamilyError, add, family
 from envs.generic import FAMILY
 from envs.generic.domain import load_family, read_domain
@@ -314,7 +315,7 @@ def test_a_reference_that_fails_its_own_outcome_rules_is_refused(tmp_path):
     why = refusal(broken(tmp_path, "falling", "check: $state.submitted\n", "check: {not: $state.submitted}\n"))
     assert "(submit) makes fewer outcome rules hold" in why and "the potential would fall" in why
     why = refusal(broken(tmp_path, "unfinished", "finish_when: $state.submitted", "finish_when: $state.finished"))
-    assert "an expression fails while it plays: $state.finished: no key 'finished'" in why
+    assert "finish_when cannot be evaluated on its initial state: $state.finished: no key 'finished'" in why
     why = refusal(broken(tmp_path, "endless", "  final: {tool: submit}", "  final: {tool: submit, args: {}}\n"
                          "  max_turns: 10", text=ROOMS.replace("""      - set: [$state.submitted, true]
 """, """      - set: [$state.submitted, {gt: [{count: {in: $state.rooms, where: {eq: [$item.booked_by, $state.team]}}}, 0]}]
@@ -561,3 +562,29 @@ def test_a_path_that_is_no_regular_file_or_too_large_is_refused_without_reading_
     big = tmp_path / "big.yaml"
     big.write_text("name: big\ndescription: " + "x" * (9 * 2 ** 20) + "\n", encoding="utf-8")
     assert "larger than" in refusal(big)
+
+
+def test_a_finish_predicate_that_fails_on_a_state_an_agent_reaches_is_an_env_bug_of_that_call(tmp_path):
+    """Hostile: `finish_when` that cannot be evaluated only on states the proof never reaches (here:
+    a note reading "boom") raised an EvalError out of `env.step` itself. It is now the call's env
+    bug, rolled back like any tool expression that fails, and the episode goes on."""
+    path = broken(tmp_path, "boom", "finish_when: $state.submitted",
+                  'finish_when: {if: [{any: {in: $state.rooms, where: {eq: [$item.note, "boom"]}}}, '
+                  '{eq: [$state.nokey, 1]}, $state.submitted]}')
+    fam = load_family(path)
+    task = fam.generate(0, 2)
+    env = standard_stack(fam.env(outcome_fn=None))
+    env.reset(task)
+    *calls, last = task.hidden.reference
+    for c in calls:
+        if c.name == "set_note":
+            before = env.state()
+            ts = env.step(call("set_note", **{**c.arguments, "text": "boom"}))
+            assert ts.info["env_bug"] and "nokey" in ts.info["error"]["message"] and not ts.done
+            assert env.state()["rooms"] == before["rooms"]
+        assert env.step(c).info["error"] is None
+    assert env.step(last).done
+    with pytest.raises(InvalidTask, match="finish_when"):  # a task whose initial state it fails on
+        bad = broken(tmp_path, "boom_at_start", "finish_when: $state.submitted", "finish_when: $state.nokey")
+        fam = load_family(bad, prove=False)
+        fam.env(outcome_fn=None).reset(fam.generate(0, 1))
