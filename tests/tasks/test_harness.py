@@ -442,3 +442,32 @@ def test_the_commands_serve_a_harness_and_a_stopped_server_lands_its_open_episod
         rollouts = {r.env_info["harness"]["episode"]: r for r in wh.load_rollouts()}
     assert rollouts["cli-1"].termination == Termination.success
     assert rollouts["cli-open"].termination == Termination.truncated and len(rollouts["cli-open"].steps) == 1
+
+
+def test_a_coding_harness_runs_its_commands_in_the_sandbox_and_never_sees_the_grader(tmp_path):
+    """The runtime stack over MCP is the factory's: a `coding` episode's commands run in the
+    family's sandbox as a non-root user, the folders the family masks are not there, and the
+    rollout records the sandbox's guarantees."""
+    from envs.family import family
+
+    hub = EpisodeHub("coding", tmp_path, tasks=1, seed=0, land=False)
+    masked = family("coding").masked_dirs()
+
+    async def session(url):
+        async with MCPServerStreamableHttp(params={"url": f"{url}/episodes/code/mcp"},
+                                           client_session_timeout_seconds=60) as mcp:
+            whoami = await mcp.call_tool("run", {"argv": ["id", "-u"]})
+            snoop = await mcp.call_tool("run", {"argv": ["ls", *masked]})
+            return whoami, snoop
+
+    with served(build_app(hub)) as env_url:
+        whoami, snoop = asyncio.run(session(env_url))
+    rollout = hub.finish("code")
+    hub.close()
+    sandbox = rollout.env_info["sandbox"]
+    assert sandbox["backend"] in ("bubblewrap", "docker") and sandbox["isolated"] is True
+    assert not whoami.is_error and json.loads(whoami.content[0].text)["result"]["exit_code"] == 0
+    uid = json.loads(whoami.content[0].text)["result"]["stdout"].strip()
+    assert uid != "0" and (sandbox["backend"] == "docker" or uid == str(sandbox["uid"]))
+    assert json.loads(snoop.content[0].text)["result"]["exit_code"] != 0  # the grader's folders are not there
+    assert [s.tool_call.name for s in rollout.steps] == ["run", "run"]
