@@ -33,6 +33,8 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess:
      "gymfoundry run: --holdout-fraction: holdout fraction -0.1 refused: it must be a number in [0, 1]"),
     (["run", "--policy", "openai"], "gymfoundry run: --policy: a 'openai' policy needs a model (a checkpoint "
                                     "directory / the endpoint's model name)"),
+    (["run", "--cluster-address", "tcp://127.0.0.1:8786"],
+     "gymfoundry run: --cluster-address: a cluster address needs the task runner dask or ray"),
     (["evaluate", "--family", "nosuch", "--model", "m"],
      "gymfoundry evaluate: --family: unknown family 'nosuch'; known families: " + ", ".join(known_families())),
 ])
