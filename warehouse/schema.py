@@ -111,7 +111,7 @@ def to_arrays(model: type[BaseModel], records: Sequence[BaseModel],
     for column in model_columns(model, exclude):
         values = list(map(itemgetter(column.name), fields))
         if column.is_json:
-            dump = _field_adapter(model, column.name).dump_json
+            dump = _field_adapter(model, column.name).serializer.to_json
             values = [None if v is None else dump(v).decode() for v in values]
         elif column.name in _enum_fields(model):
             values = [v.value if isinstance(v, Enum) else v for v in values]
@@ -122,7 +122,7 @@ def to_arrays(model: type[BaseModel], records: Sequence[BaseModel],
 
 def check_lists(column: Column, values: list[Any]) -> None:
     """Arrow would take a string for a list column as the list of its characters: refuse it."""
-    if pa.types.is_list(column.type) and not all(v is None or isinstance(v, (list, tuple)) for v in values):
+    if pa.types.is_list(column.type) and set(map(type, values)) - {list, tuple, type(None)}:
         raise TypeError(f"column {column.name} holds a value that is no list")
 
 
