@@ -45,6 +45,30 @@ def test_rerunning_with_the_same_inputs_lands_nothing(run_dir):
     assert counts(data_dir) == before and sorted(Path(data_dir).rglob("*.parquet")) == files_before
 
 
+def test_batch_size_changes_no_id(run_dir, tmp_path):
+    """The run_dir run cut its 20 tasks into 4 batches of 5 (chosen); 7 batches of 3 land the same
+    rows and assemble the same datasets (ids are content hashes; episode seeds come from the task)."""
+    data_dir, report = run_dir
+    again = factory(families=["inventory"], tasks_per_family=20, seed=1, batch_size=3, data_dir=str(tmp_path))
+    assert counts(tmp_path) == counts(data_dir) and again["landed"] == report["landed"]
+    assert {k: d["dataset_id"] for k, d in again["datasets"].items()} == \
+        {k: d["dataset_id"] for k, d in report["datasets"].items()}
+
+
+@pytest.mark.parametrize("tasks, workers, given, size", [
+    (1000, 2, None, 250),   # 4 batches: two per worker
+    (20, 2, None, 5),
+    (10, 2, None, 3),       # 3, 3, 3, 1
+    (3, 16, None, 1),       # never an empty batch
+    (5000, 2, None, 500),   # at most 500 tasks a batch: 10 batches
+    (5000, 2, 25, 25),      # --batch-size wins
+])
+def test_batch_size_is_chosen_from_the_work(tasks, workers, given, size):
+    from flows.factory import batch_size_for
+
+    assert batch_size_for(tasks, workers, given) == size
+
+
 def test_records_flow_unchanged_into_the_datasets(run_dir):
     data_dir, report = run_dir
     sft = datasets.Dataset.from_parquet(report["datasets"]["sft"]["path"])
@@ -92,8 +116,14 @@ def test_task_runner_choice():
     assert isinstance(make_task_runner("threads"), ThreadPoolTaskRunner)
     with pytest.raises(ValueError, match="unknown task runner"):
         make_task_runner("spark")
+    with pytest.raises(ValueError, match="the threads task runner takes no cluster address"):
+        make_task_runner("threads", address="tcp://127.0.0.1:8786")
+    from prefect_dask import DaskTaskRunner  # the dev extra has it (tests/flows/test_dask_runner.py runs it)
+
+    remote, local = make_task_runner("dask", address="tcp://127.0.0.1:8786"), make_task_runner("dask")
+    assert isinstance(remote, DaskTaskRunner) and (remote.address, local.address) == ("tcp://127.0.0.1:8786", None)
     try:
-        import prefect_dask  # noqa: F401
+        import prefect_ray  # noqa: F401
     except ImportError:
-        with pytest.raises(ValueError, match=r"pip install -e '\.\[dask\]'"):
-            make_task_runner("dask")
+        with pytest.raises(ValueError, match=r"pip install -e '\.\[ray\]'"):
+            make_task_runner("ray")
