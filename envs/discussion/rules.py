@@ -21,7 +21,9 @@ accepts Y" is two clauses, "Chloe and Ben accept X" or "Chloe, like Ben, accepts
 clause naming a participant (a name, possessive allowed; or a subject in EVERYONE, standing for
 every participant) and an option claims, for each participant it names and each option it names,
 the stance of the claim verb (CLAIM_VERBS) nearest before that option in the clause, else the first
-one after it, else (no known verb: "Chloe is keen on X") `accepts`. A verb right after a negation
+one after it, else (no known verb: "Chloe is keen on X") `accepts`. A clause naming an option and a
+pronoun (PRONOUNS) but no participant claims for the participants the text named last ("I asked
+Ana. She prefers X."). A verb right after a negation
 (NEGATIONS: "not", "never", "no longer") flips: accepts <-> rejects, prefers -> not_prefers. What a
 claim needs to be supported is in verifier.stated: `prefers X`, the participant's last stated
 first choice is X; `not_prefers X`, it is another option; `accepts X` / `rejects X`, their last
@@ -69,6 +71,8 @@ FLIPPED = {"accepts": "rejects", "rejects": "accepts", "prefers": "not_prefers",
 EVERYONE = ("everyone", "everybody", "every participant", "each participant", "all participants", "the whole group",
             "the group", "all of you", "all of us", "all of them", "we all", "you all", "they all")
 CLAUSE_WORDS = ("and", "but", "while", "whereas", "although", "though", "yet")
+# in a clause naming no participant, these stand for the participants named last
+PRONOUNS = ("she", "he", "her", "him", "his", "hers", "they", "them", "their", "theirs")
 # Cyrillic and Greek letters that look like Latin ones (lower case: they are mapped after case folding)
 CONFUSABLES = str.maketrans({"а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i",
                              "ј": "j", "ѕ": "s", "ο": "o", "α": "a", "ε": "e", "ι": "i", "κ": "k", "ν": "v",
@@ -164,9 +168,12 @@ _PIECE = re.compile(r"[,\u2013\u2014]+|\s-+\s|\b(?:" + "|".join(CLAUSE_WORDS) + 
 def rationale_claims(text: str, names: list[str], options: list[str]) -> list[tuple[str, str, str]]:
     """Every (participant, stance, option) a free text claims, in order, once each (module docstring)."""
     found: list[tuple[str, str, str]] = []
+    last: dict[str, int] = {}  # the participants the text named last, for a pronoun after them
     for sentence in _SENTENCE.split(text):
         for clause in _clauses(sentence, names, options):
-            for claim in _clause_claims(clause, names, options):
+            claims, named = _clause_claims(clause, names, options, last)
+            last = named or last
+            for claim in claims:
                 if claim not in found:
                     found.append(claim)
     return found
@@ -198,10 +205,16 @@ def _clauses(sentence: str, names: list[str], options: list[str]) -> list[tuple[
     return clauses + [current] if current else clauses
 
 
-def _clause_claims(words: tuple[str, ...], names: list[str], options: list[str]) -> list[tuple[str, str, str]]:
+def _clause_claims(words: tuple[str, ...], names: list[str], options: list[str],
+                   before: dict[str, int]) -> tuple[list[tuple[str, str, str]], dict[str, int]]:
+    """The clause's claims, and the participants it names (a clause naming an option and a pronoun
+    but no participant speaks of `before`, the participants named last)."""
     people, named = _names_and_options(words, names, options)
+    mentioned = people
+    if not people and named and before and any(w in PRONOUNS for w in words):
+        people = before
     if not people or not named:
-        return []
+        return [], mentioned
     verbs = sorted({(i, j, stance) for stance, forms in CLAIM_VERBS.items() for form in forms
                     for i, j in _spans(words, form)}, key=lambda v: (v[0], -v[1]))
     verbs = [v for v in verbs if not any(u[0] <= v[0] and v[1] <= u[1] and u != v for u in verbs)]  # longest
@@ -215,4 +228,4 @@ def _clause_claims(words: tuple[str, ...], names: list[str], options: list[str])
             after = [v for v in verbs if v[0] > start]
             stance = before[-1][2] if before else after[0][2] if after else "accepts"
             claims += [(n, stance, option) for n in sorted(people, key=people.get)]
-    return claims
+    return claims, mentioned

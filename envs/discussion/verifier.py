@@ -142,8 +142,9 @@ class DiscussionVerifier(ReplayVerifier):
     # every clause naming a participant and an option is a claim (rules.py). 4: everyday words for
     # a first choice or a rejection ("favourite", "top pick", "can't do", "vetoed") and contracted
     # negations are claims; leaks are matched through leetspeak and backwards text. 5: a fact split
-    # across messages one listener heard is a leak.
-    version = "5"
+    # across messages one listener heard is a leak. 6: a pronoun claims for the participant named
+    # before it ("I asked Ana. She prefers X.").
+    version = "6"
     family = "discussion"
 
     def new_env(self) -> DiscussionEnv:
