@@ -48,10 +48,15 @@ def _families(fig: list) -> list[Row]:
 
 
 def _factory(fig: dict) -> list[Row]:
-    return [("flow / plain stage calls", round(fig["overhead_ratio"], 2), round(fig["overhead_ratio"], 2)),
-            ("rollout steps/s", round(fig["rollout_sps_median"]), None),
-            ("PRM scoring steps/s", round(fig["score_sps_median"]), None),
-            ("rollout + scoring steps/s", round(fig["combined_sps_median"]), None)]
+    size = f"{fig['tasks']} tasks x {fig['samples']}"
+    rows = [(f"flow / plain stage calls, {size}", round(fig["overhead_ratio"], 2), round(fig["overhead_ratio"], 2)),
+            (f"flow s, {size} (median)", round(fig["flow_median_s"], 2), None),
+            ("flow and plain: same rows and dataset ids", "yes" if fig["same_outputs"] else "NO", None)]
+    if "rollout_sps_median" in fig:
+        rows += [("rollout steps/s", round(fig["rollout_sps_median"]), None),
+                 ("PRM scoring steps/s", round(fig["score_sps_median"]), None),
+                 ("rollout + scoring steps/s", round(fig["combined_sps_median"]), None)]
+    return rows
 
 
 def _warehouse(fig: dict) -> list[Row]:
@@ -123,7 +128,7 @@ BENCHMARKS: list[tuple[str, str, list[str], Callable[[Any], list[Row]]]] = [
     ("rollout", "bench_rollout.py", ["--episodes", "100", "--repeats", "3"], _rollout),
     ("families", "bench_families.py", ["--families", "inventory", "conversation", "advisory",
                                        "--episodes", "50", "--repeats", "1"], _families),
-    ("factory", "bench_factory.py", ["--tasks", "20", "--repeats", "2"], _factory),
+    ("factory", "bench_factory.py", ["--tasks", "100", "--samples", "2", "--repeats", "2"], _factory),
     ("warehouse", "bench_warehouse.py", ["--steps", "200000", "--batch-steps", "50000", "--repeats", "2"],
      _warehouse),
     ("rules", "bench_rules.py", ["--steps", "100000", "--loop-steps", "10000", "--repeats", "2",
