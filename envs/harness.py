@@ -13,6 +13,7 @@ Plain pydantic and stdlib: usable without Prefect, DuckDB or torch."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Literal
 
 from pydantic import Field
@@ -29,6 +30,7 @@ class ModelCall(Record):
 
     episode_id: str
     index: int = Field(ge=0)  # order in which the proxy received the episode's calls
+    at: float = Field(default_factory=time.time)  # when the proxy received it (unix time)
     model: str = ""  # the model the upstream says answered (else the one requested)
     upstream: str = ""  # the upstream's base URL, as the proxy forwards (redacted)
     messages: list[dict[str, Any]] = Field(default_factory=list)  # the request: the prefix the model saw

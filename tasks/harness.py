@@ -20,6 +20,7 @@ import queue
 import re
 import threading
 import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,10 @@ class EpisodeHub:
             raise ValueError(f"no {family} task passed validation and isolation (of {tasks} generated)")
         self.rejections = rejected + isolated
         self.log = CallLog(self.data_dir)
+        # Episodes are not reproducible from a seed: this server's run joins their identity, so a
+        # name a harness uses again in a later run is another rollout, never a duplicate dropped.
+        self.run_id = uuid.uuid4().hex[:16]
+        self.started_at = time.time()
         self.rollouts: list[Rollout] = []
         self.landed: dict[str, int] = {}
         self._episodes: dict[str, Future] = {}  # name -> its Episode, once opened
@@ -238,7 +243,7 @@ class EpisodeHub:
             outcome, verifier_error = _outcome(task, ts, tool_steps, env)
         finally:
             env.close()
-        calls = self.log.read(episode.name)
+        calls = self.calls_of(episode)
         steps, last = assemble_steps(tool_steps, calls)
         if ts.done and last is not None:  # what the harness asked after the env ended is not this episode's
             calls = calls[:last + 1]
@@ -258,7 +263,12 @@ class EpisodeHub:
                        termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
                        env_info={**env_info, "harness": harness},
                        # a harness episode is not reproducible from a seed: its name is part of its identity
-                       policy_params={"harness_episode": episode.name})
+                       policy_params={"harness_episode": episode.name, "harness_run": self.run_id})
+
+    def calls_of(self, episode: Episode) -> list[ModelCall]:
+        """The episode's model calls: those of its name since this server started (a name used again
+        in a later run is a new episode; the calls of the earlier one stay on record, not in it)."""
+        return [c for c in self.log.read(episode.name) if c.at >= self.started_at]
 
     def close(self, timeout_s: float = 300.0) -> dict[str, int]:
         """End every open episode, land what is queued, stop. The rows landed per table."""
@@ -303,7 +313,7 @@ class EpisodeHub:
         kept = []
         for episode in batch:
             try:
-                leak_check(episode.rollout, episode.task, self.log.read(episode.name))
+                leak_check(episode.rollout, episode.task, self.calls_of(episode))
                 kept.append(episode)
             except LeakError as exc:  # an env (or harness) showing hidden values stops that episode, loudly
                 log.error("not landed: %s", exc)
@@ -315,6 +325,9 @@ class EpisodeHub:
         tasks = list({e.task.task_id: e.task for e in kept}.values())
         rejections = [] if self._rejections_landed else self.rejections
         landing = land_records(self.data_dir, tasks, rejections, rollouts, score_rollouts(rollouts, tasks, self.data_dir))
+        if landing.spooled:
+            log.error("the catalog stayed locked: %d harness episodes wait in %s and land with the next landing",
+                      len(rollouts), landing.spooled)
         counts = landing.checked()
         self._rejections_landed = True
         for table, n in counts.items():

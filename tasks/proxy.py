@@ -74,7 +74,7 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             body = await request.json()
         except ValueError:
             body = None
-        record = {"episode_id": name, "index": calls.next_index(name), "upstream": where}
+        record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("stream"):
             error = "streaming is not recorded: ask without stream" if isinstance(body, dict) and body.get("stream") \
                 else "the request is not a chat completion (a JSON object with messages)"

@@ -471,3 +471,19 @@ def test_a_coding_harness_runs_its_commands_in_the_sandbox_and_never_sees_the_gr
     assert uid != "0" and (sandbox["backend"] == "docker" or uid == str(sandbox["uid"]))
     assert json.loads(snoop.content[0].text)["result"]["exit_code"] != 0  # the grader's folders are not there
     assert [s.tool_call.name for s in rollout.steps] == ["run", "run"]
+
+
+def test_an_episode_name_used_again_in_a_later_run_is_a_new_rollout_with_only_its_own_calls(tmp_path):
+    with OpenAIStub(respond=scripted_inventory) as upstream, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        for _ in range(2):
+            hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
+            with served(build_app(hub)) as env_url:
+                assert asyncio.run(play(env_url, proxy_url, "again")) == "Done."
+            hub.close()
+    with Warehouse(tmp_path, read_only=True) as wh:
+        rollouts = wh.load_rollouts()
+    assert len({r.rollout_id for r in rollouts}) == 2 and {r.task_id for r in rollouts} == {hub.tasks[0].task_id}
+    assert [r.env_info["harness"]["model_calls"] for r in rollouts] == [4, 4]
+    assert all(r.termination == Termination.success and len(r.steps) == 4 for r in rollouts)
+    assert len(hub.log.read("again")) == 10  # both runs' calls stay on record (5 each, "Done." included)
