@@ -281,7 +281,15 @@ def _normalised(url: str) -> str:
 
 
 def _path(url: str) -> str:
-    return url.split("?", 1)[0].rstrip("/") or "/"
+    """The page a url of this shop opens, as the site routes it (query and fragment dropped); a
+    foreign url as it is, without its query."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # the site shows its 404 page
+        parts = None
+    if parts is None or parts.scheme or parts.netloc:
+        return url.split("?", 1)[0].rstrip("/") or "/"
+    return parts.path.rstrip("/") or "/"
 
 
 def _full(url: str) -> str:

@@ -585,3 +585,16 @@ def test_a_url_python_cannot_split_is_judged_like_any_other_page():
         _, ts = play(task, [call("goto", url=url), *calls, right])
         assert "verifier_error" not in ts.info, ts.info["verifier_error"]
         assert outcome(ts)["success"], outcome(ts)["reasons"]
+
+
+def test_a_page_opened_with_a_fragment_counts_as_visited_for_the_potential():
+    """Hostile: /product/P-1#reviews renders the product page, and the verdict counts it as seen,
+    but the visited list kept the fragment, so the potential called the answer blind: a success
+    whose last step lost all progress (1.0 -> 0.0). A visited page is its path, as the site reads it."""
+    verifier = verifier_for(FAMILY.env_id)
+    task = task_where(lambda t, f: f.kind == "info" and f.feasible and f.question != "order_total")
+    target = FAMILY.facts_of(task).target
+    for url in (f"/product/{target}#reviews", f"https://shop.example/product/{target}/#top"):
+        env, ts = play(task, [call("goto", url=url), task.hidden.reference[-1]])
+        assert outcome(ts)["success"], (url, outcome(ts)["reasons"])
+        assert verifier.potential(task, env.state()) == 1.0, (url, env.state()["visited"])
