@@ -108,8 +108,10 @@ def _yaml_name(path: Path) -> str:
     """The family name a domain file declares (its stem if it declares none readable)."""
     import yaml
 
-    try:
-        name = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("name")
+    from envs.generic.domain import domain_text
+
+    try:  # never a bare read: a FIFO or /dev/zero in the folder would hang `import envs`
+        name = (yaml.safe_load(domain_text(path)) or {}).get("name")
     except Exception:
         name = None
     return name if isinstance(name, str) and name else path.stem

@@ -174,7 +174,7 @@ def read_domain(path: Path) -> Domain:
 MAX_FILE_BYTES = 8 * 2 ** 20  # far more than any domain file; a larger one is refused unread
 
 
-def _text(path: Path) -> str:
+def domain_text(path: Path) -> str:
     """The file's text: a regular file (links followed) of at most MAX_FILE_BYTES, never a FIFO or
     a device, which could block or never end."""
     import stat
@@ -194,7 +194,7 @@ def _text(path: Path) -> str:
 
 def _read_domain(path: Path) -> Domain:
     try:
-        data = yaml.safe_load(_text(path))
+        data = yaml.safe_load(domain_text(path))
     except OSError as exc:
         raise FamilyError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

@@ -564,6 +564,21 @@ def test_a_path_that_is_no_regular_file_or_too_large_is_refused_without_reading_
     assert "larger than" in refusal(big)
 
 
+def test_a_fifo_in_the_user_folder_is_reported_and_import_envs_goes_on(tmp_path):
+    """Hostile: discovery read each user file for its name before the loader's checks, so a FIFO
+    named *.yaml in the folder hung `import envs` (and with it every CLI command) for ever."""
+    os.mkfifo(tmp_path / "fifo.yaml")
+    (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
+    env = {**os.environ, "GYMFOUNDRY_FAMILY_DIRS": str(tmp_path)}
+    probe = ("import json, warnings\nwarnings.simplefilter('ignore')\nimport envs\n"
+             "from envs.discovery import load_errors\nfrom envs.family import families\n"
+             "print(json.dumps({'families': [f.name for f in families()], 'errors': load_errors()}))")
+    out = run([sys.executable, "-c", probe], env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "library" in seen["families"] and "not a regular file" in seen["errors"]["fifo"]
+
+
 def test_a_finish_predicate_that_fails_on_a_state_an_agent_reaches_is_an_env_bug_of_that_call(tmp_path):
     """Hostile: `finish_when` that cannot be evaluated only on states the proof never reaches (here:
     a note reading "boom") raised an EvalError out of `env.step` itself. It is now the call's env
