@@ -135,7 +135,13 @@ class ToolEnv(AgentEnv):
         hash) or for another family is refused with `InvalidTask` (a ValueError)."""
         if task is None:
             task = self.generate_task(seed if seed is not None else 0, self.level)
-        task = check_task(task)
+        self.start(check_task(task))
+        return TimeStep(self._observation, info={"task_id": self.task.task_id})
+
+    def start(self, task: TaskSpec) -> None:
+        """What `reset` does once the task is checked: the family's initial state and goal. A
+        verifier replaying an episode whose reset checked the task starts here (the check costs
+        more than a short replay)."""
         if task.family != self.family:
             raise InvalidTask(f"task {task.task_id} is for family {task.family!r}, not {self.family!r}")
         try:  # the task is the only input here: what fails is its content, for this family
@@ -147,7 +153,6 @@ class ToolEnv(AgentEnv):
                               f"{type(exc).__name__}: {exc}") from exc
         self.task, self._state, self._steps, self._done = task, state, [], False
         self._observation = goal
-        return TimeStep(self._observation, info={"task_id": task.task_id})
 
     def step(self, action: ToolCall | dict | str) -> TimeStep:
         if self.task is None:
@@ -192,16 +197,18 @@ class ToolEnv(AgentEnv):
             info[exc.kind] = True
         return render_error(info["tool_call"], info["error"]["kind"], info["error"]["message"])
 
-    def _run_tool(self, call: ToolCall) -> str:
+    def _run_tool(self, call: ToolCall, rollback: bool = True) -> str:
         """Run a checked call on the state; the rendered result. A crash (an EnvFault, or an
         EnvBug: anything else escaping the tool) restores the state as it was before the call:
-        a failed call did nothing, so replays stay exact."""
-        before = copy_state(self._state)
+        a failed call did nothing, so replays stay exact. `rollback=False` (a replay, which
+        rolls back its own way) leaves the state as the crash left it."""
+        before = copy_state(self._state) if rollback else None
         try:
             with boundary(f"{Boundary.tool.value} {call.name}", allowed=(ToolError, EnvFault)):
                 return render_result(call.name, getattr(self, f"tool_{call.name}")(self._state, **call.arguments))
         except (EnvFault, EnvBug):
-            self._state = before
+            if rollback:
+                self._state = before
             raise
 
     def replay(self, task: TaskSpec, calls: list[ToolCall | None], states: list[dict[str, Any]],
@@ -217,6 +224,10 @@ class ToolEnv(AgentEnv):
             return self._replay_by_steps(task, calls, states, after_each)  # a world whose step is its own
         self.task, self._steps, self._done = task, [], False
         done = [False] * len(states)
+        # A crash is rolled back by replaying the calls before it from a copy of the start (a
+        # replay is deterministic: that is what makes it a verifier's evidence), instead of
+        # copying the state before every call as a live step must.
+        starts, applied = [copy_state(s) for s in states], [[] for _ in states]
         for call in calls:
             if call is not None and not all(done):
                 try:
@@ -229,14 +240,27 @@ class ToolEnv(AgentEnv):
                     if not done[k]:
                         self._state = states[k]
                         try:
-                            self._run_tool(call)
-                        except (ToolError, EnvFault, EnvBug):
-                            pass
+                            self._run_tool(call, rollback=False)
+                            applied[k].append(call)
+                        except ToolError:  # a refusal keeps what the tool did, as in a step
+                            applied[k].append(call)
+                        except (EnvFault, EnvBug):
+                            self._state = self._rebuilt(starts[k], applied[k])
                         states[k] = self._state
                         done[k] = self.is_finished(states[k])
             if after_each is not None:
                 after_each(states)
         return states
+
+    def _rebuilt(self, start: dict[str, Any], calls: list[ToolCall]) -> dict[str, Any]:
+        """The state after `calls` (none of which crashed) applied to a copy of `start`."""
+        self._state = copy_state(start)
+        for call in calls:
+            try:
+                self._run_tool(call)
+            except (ToolError, EnvFault, EnvBug):
+                pass
+        return self._state
 
     def _replay_by_steps(self, task, calls, states, after_each):
         """`replay` through `step` itself (for a subclass with a step of its own): state by state,
@@ -317,6 +341,11 @@ _CHECKED_MAX = 50_000
 
 def argument_problem(validator: Any, arguments: dict[str, Any]) -> str | None:
     """What is wrong with `arguments` under `validator` ("<where>: <message>"), or None."""
+    fast = _FAST.get(id(validator))
+    if fast is None or fast[0] is not validator:
+        fast = _FAST[id(validator)] = (validator, accepts(validator.schema))
+    if fast[1] is not None and fast[1](arguments):
+        return None
     try:
         key = (id(validator), json.dumps(arguments, ensure_ascii=False, allow_nan=False))
     except (TypeError, ValueError):  # not plain JSON: checked, never remembered
@@ -333,6 +362,65 @@ def argument_problem(validator: Any, arguments: dict[str, Any]) -> str | None:
             _CHECKED.clear()
         _CHECKED[key] = (validator, problem)
     return problem
+
+
+# Validators -> a plain-Python check of their schema that says True only for arguments the schema
+# accepts (validating with jsonschema costs more than the rest of a step); anything else, and every
+# error message, comes from jsonschema itself.
+_FAST: dict[int, tuple[Any, Callable[[dict[str, Any]], bool] | None]] = {}
+_FAST_KEYS = {"type", "minLength", "maxLength", "minimum", "maximum", "enum", "description"}
+
+
+def accepts(schema: Any) -> Callable[[dict[str, Any]], bool] | None:
+    """For a flat object schema (scalar properties with the keywords of `_FAST_KEYS`, required,
+    no additional properties): a check that is True only where STRICT finds no error; None for
+    any other schema. Exact types only (a str or int subclass, a bool for an integer, is left to
+    jsonschema), so the comparisons below mean what the keywords mean."""
+    if (not isinstance(schema, dict) or set(schema) - {"type", "properties", "required", "additionalProperties"}
+            or schema.get("type") != "object" or schema.get("additionalProperties") is not False):
+        return None
+    properties = schema.get("properties", {})
+    required = list(schema.get("required", []))
+    checks = {}
+    for name, prop in properties.items():
+        if not isinstance(prop, dict) or set(prop) - _FAST_KEYS:
+            return None
+        kind = prop.get("type")
+        if kind not in ("string", "integer", "number", "boolean"):
+            return None
+        if "enum" in prop and not all(type(e) is str for e in prop["enum"]):
+            return None
+        checks[name] = _scalar_check(kind, prop)
+
+    def check(arguments: dict[str, Any]) -> bool:
+        if type(arguments) is not dict or not all(r in arguments for r in required):
+            return False
+        for key, value in arguments.items():
+            ok = checks.get(key)
+            if ok is None or not ok(value):
+                return False
+        return True
+
+    return check
+
+
+def _scalar_check(kind: str, prop: dict[str, Any]) -> Callable[[Any], bool]:
+    types = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,)}[kind]
+    # as in jsonschema: bounds apply to numbers, lengths to strings (and are ignored elsewhere)
+    low, high = (prop.get("minimum"), prop.get("maximum")) if kind in ("integer", "number") else (None, None)
+    shortest, longest = (prop.get("minLength"), prop.get("maxLength")) if kind == "string" else (None, None)
+    allowed = prop.get("enum")
+
+    def ok(value: Any) -> bool:
+        if type(value) not in types:
+            return False
+        if (low is not None and not value >= low) or (high is not None and not value <= high):
+            return False
+        if (shortest is not None and len(value) < shortest) or (longest is not None and len(value) > longest):
+            return False
+        return allowed is None or value in allowed
+
+    return ok
 
 
 def render_result(tool: str, result: Any) -> str:

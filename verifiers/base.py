@@ -50,8 +50,9 @@ class ReplayVerifier(OutcomeVerifier):
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
         """Φ of one hidden state, in [0, 1]."""
 
-    # (task, facts) of the checked task copy a `potentials` call is replaying: that copy is the
-    # replay's own (nothing can edit it meanwhile), so its facts are validated once, not per step.
+    # (task, facts) of the task a `potentials` call is replaying, for the duration of that call:
+    # its facts are validated once, not once per step. Set and cleared by the call, and keyed by
+    # the task object, so another call (another thread) gets its own task's facts.
     _replaying: tuple[TaskSpec, HiddenFacts | None] | None = None
 
     def facts(self, task: TaskSpec) -> HiddenFacts:
@@ -59,8 +60,8 @@ class ReplayVerifier(OutcomeVerifier):
         replaying = self._replaying
         if replaying is not None and replaying[0] is task:
             if replaying[1] is None:
-                self._replaying = (task, family(self.family).facts_of(task))
-            return self._replaying[1]
+                replaying = self._replaying = (task, family(self.family).facts_of(task))
+            return replaying[1]
         return family(self.family).facts_of(task)
 
     def new_env(self):
@@ -104,15 +105,17 @@ class ReplayVerifier(OutcomeVerifier):
 
     def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
         """Φ of the initial state and after each step, each read as the replay reaches it (no
-        state is copied)."""
+        state is copied). The steps are an episode's, whose reset checked the task: the replay
+        starts from the task's initial state without checking it again (envs.base.ToolEnv.start)."""
         env = self.new_env()
         try:
-            env.reset(task)
+            env.start(task)
             self._replaying = (env.task, None)
             phi = [self.potential(env.task, env._state)]
             env.replay(env.task, calls_of(steps), [env._state], lambda now: phi.append(self.potential(env.task, now[0])))
             return phi
         finally:
+            self._replaying = None
             env.close()
 
 

@@ -213,7 +213,9 @@ def step_table(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: di
 
 def score_table(table: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
     """Every component and the weighted score of every step of `table` (see `step_table`)."""
-    frame = table.sort("rollout_id", "order").with_row_index("row").with_columns(
+    # Two lazy plans (one collect each) around the parts that need the frame itself: a plan's
+    # operations cost far less than as many eager calls, which at a batch's size were most of it.
+    frame = table.lazy().sort("rollout_id", "order").with_row_index("row").with_columns(
         # an integer per rollout: partitions and joins on it are much cheaper than on the id string
         rollout_key=(pl.col("rollout_id") != pl.col("rollout_id").shift()).fill_null(True).cum_sum())
     frame = _with_refused(frame, profiles)
@@ -229,27 +231,27 @@ def score_table(table: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.D
         seen_end=(pl.col("observation").fill_null("").str.len_bytes().cast(pl.Int64) + len(SEPARATOR))
         .cum_sum().over("rollout_key"))
     frame = frame.with_columns(
-        repeated=pl.col("is_read") & ~pl.struct("rollout_key", "epoch", "is_read", "tool", "args").is_first_distinct())
-    frame = (frame.join(_undoes(frame, profiles), on="row", how="left")
-             .join(_information_use(frame, profiles), on="row", how="left"))
-    frame = frame.with_columns(
-        valid_call=pl.when(pl.col("error").is_in(INVALID_KINDS)).then(-1.0).otherwise(0.0),
-        permitted=pl.when(pl.col("refused")).then(-1.0).otherwise(0.0),
-        non_redundant=pl.when(pl.col("repeated")).then(-1.0).otherwise(0.0),
-        no_undo=pl.when(pl.col("undoes").fill_null(False) & ~fault).then(-1.0).otherwise(0.0),
-        information_use=pl.when(fault).then(0.0).otherwise(pl.col("information_use").fill_null(0.0)),
-        progress=pl.when(fault).then(0.0).otherwise(pl.col("phi_after") - pl.col("phi_before")),
-        injection_attempt=pl.when(pl.col("row").is_in(_injected_rows(frame).implode())).then(-1.0).otherwise(0.0),
-    )
-
+        repeated=pl.col("is_read") & ~pl.struct("rollout_key", "epoch", "is_read", "tool", "args").is_first_distinct()
+    ).collect()
     weights = pl.DataFrame(
         [{"family": fam, **{f"w_{c}": float(p.score_weights.rules.get(c, 0.0)) for c in COMPONENTS}}
          for fam, p in profiles.items()],
         schema={"family": pl.String, **{f"w_{c}": pl.Float64 for c in COMPONENTS}})
-    frame = frame.join(weights, on="family", how="left")
+    injected = _injected_rows(frame).implode()
+    scored = (frame.lazy().join(_undoes(frame, profiles).lazy(), on="row", how="left")
+              .join(_information_use(frame, profiles).lazy(), on="row", how="left")
+              .with_columns(
+                  valid_call=pl.when(pl.col("error").is_in(INVALID_KINDS)).then(-1.0).otherwise(0.0),
+                  permitted=pl.when(pl.col("refused")).then(-1.0).otherwise(0.0),
+                  non_redundant=pl.when(pl.col("repeated")).then(-1.0).otherwise(0.0),
+                  no_undo=pl.when(pl.col("undoes").fill_null(False) & ~fault).then(-1.0).otherwise(0.0),
+                  information_use=pl.when(fault).then(0.0).otherwise(pl.col("information_use").fill_null(0.0)),
+                  progress=pl.when(fault).then(0.0).otherwise(pl.col("phi_after") - pl.col("phi_before")),
+                  injection_attempt=pl.when(pl.col("row").is_in(injected)).then(-1.0).otherwise(0.0))
+              .join(weights.lazy(), on="family", how="left"))
     total = sum(pl.col(f"w_{c}") * pl.col(c) for c in COMPONENTS)
-    return frame.with_columns(score=total.clip(-1.0, 1.0)).sort("row").select(
-        "rollout_id", "family", "step_index", "error", "tool", *COMPONENTS, "score")
+    return scored.with_columns(score=total.clip(-1.0, 1.0)).sort("row").select(
+        "rollout_id", "family", "step_index", "error", "tool", *COMPONENTS, "score").collect()
 
 
 def _injected_rows(frame: pl.DataFrame) -> pl.Series:
@@ -261,8 +263,8 @@ def _injected_rows(frame: pl.DataFrame) -> pl.Series:
 def _undoes(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
     """(row, undoes=True) for each successful call that reverts an earlier successful call of
     its own rollout."""
-    found = [pl.DataFrame(schema={"row": pl.UInt32})]
-    succeeded = frame.filter(pl.col("error").is_null() & pl.col("tool").is_not_null())
+    found = [pl.LazyFrame(schema={"row": pl.UInt32})]
+    succeeded = frame.lazy().filter(pl.col("error").is_null() & pl.col("tool").is_not_null())
     for family, profile in profiles.items():
         for tool, rule in profile.undoes.items():
             source, field = rule.matches.split(".", 1)
@@ -274,7 +276,7 @@ def _undoes(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataF
                     .select("rollout_key", "row", key=pl.col("args").str.json_path_match(f"$.{rule.argument}")))
             found.append(undo.join(done, on=["rollout_key", "key"])
                          .filter(pl.col("done_row") < pl.col("row")).select("row"))
-    return pl.concat(found).unique().with_columns(undoes=pl.lit(True))
+    return pl.concat(found).unique().with_columns(undoes=pl.lit(True)).collect()
 
 
 def _grounded_values(calls: pl.DataFrame, arguments: list[str]) -> pl.DataFrame:

@@ -1,21 +1,23 @@
 """Benchmark: rollout + PRM scoring of the scripted inventory policy, steps per second, side by side
 with the code as it was before issue 19 (commit `BASELINE`), in the same run. Not a test.
 
-    .venv/bin/python tests/benchmarks/bench_rollout.py [--episodes 200] [--repeats 5] \
-        [--mistake-rate 0.25] [--baseline 6bd6e59] [--json out.json]
+    .venv/bin/python tests/benchmarks/bench_rollout.py [--tasks 100] [--samples 2] [--block 25] \
+        [--repeats 5] [--mistake-rate 0.25] [--baseline 6bd6e59] [--json out.json]
 
 Each arm is its own long-lived Python process: `current` imports this working tree, `baseline`
-imports `envs`, `verifiers` and `tasks` as `git archive <BASELINE>` extracted them into a scratch
-dir (the same venv). Both generate the same tasks and run the factory's two stages on them:
+imports `envs`, `verifiers`, `tasks` and `warehouse` as `git archive <BASELINE>` extracted them
+into a scratch dir (the same venv). Both generate the same tasks and run the factory's two stages
+on them as the factory calls them, per batch of `--block` tasks with `--samples` episodes each:
 `tasks.rollout.collect_rollouts` (the standard runtime stack, the outcome verifier with its
 hidden-variation replays at each episode's end) and `tasks.score.score_rollouts` (the rule layer
-with the verifier's progress potentials, the judge layer — not configured here — and the
-combination). Each repeat plays episodes of tasks of its own, in blocks of `--block` tasks, the
-arms alternating block by block (A B, then B A) after a warm-up of each, so a burst of load from
-elsewhere on the machine lands on both. Per repeat: steps/s of rollout, of scoring, and of both together (steps
-over the sum of both stages' seconds) for each arm, and the ratio current/baseline of each;
-printed: the medians over the repeats. Both arms must produce the same episodes and scores
-(a digest of the rollouts without their clocks, and of every step score, compared per block).
+with the verifier's progress potentials, the judge layer (no endpoint configured here) and the
+combination). Each repeat plays tasks of its own (so nothing a process remembers of calls it saw
+helps a later repeat), the arms alternating block by block (A B, then B A) after a warm-up of
+each, so a burst of load from elsewhere on the machine lands on both. Per repeat: steps/s of
+rollout, of scoring, and of both together (steps over the sum of both stages' seconds) for each
+arm, and the ratio current/baseline of each; printed: the medians over the repeats. Both arms
+must produce the same episodes and scores (a digest of the rollouts without their clocks, and of
+every step score, compared per block), or the benchmark stops.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ PACKAGES = ("envs", "verifiers", "tasks", "warehouse")
 
 
 # -- one arm: a worker process ------------------------------------------------------------------
-def worker(root: str, episodes: int, mistake_rate: float) -> None:
+def worker(root: str, tasks_wanted: int, samples: int, mistake_rate: float) -> None:
     """Serve `play <start> <stop>` lines on stdin with one JSON line each on stdout."""
     sys.path.insert(0, root)
     import hashlib
@@ -51,15 +53,15 @@ def worker(root: str, episodes: int, mistake_rate: float) -> None:
 
     assert Path(envs.__file__).resolve().is_relative_to(Path(root).resolve()), envs.__file__
     fam = family(FAMILY)
-    tasks = [fam.generate(seed, level) for seed in range(episodes // len(fam.levels) + 1)
-             for level in fam.levels][:episodes]
+    tasks = [fam.generate(seed, level) for seed in range(tasks_wanted // len(fam.levels) + 1)
+             for level in fam.levels][:tasks_wanted]
     policy = make_policy("scripted", FAMILY, mistake_rate=mistake_rate)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         _, start, stop = line.split()
         chunk = tasks[int(start):int(stop)]
         started = time.perf_counter()
-        rollouts = collect_rollouts(chunk, policy, 1, 0)
+        rollouts = collect_rollouts(chunk, policy, samples, 0)
         rolled = time.perf_counter()
         scores = score_rollouts(rollouts, chunk)
         scored = time.perf_counter()
@@ -72,11 +74,11 @@ def worker(root: str, episodes: int, mistake_rate: float) -> None:
 
 
 class Arm:
-    def __init__(self, name: str, root: Path, episodes: int, mistake_rate: float):
+    def __init__(self, name: str, root: Path, tasks: int, samples: int, mistake_rate: float):
         self.name = name
         env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(root), "--episodes", str(episodes),
+            [sys.executable, __file__, "--worker", str(root), "--tasks", str(tasks), "--samples", str(samples),
              "--mistake-rate", str(mistake_rate)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env=env, cwd=str(root))
         self._read()
@@ -106,14 +108,14 @@ def baseline_tree(commit: str, into: Path) -> Path:
 
 
 # -- the measurement ----------------------------------------------------------------------------
-def one_repeat(arms: dict[str, Arm], first: int, episodes: int, block: int, flip: bool) -> dict[str, dict[str, float]]:
-    """Tasks first .. first + episodes - 1 in both arms, block by block."""
+def one_repeat(arms: dict[str, Arm], first: int, tasks: int, block: int, flip: bool) -> dict[str, dict[str, float]]:
+    """Tasks first .. first + tasks - 1 in both arms, block by block."""
     totals = {name: {"steps": 0, "rollout_s": 0.0, "score_s": 0.0} for name in arms}
     order = list(arms)
-    for n, start in enumerate(range(first, first + episodes, block)):
+    for n, start in enumerate(range(first, first + tasks, block)):
         results = {}
         for name in (order if (n % 2 == 0) != flip else order[::-1]):
-            results[name] = arms[name].play(start, min(start + block, first + episodes))
+            results[name] = arms[name].play(start, min(start + block, first + tasks))
         if len({r["digest"] for r in results.values()}) != 1 or len({r["steps"] for r in results.values()}) != 1:
             raise SystemExit(f"the arms produced different episodes or scores on tasks {start}..{start + block}")
         for name, r in results.items():
@@ -124,19 +126,19 @@ def one_repeat(arms: dict[str, Arm], first: int, episodes: int, block: int, flip
             for name, t in totals.items()}
 
 
-def measure(episodes: int, repeats: int, mistake_rate: float, baseline: str, block: int) -> dict[str, Any]:
+def measure(tasks: int, samples: int, repeats: int, mistake_rate: float, baseline: str, block: int) -> dict[str, Any]:
     med = statistics.median
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         # Each repeat plays tasks of its own (the warm-up others again): nothing a process
-        # remembers of calls it has seen (e.g. argument checks) helps a later repeat.
-        total = block + episodes * repeats
-        arms = {"current": Arm("current", ROOT, total, mistake_rate),
-                "baseline": Arm("baseline", baseline_tree(baseline, Path(tmp)), total, mistake_rate)}
+        # remembers of calls it has seen (argument checks) helps a later repeat.
+        total = block + tasks * repeats
+        arms = {"current": Arm("current", ROOT, total, samples, mistake_rate),
+                "baseline": Arm("baseline", baseline_tree(baseline, Path(tmp)), total, samples, mistake_rate)}
         try:
             one_repeat(arms, 0, block, block, False)  # warm-up of both arms
             runs = []
             for i in range(repeats):
-                run = one_repeat(arms, block + i * episodes, episodes, block, flip=i % 2 == 1)
+                run = one_repeat(arms, block + i * tasks, tasks, block, flip=i % 2 == 1)
                 runs.append(run)
                 print(f"repeat {i + 1}/{repeats}: " + "  ".join(
                     f"{stage} {run['current'][stage]:.0f} vs {run['baseline'][stage]:.0f} steps/s "
@@ -145,8 +147,9 @@ def measure(episodes: int, repeats: int, mistake_rate: float, baseline: str, blo
         finally:
             for arm in arms.values():
                 arm.close()
-    fig: dict[str, Any] = {"family": FAMILY, "episodes": episodes, "repeats": repeats, "mistake_rate": mistake_rate,
-                           "block_episodes": block, "baseline": baseline, "steps": runs[0]["current"]["steps"],
+    fig: dict[str, Any] = {"family": FAMILY, "tasks": tasks, "samples": samples, "episodes": tasks * samples,
+                           "repeats": repeats, "mistake_rate": mistake_rate,
+                           "block_tasks": block, "baseline": baseline, "steps": runs[0]["current"]["steps"],
                            "cpus": os.cpu_count(), "runs": runs}
     for stage in ("rollout", "scoring", "combined"):
         for arm in ("current", "baseline"):
@@ -157,20 +160,23 @@ def measure(episodes: int, repeats: int, mistake_rate: float, baseline: str, blo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--episodes", type=int, default=200)
+    ap.add_argument("--tasks", type=int, default=100, help="tasks per repeat (each repeat its own)")
+    ap.add_argument("--samples", type=int, default=2, help="episodes per task, as the factory plays them")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--mistake-rate", type=float, default=0.25)
-    ap.add_argument("--block", type=int, default=20, help="episodes per block (the arms alternate by block)")
+    ap.add_argument("--block", type=int, default=25,
+                    help="tasks per block, i.e. per call of each stage (the factory's batch: 25 tasks)")
     ap.add_argument("--baseline", default=BASELINE, help="the commit whose code is the baseline arm")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--worker", metavar="ROOT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.episodes, args.mistake_rate)
+        worker(args.worker, args.tasks, args.samples, args.mistake_rate)
         return 0
 
-    fig = measure(args.episodes, args.repeats, args.mistake_rate, args.baseline, args.block)
-    print(f"\n{args.episodes} episodes ({fig['steps']} steps) of scripted {FAMILY} (mistake_rate {args.mistake_rate}): "
+    fig = measure(args.tasks, args.samples, args.repeats, args.mistake_rate, args.baseline, args.block)
+    print(f"\n{args.tasks} tasks x {args.samples} samples ({fig['steps']} steps) per repeat of scripted {FAMILY} "
+          f"(mistake_rate {args.mistake_rate}), {args.block} tasks per stage call: "
           f"collect_rollouts with the verifier, then score_rollouts; {args.repeats} repeats, {fig['cpus']} CPUs; "
           f"baseline = the code at {args.baseline}")
     print(f"{'stage':<22}{'current steps/s':>17}{'baseline steps/s':>18}{'ratio':>8}")

@@ -125,7 +125,7 @@ def _scalars(fig: Any, prefix: str = "", depth: int = 0) -> list[Row]:
 
 # name, script, quick arguments, figures; `{tmp}` is a scratch dir of the run.
 BENCHMARKS: list[tuple[str, str, list[str], Callable[[Any], list[Row]]]] = [
-    ("rollout", "bench_rollout.py", ["--episodes", "100", "--repeats", "3"], _rollout),
+    ("rollout", "bench_rollout.py", ["--tasks", "50", "--repeats", "3"], _rollout),
     ("families", "bench_families.py", ["--families", "inventory", "conversation", "advisory",
                                        "--episodes", "50", "--repeats", "1"], _families),
     ("factory", "bench_factory.py", ["--tasks", "100", "--samples", "2", "--repeats", "2"], _factory),
