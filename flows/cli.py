@@ -324,7 +324,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     from tasks.mcp_server import build_app, serve_stdio
 
     hub = EpisodeHub(args.family, args.data_dir, tasks=args.tasks, seed=args.seed, idle_timeout_s=args.idle_timeout,
-                     land_before_reply=args.transport == "stdio")
+                     land_before_reply=args.transport == "stdio", max_open=args.max_open)
     # a terminated server still lands what ended (a stdio client terminates its server on close)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -374,6 +374,7 @@ def add_harness_commands(sub) -> None:
     serve.add_argument("--tasks", type=int, default=32, help="tasks generated for the pool (default: 32)")
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--idle-timeout", type=float, help="end an episode no call touched for this many seconds")
+    serve.add_argument("--max-open", type=int, default=1024, help="episodes open at once (default: 1024)")
     serve.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     serve.set_defaults(func=cmd_serve_env)
 

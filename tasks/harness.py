@@ -57,6 +57,10 @@ def check_episode_name(name: Any) -> str:
     return name
 
 
+class TooManyEpisodes(RuntimeError):
+    """A harness asked for more episodes at once than the server keeps open."""
+
+
 class CallLog:
     """The model calls of each episode, one JSON line per call, appended by the proxy and read
     by the hub (possibly another process) when the episode ends."""
@@ -127,13 +131,14 @@ class EpisodeHub:
     sample n // pool size, so every episode is a rollout of its own). `land=False` keeps the
     rollouts in memory only (`rollouts`). `idle_timeout_s` ends an episode no call touched for that
     long (a harness that never says it is done). `land_before_reply`: the call that ends an
-    episode answers once it has landed (a stdio server lives only as long as its client wants)."""
+    episode answers once it has landed (a stdio server lives only as long as its client wants).
+    At most `max_open` episodes are open at once."""
 
     def __init__(self, family: str, data_dir: str | Path, *, tasks: int = 32, seed: int = 0,
                  holdout_fraction: float = HOLDOUT_FRACTION, land: bool = True, idle_timeout_s: float | None = None,
-                 land_before_reply: bool = False):
+                 land_before_reply: bool = False, max_open: int = 1024):
         self.family, self.data_dir, self.seed, self.land = family, str(data_dir), seed, land
-        self.land_before_reply = land_before_reply
+        self.land_before_reply, self.max_open = land_before_reply, max_open
         if land:
             lock_holdout_fraction(self.data_dir, [family], holdout_fraction)
         valid, rejected = validate_tasks(generate_tasks(family, tasks, seed))
@@ -177,6 +182,8 @@ class EpisodeHub:
         with self._lock:
             opened = self._episodes.get(name)
             if opened is None:
+                if self.open_episodes() >= self.max_open:  # each holds an env (a sandbox): a bound, not a leak
+                    raise TooManyEpisodes(f"{self.max_open} episodes are open; finish one before opening {name!r}")
                 opened = self._episodes[name] = Future()
                 n = len(self._episodes) - 1
         if n is None:
@@ -190,6 +197,10 @@ class EpisodeHub:
         except BaseException as exc:
             opened.set_exception(exc)
         return opened.result()
+
+    def open_episodes(self) -> int:
+        return sum(1 for f in self._episodes.values()
+                   if not f.done() or (f.exception() is None and f.result().rollout is None))
 
     def goal(self, name: str) -> str:
         return self.episode(name).goal

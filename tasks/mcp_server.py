@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tasks.harness import EPISODE_NAME, EpisodeHub
+from tasks.harness import EPISODE_NAME, EpisodeHub, TooManyEpisodes
 
 EPISODE_HEADER = "x-gymfoundry-episode"
 GOAL_URI = "gymfoundry://episode/goal"
@@ -58,14 +58,20 @@ def build_server(hub: EpisodeHub, stdio_episode: str | None = None) -> Server:
     def name(ctx) -> str:
         return episode_name(ctx.request, stdio_episode)
 
+    async def hub_call(fn, *args):
+        try:
+            return await anyio.to_thread.run_sync(fn, *args)
+        except TooManyEpisodes as exc:  # the harness's request, said as such (not an internal error)
+            raise MCPError(INVALID_PARAMS, str(exc)) from None
+
     async def list_tools(ctx, params) -> types.ListToolsResult:
-        schemas = await anyio.to_thread.run_sync(hub.tools, name(ctx))
+        schemas = await hub_call(hub.tools, name(ctx))
         return types.ListToolsResult(tools=[
             types.Tool(name=s["function"]["name"], description=s["function"]["description"],
                        input_schema=s["function"]["parameters"]) for s in schemas])
 
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        text, is_error = await anyio.to_thread.run_sync(hub.call, name(ctx), params.name, params.arguments)
+        text, is_error = await hub_call(hub.call, name(ctx), params.name, params.arguments)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
 
     async def list_prompts(ctx, params) -> types.ListPromptsResult:
@@ -74,7 +80,7 @@ def build_server(hub: EpisodeHub, stdio_episode: str | None = None) -> Server:
     async def get_prompt(ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         if params.name != "task":
             raise MCPError(INVALID_PARAMS, f"no prompt {params.name[:80]!r}; the prompt is 'task'")
-        goal = await anyio.to_thread.run_sync(hub.goal, name(ctx))
+        goal = await hub_call(hub.goal, name(ctx))
         return types.GetPromptResult(description="the task to accomplish", messages=[
             types.PromptMessage(role="user", content=types.TextContent(type="text", text=goal))])
 
@@ -85,7 +91,7 @@ def build_server(hub: EpisodeHub, stdio_episode: str | None = None) -> Server:
     async def read_resource(ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         if str(params.uri) != GOAL_URI:
             raise MCPError(INVALID_PARAMS, f"no resource {str(params.uri)[:80]!r}; the resource is {GOAL_URI}")
-        goal = await anyio.to_thread.run_sync(hub.goal, name(ctx))
+        goal = await hub_call(hub.goal, name(ctx))
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=GOAL_URI, text=goal,
                                                                              mime_type="text/plain")])
 

@@ -487,3 +487,23 @@ def test_an_episode_name_used_again_in_a_later_run_is_a_new_rollout_with_only_it
     assert [r.env_info["harness"]["model_calls"] for r in rollouts] == [4, 4]
     assert all(r.termination == Termination.success and len(r.steps) == 4 for r in rollouts)
     assert len(hub.log.read("again")) == 10  # both runs' calls stay on record (5 each, "Done." included)
+
+
+def test_a_harness_cannot_open_more_episodes_at_once_than_the_server_keeps(tmp_path):
+    """Hostile: a harness that names a new episode per request would hold an env (a sandbox) each."""
+    from tasks.harness import TooManyEpisodes
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False, max_open=2)
+    hub.goal("a"), hub.goal("b")
+    with served(build_app(hub)) as env_url:
+        async def third():
+            async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/c/mcp"}) as mcp:
+                await mcp.list_tools()
+
+        with pytest.raises(Exception, match="2 episodes are open"):
+            asyncio.run(third())
+    with pytest.raises(TooManyEpisodes):
+        hub.goal("c")
+    hub.finish("a")
+    assert hub.goal("c").startswith("Order ") and hub.goal("b")  # an ended episode frees its place
+    hub.close()
