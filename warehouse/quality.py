@@ -2,7 +2,7 @@
 declarations, run over every batch before it lands (`Warehouse.land`) and over everything
 landed (`Warehouse.check`).
 
-Per table, from the record: not-null for every non-optional field, JSON-parseable for the
+Per table, from the record: not-null for every non-optional field, valid JSON text for the
 nested fields, value sets for Enum and Literal fields, bounds from `Field(ge=..., le=...)`;
 from the table: unique keys, declared value bounds (rewards in [-1, 1]) and references
 (every step has its rollout, every rollout its task, every score its step). A reference is
@@ -28,6 +28,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pydantic_core
 
 from warehouse.lake import FAMILY_NAME
 from warehouse.tables import PARTITION, TABLES, Reference, Table
@@ -181,6 +182,9 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
         frame[column] = [FOUND if k in exists else reference_key(k) for k in _keys(frame, ref.columns)]
         expectations.append(_gx().expectations.ExpectColumnValuesToBeInSet(
             column=column, value_set=[FOUND], meta={"reference": f"{','.join(ref.columns)} -> {ref.table}"}))
+    # GX fingerprints (hashes) the whole frame it is given: give it the columns its expectations read.
+    read = _read(expectations)
+    frame = frame[[c for c in frame.columns if c in read]]
     suite = _gx().ExpectationSuite(name=f"gymfoundry.{table.name}", expectations=expectations)
     with _LOCK:
         batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
@@ -189,6 +193,15 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
             result = batch.validate(suite, result_format="SUMMARY")
     failures = [_failure(table.name, r) for r in result.results if not r.success]
     return TableResult(table.name, len(frame), result.success, failures, gx_result=result)
+
+
+def _read(expectations: list) -> set[str]:
+    """The columns the expectations read."""
+    read = set()
+    for expectation in expectations:
+        config = expectation.configuration.kwargs
+        read.update([config["column"]] if "column" in config else config.get("column_list", []))
+    return read
 
 
 def table_expectations(name: str) -> list:
@@ -203,7 +216,7 @@ def table_expectations(name: str) -> list:
         if not column.nullable:
             out.append(gx.expectations.ExpectColumnValuesToNotBeNull(column=c))
         if column.is_json:
-            out.append(gx.expectations.ExpectColumnValuesToBeJsonParseable(column=c))
+            out.append(_json_expectation()(column=c))
         if c == PARTITION:
             out.append(gx.expectations.ExpectColumnValuesToMatchRegex(column=c, regex=FAMILY_NAME.pattern))
         info = fields.get(c)
@@ -290,6 +303,41 @@ def _gx():
     import great_expectations
 
     return great_expectations
+
+
+@cache
+def _json_expectation():
+    """`expect_column_values_to_be_valid_json`: great-expectations' map expectation over a metric that
+    parses each value with pydantic's JSON parser (Rust; strict RFC 8259, no NaN), where GX's own
+    `expect_column_values_to_be_json_parseable` runs `json.loads` (four times slower per value, and
+    it takes NaN). Defined on first use: defining a GX expectation registers it."""
+    from great_expectations.execution_engine import PandasExecutionEngine
+    from great_expectations.expectations.expectation import ColumnMapExpectation
+    from great_expectations.expectations.metrics import ColumnMapMetricProvider, column_condition_partial
+
+    class ColumnValuesValidJson(ColumnMapMetricProvider):
+        condition_metric_name = "column_values.valid_json"
+
+        @column_condition_partial(engine=PandasExecutionEngine)
+        def _pandas(cls, column, **kwargs):  # GX hands over the non-null values
+            return pd.Series([_is_json(v) for v in column.tolist()], index=column.index, dtype=bool)
+
+    class ExpectColumnValuesToBeValidJson(ColumnMapExpectation):
+        """Expect the column's values to be JSON text."""
+
+        map_metric = "column_values.valid_json"
+
+    return ExpectColumnValuesToBeValidJson
+
+
+def _is_json(value: Any) -> bool:
+    if not isinstance(value, (str, bytes)):
+        return False
+    try:
+        pydantic_core.from_json(value, allow_inf_nan=False)
+    except ValueError:
+        return False
+    return True
 
 
 @cache

@@ -83,7 +83,7 @@ def test_corrupted_batch_goes_to_quarantine_with_a_report_and_the_tables_stay_un
 CORRUPTIONS = [  # (table, row, column, value, the column and expectation that must catch it)
     ("tasks", 0, "task_id", None, "task_id", "expect_column_values_to_not_be_null"),
     ("tasks", 1, "split", "training", "split", "expect_column_values_to_be_in_set"),
-    ("tasks", 1, "hidden", "{not json", "hidden", "expect_column_values_to_be_json_parseable"),
+    ("tasks", 1, "hidden", "{not json", "hidden", "expect_column_values_to_be_valid_json"),
     ("tasks", 1, "task_family", "../escape", "task_family", "expect_column_values_to_match_regex"),
     ("rollouts", 0, "termination", "crashed", "termination", "expect_column_values_to_be_in_set"),
     ("rollouts", 1, "task_id", "t-unknown", "ref:tasks", "expect_column_values_to_be_in_set"),
@@ -125,7 +125,7 @@ def test_suites_are_derived_from_the_records():
     assert sorted(rollouts["ExpectColumnValuesToBeInSet"].value_set) == sorted(t.value for t in Termination)
     tasks = kinds("tasks")
     assert ("ExpectColumnValuesToBeInSet", "split") in tasks
-    assert ("ExpectColumnValuesToBeJsonParseable", "hidden") in tasks
+    assert ("ExpectColumnValuesToBeValidJson", "hidden") in tasks
     assert ("ExpectColumnValuesToNotBeNull", "goal") in tasks and ("ExpectColumnValuesToBeUnique", "task_id") in tasks
     steps = {(type(e).__name__, getattr(e, "column", None)): e for e in table_expectations("steps")}
     assert steps[("ExpectColumnValuesToBeBetween", "index")].min_value == 0   # Step.index: Field(ge=0)
@@ -229,3 +229,18 @@ def test_the_flow_says_so_loudly_when_a_batch_is_quarantined(tmp_path, prefect_h
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["quarantined-batch"])))
     assert any(folder in (a.data or "") for a in artifacts)
+
+
+def test_the_json_expectation_finds_every_value_that_is_no_json_text(wh, build):
+    """`expect_column_values_to_be_valid_json`: strict JSON (a trailing comma, or NaN, which `json.loads`
+    takes and no record holds, is none); nulls are the not-null check's."""
+    tasks = [build.task("inventory", n) for n in range(5)]
+    rows = [_row(TABLES["tasks"], t) for t in tasks]
+    rows[0]["hidden"], rows[1]["initial_state"], rows[2]["hidden"] = "{not json", "", '{"a": [1, 2,]}'
+    rows[3]["hidden"], rows[4]["hidden"] = '"a plain string is JSON"', '{"x": NaN}'
+    landing = wh.land_rows({"tasks": rows})
+    failed = {f["column"]: f for f in landing.report.failures if f["expectation"] == "expect_column_values_to_be_valid_json"}
+    assert sorted(failed) == ["hidden", "initial_state"]
+    assert failed["hidden"]["unexpected_count"] == 3 and sorted(failed["hidden"]["examples"]) == \
+           ['{"a": [1, 2,]}', '{"x": NaN}', "{not json"]
+    assert failed["initial_state"]["examples"] == [""]
