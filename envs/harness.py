@@ -32,6 +32,7 @@ class ModelCall(Record):
     index: int = Field(ge=0)  # order in which the proxy received the episode's calls
     at: float = Field(default_factory=time.time)  # when the proxy received it (unix time)
     model: str = ""  # the model the upstream says answered (else the one requested)
+    fingerprint: str | None = None  # the upstream's `system_fingerprint` (its serving configuration), if any
     upstream: str = ""  # the upstream's base URL, as the proxy forwards (redacted)
     messages: list[dict[str, Any]] = Field(default_factory=list)  # the request: the prefix the model saw
     tools: list[dict[str, Any]] | None = None
@@ -81,12 +82,14 @@ def action_text(thought: str, tool_call: dict[str, Any]) -> str:
 
 
 def policy_of(calls: list[ModelCall]) -> tuple[str, str]:
-    """(policy id, version) of a harness episode: the model the upstream named and where it ran."""
+    """(policy id, version) of a harness episode: the model the upstream named, and where it ran
+    (with the upstream's fingerprint of its configuration where it gives one)."""
     answered = [c for c in calls if c.status == "ok"] or calls
     if not answered:
         return "harness:unrecorded", "no model calls recorded"
     last = answered[-1]
-    return f"harness:{last.model or 'unknown'}", last.upstream or "unknown"
+    version = last.upstream or "unknown"
+    return f"harness:{last.model or 'unknown'}", f"{version}|{last.fingerprint}" if last.fingerprint else version
 
 
 def assemble_steps(tool_steps: list[Step], calls: list[ModelCall]) -> tuple[list[Step], int | None]:

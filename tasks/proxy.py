@@ -105,7 +105,9 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
                 error = f"unreadable reply from {where}: {text[:300]}"
                 calls.append(ModelCall(**record, status="fault", error=error))
                 return JSONResponse({"error": {"message": error, "type": "upstream_error"}}, status_code=502)
+            fingerprint = payload.get("system_fingerprint")
             calls.append(ModelCall(**{**record, "model": str(payload.get("model") or record["model"])}, response=message,
+                                   fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None,
                                    token_ids=sampled_ids(choice, content_logprobs), logprobs=logprobs))
         else:
             status = response.status_code

@@ -63,3 +63,4 @@ def test_a_failed_call_the_harness_retried_with_success_is_no_fault_a_last_faile
 def test_the_policy_is_the_model_the_upstream_named():
     assert policy_of([]) == ("harness:unrecorded", "no model calls recorded")
     assert policy_of([model_call(0, [])]) == ("harness:m", "u")
+    assert policy_of([model_call(0, []).model_copy(update={"fingerprint": "fp_1"})]) == ("harness:m", "u|fp_1")

@@ -72,7 +72,7 @@ def test_an_agents_sdk_episode_lands_with_steps_outcome_scores_and_in_the_next_s
         [rollout] = wh.load_rollouts()
         scores = wh.sql_df("select layer, count(*) as n from step_scores group by layer order by layer").rows()
     assert rollout.termination == Termination.success and rollout.outcome.success
-    assert (rollout.policy_id, rollout.policy_version) == ("harness:stub-model", upstream.base_url)
+    assert (rollout.policy_id, rollout.policy_version) == ("harness:stub-model", f"{upstream.base_url}|fp_stub")
     assert [s.tool_call.name for s in rollout.steps] == ["request_authorization", "find_items", "reserve", "submit"]
     assert [s.tool_call.id for s in rollout.steps] == ["call_0", "call_1", "call_2", "call_3"]
     assert all(s.token_ids == TOKEN_IDS and s.logprobs == LOGPROBS for s in rollout.steps)
