@@ -217,7 +217,8 @@ class EpisodeHub:
             episode.last_active = time.monotonic()
             if episode.over:
                 return render_error(None, EPISODE_OVER, "the episode is over; no further tool calls"), True
-            action = ToolCall(name=tool, arguments=arguments if arguments is not None else {}, id=f"mcp-{episode.calls}")
+            action = ToolCall(name=tool, arguments=arguments if arguments is not None else {},
+                              id=f"mcp-{episode.calls}")
             episode.calls += 1
             try:
                 episode.ts = ts = episode.env.step(action)
@@ -335,7 +336,8 @@ class EpisodeHub:
             return
         tasks = list({e.task.task_id: e.task for e in kept}.values())
         rejections = [] if self._rejections_landed else self.rejections
-        landing = land_records(self.data_dir, tasks, rejections, rollouts, score_rollouts(rollouts, tasks, self.data_dir))
+        scores = score_rollouts(rollouts, tasks, self.data_dir)
+        landing = land_records(self.data_dir, tasks, rejections, rollouts, scores)
         if landing.spooled:
             log.error("the catalog stayed locked: %d harness episodes wait in %s and land with the next landing",
                       len(rollouts), landing.spooled)

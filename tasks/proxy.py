@@ -101,12 +101,13 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
                     raise TypeError("message is not an object")
                 content_logprobs = (choice.get("logprobs") or {}).get("content") or None
                 logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
-            except (TypeError, KeyError, IndexError, AssertionError, ValueError, AttributeError):
+            except (TypeError, KeyError, IndexError, ValueError, AttributeError):
                 error = f"unreadable reply from {where}: {text[:300]}"
                 calls.append(ModelCall(**record, status="fault", error=error))
                 return JSONResponse({"error": {"message": error, "type": "upstream_error"}}, status_code=502)
             fingerprint = payload.get("system_fingerprint")
-            calls.append(ModelCall(**{**record, "model": str(payload.get("model") or record["model"])}, response=message,
+            record["model"] = str(payload.get("model") or record["model"])
+            calls.append(ModelCall(**record, response=message,
                                    fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None,
                                    token_ids=sampled_ids(choice, content_logprobs), logprobs=logprobs))
         else:

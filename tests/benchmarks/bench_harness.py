@@ -102,9 +102,10 @@ def main() -> None:
     rows = []
     with OpenAIStub(respond=scripted_inventory) as upstream, served(build_app(hub)) as env_url, \
             served(build_proxy(upstream.base_url, data_dir)) as proxy_url:
+        proxied = proxy_url + "/episodes/bench-model/v1/chat/completions"
         pairs = {"tool call (MCP)": (direct_tool_calls(args.calls, hub.tasks[0]), mcp_tool_calls(args.calls, env_url)),
                  "model call (proxy)": (model_calls(args.calls, upstream.base_url + "/chat/completions"),
-                                        model_calls(args.calls, proxy_url + "/episodes/bench-model/v1/chat/completions"))}
+                                        model_calls(args.calls, proxied))}
     hub.close()
     print(f"{'path':<20} {'direct ms':>10} {'harness ms':>11} {'overhead ms':>12} {'ratio':>7}")
     for name, (direct, harness) in pairs.items():

@@ -16,12 +16,13 @@ def env_step(index: int, name: str, arguments: dict, observation: str = "obs") -
 
 
 def model_call(index: int, calls: list[tuple[str, dict]], messages=None, content=None, status="ok") -> ModelCall:
+    ok = status == "ok"
     tool_calls = [{"id": f"call_{index}_{k}", "type": "function",
                    "function": {"name": n, "arguments": json.dumps(a)}} for k, (n, a) in enumerate(calls)]
     return ModelCall(episode_id="e", index=index, model="m", upstream="u", status=status,
                      messages=messages or [{"role": "user", "content": f"turn {index}"}],
-                     response={"role": "assistant", "content": content, "tool_calls": tool_calls} if status == "ok" else None,
-                     token_ids=[index, index] if status == "ok" else None, logprobs=[-1.0, -2.0] if status == "ok" else None)
+                     response={"role": "assistant", "content": content, "tool_calls": tool_calls} if ok else None,
+                     token_ids=[index, index] if ok else None, logprobs=[-1.0, -2.0] if ok else None)
 
 
 def test_parallel_calls_of_one_completion_share_no_tokens():
@@ -45,7 +46,8 @@ def test_alignment_skips_calls_the_harness_never_ran_and_keeps_steps_no_call_emi
 def test_what_the_model_saw_is_the_recorded_request_after_its_last_turn():
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "goal"},
                 {"role": "assistant", "content": None, "tool_calls": []},
-                {"role": "tool", "content": [{"type": "text", "text": "result 1"}]}, {"role": "user", "content": "go on"}]
+                {"role": "tool", "content": [{"type": "text", "text": "result 1"}]},
+                {"role": "user", "content": "go on"}]
     assert seen(messages) == "result 1\ngo on"
     assert seen(messages[:2]) == "s\ngoal"
 

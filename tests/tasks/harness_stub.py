@@ -19,7 +19,8 @@ LOGPROBS = [-0.5, -0.25, -0.125]
 
 
 def reply(message: dict, model: str = "stub-model") -> dict:
-    return {"id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": model, "system_fingerprint": "fp_stub",
+    return {"id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": model,
+            "system_fingerprint": "fp_stub",
             "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
                          "message": message, "token_ids": TOKEN_IDS,
                          "logprobs": {"content": [{"token": t, "logprob": p, "top_logprobs": []}

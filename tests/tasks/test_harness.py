@@ -230,7 +230,8 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     episode("one", ())
     episode("three", (2, 3))
     submit = {"id": "c", "type": "function", "function": {"name": "submit", "arguments": '{"status": "denied"}'}}
-    hub.log.append(ModelCall(episode_id="gives-up", index=0, messages=[{"role": "user", "content": hub.goal("gives-up")}],
+    hub.log.append(ModelCall(episode_id="gives-up", index=0,
+                             messages=[{"role": "user", "content": hub.goal("gives-up")}],
                              response={"role": "assistant", "content": None, "tool_calls": [submit]}))
     hub.call("gives-up", "submit", {"status": "denied"})
     hub.close()
@@ -287,7 +288,8 @@ def test_a_hidden_value_in_what_the_model_was_shown_stops_that_episode_from_land
         assert httpx.post(f"{proxy_url}/episodes/leaky/v1/chat/completions", json=body).status_code == 200
         assert asyncio.run(play(env_url, proxy_url, "clean")) == "Done."
     hub.close()
-    assert "show hidden values" in hub.episode("leaky").landing_error and secret[:60] in hub.episode("leaky").landing_error
+    error = hub.episode("leaky").landing_error
+    assert "show hidden values" in error and secret[:60] in error
     with Warehouse(tmp_path, read_only=True) as wh:
         assert [r.env_info["harness"]["episode"] for r in wh.load_rollouts()] == ["clean"]
 
