@@ -77,9 +77,13 @@ class QualityReport:
                                   for name, t in self.tables.items()}})
 
 
+def has_null(values: Iterable[Any]) -> bool:
+    return any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values)
+
+
 def reference_key(values: Iterable[Any]) -> str | None:
     values = list(values)
-    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+    if has_null(values):
         return None  # a missing reference is the not-null check's to report
     # pandas turns an int column with a null into floats: 3.0 must still name step 3.
     return json.dumps([int(v) if isinstance(v, float) and v.is_integer() else v for v in values])
@@ -97,7 +101,7 @@ def validate_batch(frames: dict[str, pd.DataFrame], landed_keys: LandedKeys,
         table = TABLES[name]
         found = {}
         for ref in table.references:
-            keys = {k for k in set(_keys(frame, ref.columns)) if reference_key(k) is not None}
+            keys = {k for k in set(_keys(frame, ref.columns)) if not has_null(k)}
             parent = frames.get(ref.table)
             in_batch = set(_keys(parent, TABLES[ref.table].key)) if parent is not None else set()
             missing = sorted(keys - in_batch, key=str)
@@ -160,13 +164,6 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
     """Validate one table's rows; `found` holds, per reference, the referenced keys that exist;
     `identity` the rows' `identity_verdicts` where the table's key is a content hash."""
     frame = frame.copy(deep=False)  # the helper columns are this validation's, not the caller's
-    for column in table.columns:
-        if pa.types.is_list(column.type) and column.name in frame:
-            # A list reaches GX as its length (null where the list is): not-null is the only expectation
-            # on a list, and with no unhashable values GX fingerprints the frame by hashing it rather
-            # than pickling it whole.
-            frame[column.name] = pd.Series([len(v) if isinstance(v, (list, tuple, np.ndarray)) else v
-                                            for v in frame[column.name].tolist()], index=frame.index)
     expectations = table_expectations(table.name)
     if identity is not None:
         column = f"id:{table.content_id}"
@@ -185,6 +182,13 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
     # GX fingerprints (hashes) the whole frame it is given: give it the columns its expectations read.
     read = _read(expectations)
     frame = frame[[c for c in frame.columns if c in read]]
+    for column in table.columns:
+        if pa.types.is_list(column.type) and column.name in frame:
+            # A list reaches GX as its length (null where the list is): not-null is the only expectation
+            # on a list, and with no unhashable values GX fingerprints the frame by hashing it rather
+            # than pickling it whole.
+            frame[column.name] = pd.Series([len(v) if isinstance(v, (list, tuple, np.ndarray)) else v
+                                            for v in frame[column.name].tolist()], index=frame.index)
     suite = _gx().ExpectationSuite(name=f"gymfoundry.{table.name}", expectations=expectations)
     with _LOCK:
         batch = _batch_definition().get_batch(batch_parameters={"dataframe": frame})
