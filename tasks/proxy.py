@@ -40,7 +40,11 @@ def _clean(value: Any) -> Any:
 
 
 def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, timeout_s: float = 60.0,
-                max_connections: int = 256, transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+                request_logprobs: bool = False, request_token_ids: bool = False, max_connections: int = 256,
+                transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """`request_logprobs` asks the upstream for the sampled tokens' logprobs, and `request_token_ids`
+    a vLLM server for their ids (`return_token_ids`, `return_tokens_as_token_ids`), whatever the
+    harness asked: a harness rarely asks, and training needs them."""
     upstream = upstream.rstrip("/")
     where = redact(upstream)
     register_secret(api_key)
@@ -82,6 +86,10 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             return JSONResponse({"error": {"message": error, "type": "invalid_request_error"}}, status_code=400)
         record.update(messages=_clean(body["messages"]), tools=_clean(body.get("tools")) or None,
                       model=str(body.get("model") or ""))
+        if request_logprobs:
+            body = {**body, "logprobs": True}
+        if request_token_ids:
+            body = {**body, "return_token_ids": True, "return_tokens_as_token_ids": True}
         started = time.perf_counter()
         response, failure = await forward(body)
         record["latency_s"] = round(time.perf_counter() - started, 6)

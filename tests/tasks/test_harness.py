@@ -509,3 +509,26 @@ def test_a_harness_cannot_open_more_episodes_at_once_than_the_server_keeps(tmp_p
     hub.finish("a")
     assert hub.goal("c").startswith("Order ") and hub.goal("b")  # an ended episode frees its place
     hub.close()
+
+
+@pytest.mark.parametrize("ask", [False, True])
+def test_the_proxy_asks_for_logprobs_and_token_ids_a_harness_never_asks_for(tmp_path, ask):
+    def vllm_like(body, headers):
+        status, payload = scripted_inventory(body, headers)
+        choice = payload["choices"][0]
+        if not body.get("logprobs"):
+            choice.pop("logprobs")
+        if not body.get("return_token_ids"):
+            choice.pop("token_ids")
+        return status, payload
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with OpenAIStub(respond=vllm_like) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream.base_url, str(tmp_path), request_logprobs=ask,
+                               request_token_ids=ask)) as proxy_url:
+        assert asyncio.run(play(env_url, proxy_url, "tokens")) == "Done."
+    hub.close()
+    [rollout] = hub.rollouts
+    assert all(bool(r.get("logprobs")) == bool(r.get("return_token_ids")) == ask for r in upstream.requests)
+    assert [s.token_ids for s in rollout.steps] == [TOKEN_IDS if ask else None] * 4
+    assert [s.logprobs for s in rollout.steps] == [LOGPROBS if ask else None] * 4
