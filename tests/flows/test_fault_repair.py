@@ -90,7 +90,8 @@ def test_on_exhausted_fail_lands_what_completed_and_records_the_failed_run(tmp_p
 
 def test_on_exhausted_fail_through_the_cli_exits_1_with_the_reason(tmp_path, capsys):
     data_dir = str(tmp_path / "d")
-    code = main(["run", "--families", "inventory", "--tasks", "6", "--seed", "2", "--samples", "1",
+    # one batch, which stops at its first failure (batches side by side each play up to their own)
+    code = main(["run", "--families", "inventory", "--tasks", "6", "--seed", "2", "--samples", "1", "--batch-size", "6",
                  "--fault-rate", "1.0", "--max-retries", "0", "--on-exhausted", "fail", "--data-dir", data_dir])
     err = capsys.readouterr().err
     assert code == 1 and "RetryExhausted" in err and "failed" in err and "1 attempts ended in env_fault" in err
