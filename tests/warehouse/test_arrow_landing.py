@@ -73,3 +73,22 @@ def test_a_record_holding_a_value_of_another_type_goes_to_quarantine_not_a_crash
     assert ("steps", "index") in {(f["table"], f["column"]) for f in landing.report.failures}
     assert wh.count("steps") == 0
     assert wh.land(tasks=[task], rollouts=[rollout]).checked() == {"tasks": 1, "rollouts": 1, "steps": 3}
+
+
+def test_a_landing_pauses_the_garbage_collector_and_restores_it(wh, build, monkeypatch):
+    import gc
+
+    import warehouse.store
+
+    seen = []
+    real = warehouse.store.Warehouse._land
+    monkeypatch.setattr(warehouse.store.Warehouse, "_land", lambda self, *a: seen.append(gc.isenabled()) or real(self, *a))
+    assert gc.isenabled()
+    wh.land(tasks=[build.task("inventory", 8)])
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # a caller that runs without the collector keeps it off
+    try:
+        wh.land(tasks=[build.task("inventory", 9)])
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
