@@ -3,6 +3,7 @@ offers the annealed parallelism reward stores its schedule with the GRPO dataset
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -26,4 +27,4 @@ def test_the_orchestration_snippet_runs(tmp_path, prefect_harness, monkeypatch):
         landed = wh.sql("select count(*) n from sub_rollouts").to_pylist()[0]["n"]
         runs = wh.sql("select params from runs").to_pylist()
     assert row["n"] == 8 and row["subs"] == landed > 0
-    assert '"parallelism_reward": {"weight": 0.2, "anneal_steps": 200}' in runs[0]["params"]
+    assert json.loads(runs[0]["params"])["parallelism_reward"] == {"weight": 0.2, "anneal_steps": 200}
