@@ -23,7 +23,7 @@ import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from envs.harness import ModelCall
@@ -37,6 +37,38 @@ from verifiers.endpoint import context_length_code
 def _clean(value: Any) -> Any:
     """A JSON value with the key (an upstream may echo it) redacted wherever it appears."""
     return json.loads(redact(json.dumps(value)))
+
+
+def merged(events: list[str]) -> Any:
+    """The completion a stream's `data:` events add up to (choice 0): content, tool calls put
+    together by index, logprobs and token ids in order; None if an event is not a chunk."""
+    content, tool_calls, logprobs, ids, head = [], {}, [], [], {}
+    try:
+        for event in events:
+            chunk = json.loads(event)
+            head.update({k: chunk[k] for k in ("model", "system_fingerprint") if chunk.get(k)})
+            for choice in chunk.get("choices") or []:
+                if choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or {}
+                content.append(delta.get("content") or "")
+                for part in delta.get("tool_calls") or []:
+                    call = tool_calls.setdefault(part.get("index", 0), {"id": None, "type": "function",
+                                                                         "function": {"name": "", "arguments": ""}})
+                    call["id"] = part.get("id") or call["id"]
+                    call["function"]["name"] += (part.get("function") or {}).get("name") or ""
+                    call["function"]["arguments"] += (part.get("function") or {}).get("arguments") or ""
+                logprobs += (choice.get("logprobs") or {}).get("content") or []
+                ids += choice.get("token_ids") or []
+    except (ValueError, TypeError, AttributeError):
+        return None
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if tool_calls:
+        message["tool_calls"] = [tool_calls[k] for k in sorted(tool_calls)]
+    choice = {"message": message, "logprobs": {"content": logprobs} if logprobs else None}
+    if ids:
+        choice["token_ids"] = ids
+    return {**head, "choices": [choice]}
 
 
 def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, timeout_s: float = 60.0,
@@ -79,9 +111,8 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         except ValueError:
             body = None
         record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or body.get("stream"):
-            error = "streaming is not recorded: ask without stream" if isinstance(body, dict) and body.get("stream") \
-                else "the request is not a chat completion (a JSON object with messages)"
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            error = "the request is not a chat completion (a JSON object with messages)"
             calls.append(ModelCall(**record, status="refused", error=error))
             return JSONResponse({"error": {"message": error, "type": "invalid_request_error"}}, status_code=400)
         record.update(messages=_clean(body["messages"]), tools=_clean(body.get("tools")) or None,
@@ -90,6 +121,8 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             body = {**body, "logprobs": True}
         if request_token_ids:
             body = {**body, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        if body.get("stream"):
+            return await streamed(body, record)
         started = time.perf_counter()
         response, failure = await forward(body)
         record["latency_s"] = round(time.perf_counter() - started, 6)
@@ -101,30 +134,86 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             payload = json.loads(text)
         except ValueError:
             payload = None
-        if response.status_code == 200:
-            try:
-                choice = payload["choices"][0]
-                message = choice["message"]
-                if not isinstance(message, dict):
-                    raise TypeError("message is not an object")
-                content_logprobs = (choice.get("logprobs") or {}).get("content") or None
-                logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
-            except (TypeError, KeyError, IndexError, ValueError, AttributeError):
-                error = f"unreadable reply from {where}: {text[:300]}"
-                calls.append(ModelCall(**record, status="fault", error=error))
-                return JSONResponse({"error": {"message": error, "type": "upstream_error"}}, status_code=502)
-            fingerprint = payload.get("system_fingerprint")
-            record["model"] = str(payload.get("model") or record["model"])
-            calls.append(ModelCall(**record, response=message,
-                                   fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None,
-                                   token_ids=sampled_ids(choice, content_logprobs), logprobs=logprobs))
-        else:
-            status = response.status_code
-            kind = "fault" if status in RETRIED_STATUS or status >= 500 else \
-                "context" if status == 400 and context_length_code(payload) else "refused"
-            calls.append(ModelCall(**record, status=kind, error=f"HTTP {status} from {where}: {text[:300]}"))
+        if response.status_code != 200:
+            keep_failure(record, response.status_code, payload, text)
+        elif not keep_reply(record, payload):
+            error = f"unreadable reply from {where}: {text[:300]}"
+            calls.append(ModelCall(**record, status="fault", error=error))
+            return JSONResponse({"error": {"message": error, "type": "upstream_error"}}, status_code=502)
         return Response(text, status_code=response.status_code,
                         media_type=response.headers.get("content-type", "application/json"))
+
+    def keep_reply(record: dict, payload: Any) -> bool:
+        """Record a 200 reply's first choice; False when it is not a chat completion."""
+        try:
+            choice = payload["choices"][0]
+            message = choice["message"]
+            if not isinstance(message, dict):
+                raise TypeError("message is not an object")
+            content_logprobs = (choice.get("logprobs") or {}).get("content") or None
+            logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
+            ids = sampled_ids(choice, content_logprobs)
+        except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+            return False
+        fingerprint = payload.get("system_fingerprint")
+        record["model"] = str(payload.get("model") or record["model"])
+        calls.append(ModelCall(**record, response=_clean(message), token_ids=ids, logprobs=logprobs,
+                               fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None))
+        return True
+
+    def keep_failure(record: dict, status: int, payload: Any, text: str) -> None:
+        kind = "fault" if status in RETRIED_STATUS or status >= 500 else \
+            "context" if status == 400 and context_length_code(payload) else "refused"
+        calls.append(ModelCall(**record, status=kind, error=f"HTTP {status} from {where}: {text[:300]}"))
+
+    async def streamed(body: dict, record: dict) -> Response:
+        """Relay the upstream's event stream as it comes; record the completion it adds up to (or
+        the fault that cut it) once it ends."""
+        client, started = state["client"], time.perf_counter()
+        try:
+            with anyio.fail_after(timeout_s):
+                response = await client.send(client.build_request("POST", "/chat/completions", json=body),
+                                             stream=True)
+        except (TimeoutError, httpx.TransportError) as exc:
+            failure = f"{where} did not answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else \
+                redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
+            calls.append(ModelCall(**record, status="fault", error=failure, latency_s=time.perf_counter() - started))
+            return JSONResponse({"error": {"message": failure, "type": "upstream_error"}}, status_code=502)
+        if response.status_code != 200:
+            text = redact((await response.aread()).decode(errors="replace"))
+            await response.aclose()
+            try:
+                payload = json.loads(text)
+            except ValueError:
+                payload = None
+            record["latency_s"] = round(time.perf_counter() - started, 6)
+            keep_failure(record, response.status_code, payload, text)
+            return Response(text, status_code=response.status_code,
+                            media_type=response.headers.get("content-type", "application/json"))
+
+        async def relay():
+            events, failure, deadline = [], None, time.monotonic() + timeout_s
+            try:
+                async for line in response.aiter_lines():
+                    yield line + "\n"
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                        events.append(line[5:].strip())
+                    if time.monotonic() > deadline:
+                        failure = f"{where} gave no complete answer within {timeout_s:g} s"
+                        raise TimeoutError(failure)
+            except httpx.HTTPError as exc:  # the stream was cut: the upstream's, whatever came before
+                failure = redact(f"the stream from {where} broke: {type(exc).__name__}: {exc}")
+                raise  # and the harness's breaks too: a cut answer must never pass for a whole one
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+                record["latency_s"] = round(time.perf_counter() - started, 6)
+                if failure is None and not keep_reply(record, merged(events)):
+                    failure = f"unreadable stream from {where}: {redact(' '.join(events))[:300]}"
+                if failure is not None:
+                    calls.append(ModelCall(**record, status="fault", error=failure))
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
 
     return Starlette(routes=[Route("/episodes/{episode}/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/chat/completions", chat, methods=["POST"])], lifespan=lifespan)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
 from agents.mcp import MCPServerStreamableHttp
-from openai import AsyncOpenAI
+from openai import APIConnectionError, AsyncOpenAI
 
 import envs  # noqa: F401
 from envs.harness import ModelCall
@@ -532,3 +532,46 @@ def test_the_proxy_asks_for_logprobs_and_token_ids_a_harness_never_asks_for(tmp_
     assert all(bool(r.get("logprobs")) == bool(r.get("return_token_ids")) == ask for r in upstream.requests)
     assert [s.token_ids for s in rollout.steps] == [TOKEN_IDS if ask else None] * 4
     assert [s.logprobs for s in rollout.steps] == [LOGPROBS if ask else None] * 4
+
+
+async def play_streamed(env_url: str, proxy_url: str, name: str) -> str:
+    """The same harness, streaming its model calls (`Runner.run_streamed`)."""
+    async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/{name}/mcp"}) as mcp:
+        goal = (await mcp.get_prompt("task")).messages[0].content.text
+        client = AsyncOpenAI(base_url=f"{proxy_url}/episodes/{name}/v1", api_key="not-a-key", max_retries=0)
+        agent = Agent(name="inventory-agent", instructions="You reserve stock for orders with the tools you have.",
+                      mcp_servers=[mcp], model=OpenAIChatCompletionsModel(model="stub-model", openai_client=client))
+        run = Runner.run_streamed(agent, goal, max_turns=20)
+        async for _ in run.stream_events():
+            pass
+        return run.final_output
+
+
+def test_a_streaming_harness_is_recorded_as_its_chunks_add_up(tmp_path):
+    from tests.tasks.harness_stub import streaming_upstream
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with served(streaming_upstream()) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream + "/v1", str(tmp_path))) as proxy_url:
+        assert asyncio.run(play_streamed(env_url, proxy_url, "streamed")) == "Done."
+    hub.close()
+    [rollout] = hub.rollouts
+    assert rollout.termination == Termination.success
+    assert [s.tool_call.name for s in rollout.steps] == ["request_authorization", "find_items", "reserve", "submit"]
+    assert [s.tool_call.id for s in rollout.steps] == ["call_0", "call_1", "call_2", "call_3"]
+    assert all(s.token_ids == TOKEN_IDS and s.logprobs == LOGPROBS for s in rollout.steps)
+    assert rollout.policy_version == f"{upstream}/v1|fp_stub"
+
+
+def test_a_stream_the_upstream_cuts_is_an_inference_fault(tmp_path):
+    from tests.tasks.harness_stub import streaming_upstream
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with served(streaming_upstream(cut_after=2)) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream + "/v1", str(tmp_path))) as proxy_url:
+        with pytest.raises(APIConnectionError):  # the harness's stream breaks where the upstream's did
+            asyncio.run(play_streamed(env_url, proxy_url, "cut"))
+        rollout = hub.finish("cut")
+    hub.close()
+    assert rollout.termination == Termination.inference_fault and "stream" in rollout.termination_reason
+    assert [c.status for c in hub.log.read("cut")] == ["fault"]
