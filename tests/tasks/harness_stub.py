@@ -61,13 +61,14 @@ def streaming_upstream(cut_after: int | None = None):
         for k, call in enumerate(message.get("tool_calls") or []):
             arguments = call["function"]["arguments"]
             half = len(arguments) // 2
-            deltas += [{"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                        "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]},
+            head = {"name": call["function"]["name"], "arguments": arguments[:half]}
+            deltas += [{"tool_calls": [{"index": k, "id": call["id"], "type": "function", "function": head}]},
                        {"tool_calls": [{"index": k, "function": {"arguments": arguments[half:]}}]}]
         out = [{"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": payload["model"],
                 "system_fingerprint": "fp_stub",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": None, "token_ids": [TOKEN_IDS[n]],
-                             "logprobs": {"content": [{"token": "abc"[n], "logprob": LOGPROBS[n], "top_logprobs": []}]}}]}
+                             "logprobs": {"content": [{"token": "abc"[n], "logprob": LOGPROBS[n],
+                                                       "top_logprobs": []}]}}]}
                for n, delta in enumerate(deltas[:3])]
         out += [{"id": "chatcmpl-stub", "object": "chat.completion.chunk", "created": 0, "model": payload["model"],
                  "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas[3:]]
