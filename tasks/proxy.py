@@ -9,7 +9,9 @@ Where a call fails decides what it is: no connection, no whole answer within `ti
 or an unreadable reply is the upstream's (`fault`: the episode becomes an inference fault unless
 the harness's own retry then succeeds); a 400 with the structured `context_length_exceeded` code
 is a full context (the episode is truncated); another 4xx is the harness's malformed request. The
-harness gets the upstream's status and body as they were, so its client retries as it would.
+harness gets the upstream's status and body as they were, so its client retries as it would. A
+streamed completion is relayed as it comes and recorded as what its chunks add up to; a stream the
+upstream cuts is a fault, and the harness's stream is cut there too.
 The upstream's key is the proxy's (`api_key`), never the harness's, and is redacted from records."""
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _clean(value: Any) -> Any:
 def merged(events: list[str]) -> Any:
     """The completion a stream's `data:` events add up to (choice 0): content, tool calls put
     together by index, logprobs and token ids in order; None if an event is not a chunk."""
+    if not events:
+        return None
     content, tool_calls, logprobs, ids, head = [], {}, [], [], {}
     try:
         for event in events:
@@ -60,11 +64,11 @@ def merged(events: list[str]) -> Any:
                     call["function"]["arguments"] += (part.get("function") or {}).get("arguments") or ""
                 logprobs += (choice.get("logprobs") or {}).get("content") or []
                 ids += choice.get("token_ids") or []
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+        if tool_calls:
+            message["tool_calls"] = [tool_calls[k] for k in sorted(tool_calls)]
     except (ValueError, TypeError, AttributeError):
         return None
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-    if tool_calls:
-        message["tool_calls"] = [tool_calls[k] for k in sorted(tool_calls)]
     choice = {"message": message, "logprobs": {"content": logprobs} if logprobs else None}
     if ids:
         choice["token_ids"] = ids

@@ -23,7 +23,7 @@ from envs.records import Split, Termination
 from tasks.assemble import assemble_datasets
 from tasks.harness import EpisodeHub
 from tasks.mcp_server import build_app, served
-from tasks.proxy import build_proxy
+from tasks.proxy import build_proxy, merged
 from tests.tasks.harness_stub import LOGPROBS, TOKEN_IDS, scripted_inventory
 from tests.tasks.policy_endpoint import always
 from tests.verifiers.openai_stub import OpenAIStub
@@ -575,3 +575,24 @@ def test_a_stream_the_upstream_cuts_is_an_inference_fault(tmp_path):
     hub.close()
     assert rollout.termination == Termination.inference_fault and "stream" in rollout.termination_reason
     assert [c.status for c in hub.log.read("cut")] == ["fault"]
+
+
+def test_a_stream_adds_up_to_one_completion_and_garbage_adds_up_to_none():
+    def chunk(delta, **choice):
+        return json.dumps({"model": "m", "choices": [{"index": 0, "delta": delta, **choice}]})
+
+    events = [chunk({"role": "assistant", "content": "Let me "}, token_ids=[1],
+                    logprobs={"content": [{"logprob": -1}]}),
+              chunk({"content": "look."}, token_ids=[2]),
+              chunk({"tool_calls": [{"index": 0, "id": "c0", "function": {"name": "find", "arguments": '{"q"'}}]}),
+              chunk({"tool_calls": [{"index": 1, "id": "c1", "function": {"name": "get", "arguments": "{}"}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": ': "a"}'}}]}),
+              json.dumps({"model": "m", "choices": [{"index": 1, "delta": {"content": "another choice"}}]})]
+    payload = merged(events)
+    message = payload["choices"][0]["message"]
+    assert message["content"] == "Let me look." and payload["model"] == "m"
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == \
+        [("c0", "find", '{"q": "a"}'), ("c1", "get", "{}")]
+    assert payload["choices"][0]["token_ids"] == [1, 2]
+    assert merged([]) is None and merged(["not json"]) is None
+    assert merged([chunk({"content": ["not", "text"]})]) is None
