@@ -102,29 +102,55 @@ def _check_text(text: str, where: str, kind: ErrorKind) -> None:
 
 
 def _check_plain(obj: Any, root: str) -> None:
-    """Plain, storable JSON or ActionError; iterative, so no nesting can exhaust the stack."""
-    stack = [(obj, root, 0)]
+    """Plain, storable JSON or ActionError; iterative, so no nesting can exhaust the stack. The
+    path of a value (`root/key/...`, for the message) is only spelled out for a bad one."""
+    stack = [(obj, None, root, 0)]
     while stack:
-        value, where, depth = stack.pop()
-        if isinstance(value, (dict, list)):
+        value, parent, key, depth = stack.pop()
+        kind = type(value)
+        if kind is str:
+            if SURROGATE.search(value):
+                _check_text(value, _where(parent, key), ErrorKind.invalid_arguments)
+        elif kind is int or kind is bool or value is None:
+            if kind is int and not -MAX_INT <= value < MAX_INT:
+                raise ActionError(ErrorKind.invalid_arguments, f"{_where(parent, key)}: integer out of range (64 bits)")
+        elif isinstance(value, (dict, list)):
+            where = (parent, key)
             if depth >= MAX_DEPTH:
-                raise ActionError(ErrorKind.action_too_deep, f"{where} nests deeper than {MAX_DEPTH} levels")
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                if isinstance(value, dict):
-                    if not isinstance(key, str):
-                        raise ActionError(ErrorKind.invalid_arguments, f"{where}: keys must be strings, "
-                                                                       f"not {type(key).__name__}")
-                    _check_text(key, f"a key in {where}", ErrorKind.invalid_arguments)
-                stack.append((item, f"{where}/{key}", depth + 1))
-        elif isinstance(value, str):
-            _check_text(value, where, ErrorKind.invalid_arguments)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ActionError(ErrorKind.invalid_json, f"{where}: {value} is not a JSON number")
-        elif isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value < MAX_INT:
-            raise ActionError(ErrorKind.invalid_arguments, f"{where}: integer out of range (64 bits)")
-        elif value is not None and not isinstance(value, (bool, int, float)):
-            raise ActionError(ErrorKind.invalid_arguments, f"{where}: {type(value).__name__} is not a JSON value")
+                raise ActionError(ErrorKind.action_too_deep, f"{_where(*where)} nests deeper than {MAX_DEPTH} levels")
+            if isinstance(value, dict):
+                for k, item in value.items():
+                    if not isinstance(k, str):
+                        raise ActionError(ErrorKind.invalid_arguments, f"{_where(*where)}: keys must be strings, "
+                                                                       f"not {type(k).__name__}")
+                    if SURROGATE.search(k):
+                        _check_text(k, f"a key in {_where(*where)}", ErrorKind.invalid_arguments)
+                    stack.append((item, where, k, depth + 1))
+            else:
+                stack.extend((item, where, i, depth + 1) for i, item in enumerate(value))
+        else:
+            _check_scalar(value, _where(parent, key))
+
+
+def _where(parent: tuple | None, key: Any) -> str:
+    """`root/key/...` of a value from its parent's (parent, key) chain."""
+    parts = [str(key)]
+    while parent is not None:
+        parent, key = parent
+        parts.append(str(key))
+    return "/".join(reversed(parts))
+
+
+def _check_scalar(value: Any, where: str) -> None:
+    """A value that is not an exact str, int, bool, None, dict or list (a float, a subclass, or no JSON at all)."""
+    if isinstance(value, str):
+        _check_text(value, where, ErrorKind.invalid_arguments)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ActionError(ErrorKind.invalid_json, f"{where}: {value} is not a JSON number")
+    elif isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT <= value < MAX_INT:
+        raise ActionError(ErrorKind.invalid_arguments, f"{where}: integer out of range (64 bits)")
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise ActionError(ErrorKind.invalid_arguments, f"{where}: {type(value).__name__} is not a JSON value")
 
 
 def _call_from_dict(obj: Any) -> ToolCall:
