@@ -32,7 +32,7 @@ Row = tuple[str, Any, Any]  # figure, value, ratio (None where the figure is not
 def _rollout(fig: dict) -> list[Row]:
     rows: list[Row] = []
     for stage, label in (("combined", "rollout + scoring"), ("rollout", "rollout, verified"), ("scoring", "PRM scoring")):
-        rows += [(f"{label} steps/s (current / code at {fig['baseline']})", fig[f"current_{stage}_median_steps_per_s"],
+        rows += [(f"{label} steps/s (ratio: to {fig['baseline']})", fig[f"current_{stage}_median_steps_per_s"],
                   fig[f"{stage}_median_ratio"]),
                  (f"{label} steps/s, code at {fig['baseline']}", fig[f"baseline_{stage}_median_steps_per_s"], None)]
     return rows
@@ -128,7 +128,8 @@ BENCHMARKS: list[tuple[str, str, list[str], Callable[[Any], list[Row]]]] = [
     ("rollout", "bench_rollout.py", ["--tasks", "50", "--repeats", "3"], _rollout),
     ("families", "bench_families.py", ["--families", "inventory", "conversation", "advisory",
                                        "--episodes", "50", "--repeats", "1"], _families),
-    ("factory", "bench_factory.py", ["--tasks", "100", "--samples", "2", "--repeats", "2"], _factory),
+    ("factory", "bench_factory.py", ["--tasks", "1000", "--samples", "2", "--repeats", "2", "--no-throughput"],
+     _factory),
     ("warehouse", "bench_warehouse.py", ["--steps", "200000", "--batch-steps", "50000", "--repeats", "2"],
      _warehouse),
     ("rules", "bench_rules.py", ["--steps", "100000", "--loop-steps", "10000", "--repeats", "2",
