@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import jsonschema
 
-from envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError, boundary
+from envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError
 from envs.parsing import parse_action, storable_text
 from envs.profile import DomainProfile
 from envs.records import Step, TaskSpec, ToolCall, check_task, make_step
@@ -183,10 +183,14 @@ class ToolEnv(AgentEnv):
         """Parse, check and run one action; the observation. Errors are attributed by the
         boundary they escaped (envs.errors): the action's own checks, or the tool."""
         try:
-            with boundary(Boundary.agent_input.value, allowed=(ActionError,)):
+            try:  # the agent-input boundary (envs.errors.boundary, written out: it runs every step)
                 parsed = parse_action(action, self.task.budget.max_action_chars)
                 info["tool_call"], info["thought"] = parsed.call, parsed.thought
                 self._check_call(parsed.call)
+            except ActionError:
+                raise
+            except Exception as exc:
+                raise EnvBug(AGENT_INPUT_BOUNDARY, exc) from exc
             return self._run_tool(parsed.call)
         except (ActionError, ToolError) as exc:
             info["error"] = {"kind": exc.kind, "message": exc.message}
@@ -203,13 +207,18 @@ class ToolEnv(AgentEnv):
         a failed call did nothing, so replays stay exact. `rollback=False` (a replay, which
         rolls back its own way) leaves the state as the crash left it."""
         before = copy_state(self._state) if rollback else None
-        try:
-            with boundary(f"{Boundary.tool.value} {call.name}", allowed=(ToolError, EnvFault)):
-                return render_result(call.name, getattr(self, f"tool_{call.name}")(self._state, **call.arguments))
-        except (EnvFault, EnvBug):
+        try:  # the tool's boundary (envs.errors.boundary, written out: it runs every call)
+            return render_result(call.name, getattr(self, f"tool_{call.name}")(self._state, **call.arguments))
+        except ToolError:
+            raise
+        except EnvFault:
             if rollback:
                 self._state = before
             raise
+        except Exception as exc:
+            if rollback:
+                self._state = before
+            raise EnvBug(f"{TOOL_BOUNDARY} {call.name}", exc) from exc
 
     def replay(self, task: TaskSpec, calls: list[ToolCall | None], states: list[dict[str, Any]],
                after_each: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
@@ -230,11 +239,10 @@ class ToolEnv(AgentEnv):
         starts, applied = [copy_state(s) for s in states], [[] for _ in states]
         for call in calls:
             if call is not None and not all(done):
-                try:
-                    with boundary(Boundary.agent_input.value, allowed=(ActionError,)):
-                        call = parse_action(call, task.budget.max_action_chars).call
-                        self._check_call(call)
-                except (ActionError, EnvBug):  # refused before any tool ran: no state changed
+                try:  # as in `_act`: refused (or an env bug) before any tool ran, so no state changed
+                    call = parse_action(call, task.budget.max_action_chars).call
+                    self._check_call(call)
+                except Exception:
                     call = None
                 for k in range(len(states)) if call is not None else ():
                     if not done[k]:
@@ -304,6 +312,7 @@ class ToolEnv(AgentEnv):
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+AGENT_INPUT_BOUNDARY, TOOL_BOUNDARY = Boundary.agent_input.value, Boundary.tool.value
 
 
 def copy_state(value: Any) -> Any:
