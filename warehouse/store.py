@@ -210,8 +210,8 @@ class Warehouse:
             keep = self._new_indices(table, part)
             if gate and table.content_id is not None:
                 found = verdicts.get(name) or quality.identity_verdicts(table, _rows(part))
-                kept = set(keep)  # a tampered copy of a landed row is refused, not skipped
-                keep += [i for i, verdict in enumerate(found) if verdict != quality.FOUND and i not in kept]
+                # A tampered copy of a landed row is refused, not skipped: it joins the rows gated.
+                keep = sorted(set(keep) | {i for i, verdict in enumerate(found) if verdict != quality.FOUND})
                 identity[name] = [found[i] for i in keep]
             new[name] = _take(part, keep)
         tables = {TABLES[name]: part for name, part in new.items() if len(part)}
@@ -663,10 +663,8 @@ def _from_rows(table: Table, rows: list[dict[str, Any]]) -> Part:
         return rows
 
 
-def _keys(table: Table, part: Part) -> list[tuple]:
-    if isinstance(part, pa.Table):
-        return list(zip(*(part[k].to_pylist() for k in table.key)))
-    return [tuple(row.get(k) for k in table.key) for row in part]
+def _keys(table: Table, rows: list[dict[str, Any]]) -> list[tuple]:
+    return [tuple(row.get(k) for k in table.key) for row in rows]
 
 
 def _take(part: Part, indices: list[int]) -> Part:

@@ -92,3 +92,17 @@ def test_a_landing_pauses_the_garbage_collector_and_restores_it(wh, build, monke
         assert seen == [False, False] and not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_tampered_copy_first_in_a_batch_is_reported_on_its_own_row(wh, build):
+    landed, new = build.task("inventory", 10), build.task("inventory", 11)
+    wh.land_tasks([landed])
+    tampered = landed.model_copy(update={"goal": "something else"})
+    landing = wh.land(tasks=[tampered, new])
+    assert not landing.ok
+    (failure,) = landing.report.failures
+    assert failure["column"] == "id:task_id" and failure["unexpected_count"] == 1
+    assert failure["examples"] == [f"{landed.task_id}: its content hashes to {tampered.compute_id()}"]
+    (result,) = [r for r in landing.report.tables["tasks"].result["results"] if not r["success"]]
+    assert result["result"]["partial_unexpected_index_list"] == [0]  # the verdict sits on the tampered row
+    assert wh.load_tasks() == [landed]
