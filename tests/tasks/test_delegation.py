@@ -4,6 +4,8 @@ never counted as the sub-task family's own data."""
 
 from __future__ import annotations
 
+import json
+
 import envs  # noqa: F401  (registers the families)
 from envs.family import family
 from envs.records import ToolCall
@@ -131,7 +133,7 @@ def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
     assert (schedule.weight, schedule.anneal_steps) == (0.3, 50)
     with Warehouse(tmp_path) as wh:
         params = {r["kind"]: r["params"] for r in wh.sql("select kind, params from datasets").to_pylist()}
-    assert '"parallelism_reward": {"weight": 0.3, "anneal_steps": 50}' in params["grpo"]
+    assert json.loads(params["grpo"])["parallelism_reward"] == {"weight": 0.3, "anneal_steps": 50}
     assert "parallelism_reward" not in params["sft"]
     plain = assemble_datasets(tmp_path, ["orchestrator"])
     assert dataset_parallelism(plain["grpo"]["path"]) is None
