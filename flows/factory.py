@@ -22,7 +22,7 @@ from typing import Any
 from prefect import flow, get_run_logger, tags, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TagsContext
 from prefect.events import emit_event
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
@@ -161,24 +161,29 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
     are named `<family> · <stage>`, the rollout batches `<family> · rollout i/n`; `batch_size`
     None: chosen from the work (`batch_size_for`). The episodes' seeds come from the task and
     sample, never the batch, so any batch size collects the same rollouts."""
-    named = lambda t, stage: t.with_options(task_run_name=f"{family} · {stage}")  # noqa: E731
-    generated = named(generate, "generate")(family, tasks_per_family, seed)
-    valid, invalid = named(validate, "validate")(quote(generated))
-    isolated, leaked = named(isolate, "isolate")(quote(valid), data_dir, holdout_fraction)
-    size = batch_size_for(len(isolated), runner_workers(), batch_size)
-    batches = [isolated[i:i + size] for i in range(0, len(isolated), size)]
-    progress.start(family, len(isolated) * samples_per_task)
-    futures = [named(rollout_batch, f"rollout {i}/{len(batches)}").submit(
-        Batch(batch), policy, policy_kwargs, samples_per_task, seed, retry, faults, subagent)
-        for i, batch in enumerate(batches, 1)]
-    meter = create_progress_artifact(0.0, key=f"{family.replace('_', '-')}-rollouts",
-                                     description=f"{family}: rollout batches done (%)") if batches else None
-    rollouts, error = batch_rollouts(futures, lambda done: update_progress_artifact(meter, 100.0 * done / len(batches)))
-    progress.finish(family)
-    scores = named(score, "score")(quote(rollouts), quote(isolated), data_dir) if rollouts else []
-    # quote(): Prefect would walk every record of the returned value looking for futures
-    return quote({"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
-                  "error": error})
+    # The subflow run carries the family's tag (_run_families), its task runs do not: Prefect asks
+    # its server for a concurrency slot for every tagged task run (about 3 s per 1,000-task run on
+    # a loaded 2-core machine, tests/benchmarks/bench_factory.py).
+    with TagsContext(current_tags=TagsContext.get().current_tags - {f"family:{family}"}):
+        named = lambda t, stage: t.with_options(task_run_name=f"{family} · {stage}")  # noqa: E731
+        generated = named(generate, "generate")(family, tasks_per_family, seed)
+        valid, invalid = named(validate, "validate")(quote(generated))
+        isolated, leaked = named(isolate, "isolate")(quote(valid), data_dir, holdout_fraction)
+        size = batch_size_for(len(isolated), runner_workers(), batch_size)
+        batches = [isolated[i:i + size] for i in range(0, len(isolated), size)]
+        progress.start(family, len(isolated) * samples_per_task)
+        futures = [named(rollout_batch, f"rollout {i}/{len(batches)}").submit(
+            Batch(batch), policy, policy_kwargs, samples_per_task, seed, retry, faults, subagent)
+            for i, batch in enumerate(batches, 1)]
+        meter = create_progress_artifact(0.0, key=f"{family.replace('_', '-')}-rollouts",
+                                         description=f"{family}: rollout batches done (%)") if batches else None
+        rollouts, error = batch_rollouts(
+            futures, lambda done: update_progress_artifact(meter, 100.0 * done / len(batches)))
+        progress.finish(family)
+        scores = named(score, "score")(quote(rollouts), quote(isolated), data_dir) if rollouts else []
+        # quote(): Prefect would walk every record of the returned value looking for futures
+        return quote({"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
+                      "error": error})
 
 
 def batch_rollouts(futures, on_done=None) -> tuple[list[Rollout], str | None]:

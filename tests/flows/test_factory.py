@@ -46,8 +46,9 @@ def test_rerunning_with_the_same_inputs_lands_nothing(run_dir):
 
 
 def test_batch_size_changes_no_id(run_dir, tmp_path):
-    """The run_dir run cut its 20 tasks into 4 batches of 5 (chosen); 7 batches of 3 land the same
-    rows and assemble the same datasets (ids are content hashes; episode seeds come from the task)."""
+    """The run_dir run chose its batch size (4 batches of 5 on 2 cores); 7 batches of 3 land the
+    same rows and assemble the same datasets (ids are content hashes; episode seeds come from the
+    task)."""
     data_dir, report = run_dir
     again = factory(families=["inventory"], tasks_per_family=20, seed=1, batch_size=3, data_dir=str(tmp_path))
     assert counts(tmp_path) == counts(data_dir) and again["landed"] == report["landed"]
@@ -127,3 +128,23 @@ def test_task_runner_choice():
     except ImportError:
         with pytest.raises(ValueError, match=r"pip install -e '\.\[ray\]'"):
             make_task_runner("ray")
+
+
+def test_the_family_subflow_is_tagged_its_task_runs_are_not(run_dir):
+    """Prefect asks its server for a concurrency slot for every tagged task run (seconds per run
+    under load), so the family's tag marks its subflow run only."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    data_dir, _ = run_dir
+    with Warehouse(data_dir, read_only=True) as wh:
+        (parent,) = [r["flow_run_id"] for r in wh.sql("select distinct flow_run_id from rollouts").to_pylist()]
+    with get_client(sync_client=True) as client:
+        (family,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])))
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[family.id])))
+    assert family.name == "inventory" and "family:inventory" in family.tags
+    names = {r.name for r in runs}
+    assert {"inventory · generate", "inventory · score"} <= names and any(n.startswith("inventory · rollout 1/")
+                                                                         for n in names)
+    assert [r.tags for r in runs] == [[]] * len(runs)
