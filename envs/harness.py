@@ -26,7 +26,9 @@ class ModelCall(Record):
     """One chat-completions request a harness sent through the proxy, and what came back.
     `status`: ok; `fault` (the upstream failed: no connection, a timeout, 429, 5xx, an unreadable
     reply — an inference fault, never the model's); `context` (the upstream refused a context too
-    long, by its structured code); `refused` (another 4xx: the harness's request was malformed)."""
+    long, by its structured code); `refused` (another 4xx, or a request the proxy cannot forward and
+    record: the harness's request was malformed); `cancelled` (the harness closed a stream before
+    its end). The last two are the harness's own doing: the examinee's, never a fault."""
 
     episode_id: str
     index: int = Field(ge=0)  # order in which the proxy received the episode's calls
@@ -40,7 +42,7 @@ class ModelCall(Record):
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     latency_s: float = 0.0
-    status: Literal["ok", "fault", "context", "refused"] = "ok"
+    status: Literal["ok", "fault", "context", "refused", "cancelled"] = "ok"
     error: str | None = None
 
     @property
@@ -123,14 +125,24 @@ def assemble_steps(tool_steps: list[Step], calls: list[ModelCall]) -> tuple[list
     return steps, last
 
 
+HARNESS_OWN = frozenset({"refused", "cancelled"})  # the harness's own doing, never the upstream's
+
+
 def inference_end(calls: list[ModelCall]) -> tuple[str | None, str | None, str | None]:
-    """How the harness's model calls ended: (inference fault, context exceeded, refused request),
-    each a reason or None, read from the last call (a failed call the harness retried with
-    success is its own client's retry, as the factory's policy retries, not a fault)."""
-    if not calls or calls[-1].status == "ok":
-        return None, None, None
-    last = calls[-1]
+    """How the harness's model calls ended: (inference fault, context exceeded, the harness's own
+    failed request), each a reason or None. The first two are read from the last call the upstream
+    answered or failed (a failed call the harness retried with success is its own client's retry,
+    as the factory's policy retries, not a fault). A request the harness itself got wrong
+    (`refused`, `cancelled`) is the examinee's doing, as a malformed tool call is: it decides no
+    class (a harness must not turn its failing episode into one outside every statistic by ending
+    on a garbage request or a stream it closes); the third value only names it, for the reason."""
+    own = calls[-1] if calls and calls[-1].status in HARNESS_OWN else None
+    mine = (f"the harness's last model request was {own.status}: model call {own.index} through the proxy: "
+            f"{own.error or own.status}") if own else None
+    answered = [c for c in calls if c.status not in HARNESS_OWN]
+    if not answered or answered[-1].status == "ok":
+        return None, None, mine
+    last = answered[-1]
     reason = f"model call {last.index} through the proxy: {last.error or last.status}"
     return ((f"inference endpoint failed: {reason}" if last.status == "fault" else None),
-            (f"the model's context is full: {reason}" if last.status == "context" else None),
-            (f"the harness's model request was refused: {reason}" if last.status == "refused" else None))
+            (f"the model's context is full: {reason}" if last.status == "context" else None), mine)

@@ -259,11 +259,13 @@ class EpisodeHub:
         steps, last = assemble_steps(tool_steps, calls)
         if ts.done and last is not None:  # what the harness asked after the env ended is not this episode's
             calls = calls[:last + 1]
-        fault, context, refused = inference_end(calls)
-        termination, reason = classify(
+        fault, context, own = inference_end(calls)
+        termination, reason = classify(  # a request the harness got wrong is its own (a model outcome), no class
             steps, terminated=ts.terminated, truncated=ts.truncated, end_info=ts.info, outcome=outcome,
-            policy_error=refused, env_error=episode.env_error, verifier_error=verifier_error, env_bug=episode.env_bug,
+            env_error=episode.env_error, verifier_error=verifier_error, env_bug=episode.env_bug,
             inference_fault=fault, context_exceeded=context)
+        if own:
+            reason = f"{reason}; {own}"
         policy_id, policy_version = policy_of(calls)
         cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
                     tokens=sum(len(s.token_ids or []) for s in steps),

@@ -121,7 +121,8 @@ class _Episodes:
 
 def build_app(hub: EpisodeHub, host: str = "127.0.0.1"):
     """The streamable-HTTP app: `/mcp`, `/episodes/<name>/mcp`, and `POST /episodes/<name>/finish`
-    (the episode's rollout id and class as JSON)."""
+    (the episode's rollout and task ids as JSON; never its class: a verdict shown to the harness
+    would let it probe a task in one episode and play it again, knowing, in another)."""
     server = build_server(hub)
     app = server.streamable_http_app(host=host, session_idle_timeout=None)
     endpoint = _Episodes(hub, StreamableHTTPASGIApp(server.session_manager))
@@ -131,8 +132,7 @@ def build_app(hub: EpisodeHub, host: str = "127.0.0.1"):
         if not EPISODE_NAME.fullmatch(name) or name not in hub:
             return JSONResponse({"error": f"no episode {name[:80]!r}"}, status_code=404)
         rollout = await anyio.to_thread.run_sync(hub.finish, name)
-        return JSONResponse({"episode": name, "rollout_id": rollout.rollout_id, "task_id": rollout.task_id,
-                             "termination": rollout.termination.value})
+        return JSONResponse({"episode": name, "rollout_id": rollout.rollout_id, "task_id": rollout.task_id})
 
     app.router.routes[:] = [Route("/mcp", endpoint=endpoint), Route("/episodes/{episode}/mcp", endpoint=endpoint),
                             Route("/episodes/{episode}/finish", endpoint=finish, methods=["POST"])]

@@ -112,15 +112,24 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
                                 status_code=404)
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            error = "the request is not a chat completion (a JSON object with messages)"
+        error = "the request is not a chat completion (a JSON object with messages)"
+        if isinstance(body, dict) and isinstance(body.get("messages"), list):
+            try:  # a request the proxy could not record is never forwarded: the harness's, said as such
+                shown = dict(messages=_clean(body["messages"]), tools=_clean(body.get("tools")) or None,
+                             model=str(body.get("model") or ""))
+                ModelCall(**record, **shown).model_dump_json()
+                json.dumps(body, ensure_ascii=False).encode("utf-8")
+                record.update(shown)
+                error = None
+            except (ValueError, TypeError, RecursionError) as exc:  # pydantic's ValidationError, UnicodeError
+                error = f"the request is not a chat completion the proxy can record: {type(exc).__name__}: " + \
+                    " ".join(str(exc).split())[:300]
+        if error is not None:
             calls.append(ModelCall(**record, status="refused", error=error))
             return JSONResponse({"error": {"message": error, "type": "invalid_request_error"}}, status_code=400)
-        record.update(messages=_clean(body["messages"]), tools=_clean(body.get("tools")) or None,
-                      model=str(body.get("model") or ""))
         if request_logprobs:
             body = {**body, "logprobs": True}
         if request_token_ids:
@@ -160,9 +169,14 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         except (TypeError, KeyError, IndexError, ValueError, AttributeError):
             return False
         fingerprint = payload.get("system_fingerprint")
-        record["model"] = str(payload.get("model") or record["model"])
-        calls.append(ModelCall(**record, response=_clean(message), token_ids=ids, logprobs=logprobs,
-                               fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None))
+        try:  # a reply that cannot be stored (not valid Unicode, not a message) is unreadable: the upstream's
+            call = ModelCall(**{**record, "model": str(payload.get("model") or record["model"])},
+                             response=_clean(message), token_ids=ids, logprobs=logprobs,
+                             fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None)
+            call.model_dump_json()
+        except (ValueError, TypeError, RecursionError):
+            return False
+        calls.append(call)
         return True
 
     def keep_failure(record: dict, status: int, payload: Any, text: str) -> None:
@@ -196,15 +210,21 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
                             media_type=response.headers.get("content-type", "application/json"))
 
         async def relay():
-            events, failure, deadline = [], None, time.monotonic() + timeout_s
+            # `held`: time spent handing lines to the harness (a harness reading slowly holds the stream
+            # itself); `whole`: the upstream's stream ran to its end. A harness that closes its stream
+            # before then cut its own call: `cancelled`, never a fault nor a whole answer.
+            events, failure, deadline, held, whole = [], None, time.monotonic() + timeout_s, 0.0, False
             try:
                 async for line in response.aiter_lines():
+                    handed = time.monotonic()
                     yield line + "\n"
+                    held += time.monotonic() - handed
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
                         events.append(line[5:].strip())
-                    if time.monotonic() > deadline:
+                    if time.monotonic() - held > deadline:
                         failure = f"{where} gave no complete answer within {timeout_s:g} s"
                         raise TimeoutError(failure)
+                whole = True
             except httpx.HTTPError as exc:  # the stream was cut: the upstream's, whatever came before
                 failure = redact(f"the stream from {where} broke: {type(exc).__name__}: {exc}")
                 raise  # and the harness's breaks too: a cut answer must never pass for a whole one
@@ -212,10 +232,14 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
                 with anyio.CancelScope(shield=True):
                     await response.aclose()
                 record["latency_s"] = round(time.perf_counter() - started, 6)
-                if failure is None and not keep_reply(record, merged(events)):
-                    failure = f"unreadable stream from {where}: {redact(' '.join(events))[:300]}"
-                if failure is not None:
-                    calls.append(ModelCall(**record, status="fault", error=failure))
+                if failure is None and not whole:
+                    calls.append(ModelCall(**record, status="cancelled",
+                                           error=f"the harness closed the stream after {len(events)} chunks"))
+                else:
+                    if failure is None and not keep_reply(record, merged(events)):
+                        failure = f"unreadable stream from {where}: {redact(' '.join(events))[:300]}"
+                    if failure is not None:
+                        calls.append(ModelCall(**record, status="fault", error=failure))
 
         return StreamingResponse(relay(), media_type="text/event-stream")
 

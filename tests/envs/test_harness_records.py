@@ -59,10 +59,22 @@ def test_a_failed_call_the_harness_retried_with_success_is_no_fault_a_last_faile
     assert reason == "inference endpoint failed: model call 1 through the proxy: HTTP 503 from u"
     assert (context, refused) == (None, None)
     assert inference_end([model_call(0, [], status="context")])[1].startswith("the model's context is full")
-    assert inference_end([model_call(0, [], status="refused")])[2].startswith("the harness's model request was refused")
+    refused = inference_end([model_call(0, [], status="refused")])
+    assert refused[:2] == (None, None) and refused[2].startswith("the harness's last model request was refused")
 
 
 def test_the_policy_is_the_model_the_upstream_named():
     assert policy_of([]) == ("harness:unrecorded", "no model calls recorded")
     assert policy_of([model_call(0, [])]) == ("harness:m", "u")
     assert policy_of([model_call(0, []).model_copy(update={"fingerprint": "fp_1"})]) == ("harness:m", "u|fp_1")
+
+
+def test_a_request_the_harness_got_wrong_decides_no_class_and_hides_no_fault():
+    """A malformed request or a stream the harness closed is the examinee's own doing: ending on one
+    must not make a failing episode a fault (or a class outside every statistic), nor hide a fault."""
+    fault = model_call(1, [], status="fault").model_copy(update={"error": "HTTP 503 from u"})
+    for own in ("refused", "cancelled"):
+        mine = model_call(2, [], status=own)
+        fault_, context, named = inference_end([model_call(0, []), mine])
+        assert (fault_, context) == (None, None) and named.startswith(f"the harness's last model request was {own}")
+        assert inference_end([model_call(0, []), fault, mine])[0].startswith("inference endpoint failed: model call 1")

@@ -102,9 +102,9 @@ def test_an_unknown_tool_or_bad_arguments_is_an_error_result_and_the_episode_goe
     assert bad.is_error and json.loads(bad.content[0].text)["error"]["type"] == "invalid_arguments"
     assert not good.is_error and json.loads(good.content[0].text)["ok"] is True
     finished = httpx.post(f"{env_url}/episodes/clumsy/finish").json()
-    assert finished["termination"] == "truncated"  # the harness stopped before the episode ended: a model outcome
     rollout = hub.finish("clumsy")  # the same rollout again: an episode ends once
     assert rollout.rollout_id == finished["rollout_id"]
+    assert rollout.termination == Termination.truncated  # the harness stopped before the episode ended: a model outcome
     assert [s.error for s in rollout.steps] == ["unknown_tool", "invalid_arguments", None]
     assert rollout.policy_id == "harness:unrecorded" and all(s.token_ids is None for s in rollout.steps)
 
@@ -163,7 +163,7 @@ def test_an_upstream_answering_500_gives_an_inference_fault_never_a_model_failur
             asyncio.run(play(env_url, proxy_url, "down"))
         finished = httpx.post(f"{env_url}/episodes/down/finish").json()
     hub.close()
-    assert finished["termination"] == "inference_fault"
+    assert finished["rollout_id"] == hub.rollouts[0].rollout_id
     [rollout] = hub.rollouts
     assert rollout.termination == Termination.inference_fault
     assert "HTTP 500" in rollout.termination_reason and rollout.steps == []
@@ -180,8 +180,9 @@ def test_an_upstream_that_cannot_be_reached_is_an_inference_fault(tmp_path):
                            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 502
         hub.goal("cut")
-        assert httpx.post(f"{env_url}/episodes/cut/finish").json()["termination"] == "inference_fault"
+        assert httpx.post(f"{env_url}/episodes/cut/finish").status_code == 200
     hub.close()
+    assert hub.rollouts[0].termination == Termination.inference_fault
     assert "connection to http://127.0.0.1" in hub.rollouts[0].termination_reason
 
 
@@ -327,7 +328,8 @@ def test_an_idle_episode_ends_on_its_own(tmp_path):
 @pytest.mark.parametrize("status, payload, termination, reason", [
     (400, {"error": {"message": "too long", "code": "context_length_exceeded"}}, "truncated",
      "the model's context is full"),
-    (400, {"error": {"message": "bad role"}}, "policy_error", "the harness's model request was refused"),
+    (400, {"error": {"message": "bad role"}}, "truncated",  # the harness's own malformed request: a model outcome
+     "the policy stopped before the episode ended; the harness's last model request was refused"),
     (429, {"error": {"message": "slow down"}}, "inference_fault", "inference endpoint failed"),
     (200, {"choices": []}, "inference_fault", "inference endpoint failed: model call 0 through the proxy: unreadable"),
 ])

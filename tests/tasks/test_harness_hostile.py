@@ -1,0 +1,139 @@
+"""The harness as the examinee, attacking the public interface (serve-env's HTTP endpoints and the
+proxy on 127.0.0.1): what it controls must never turn its failing episode into a fault, a class
+outside every statistic or a success, never show it a verdict, and never crash the proxy."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+import envs  # noqa: F401
+from envs.records import MODEL_OUTCOMES, Termination
+from tasks.harness import EpisodeHub
+from tasks.mcp_server import build_app, served
+from tasks.proxy import build_proxy
+from tests.tasks.harness_stub import scripted_inventory
+from tests.verifiers.openai_stub import OpenAIStub
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def slow_stream(delay_s: float = 1.0):
+    """An upstream whose stream starts after `delay_s`, then three chunks 0.2 s apart."""
+    async def chat(request):
+        await request.json()
+
+        async def events():
+            await anyio.sleep(delay_s)
+            for n in range(3):
+                yield "data: " + json.dumps({"model": "m", "choices": [{"index": 0, "delta": {"content": f"w{n} "}}]}) \
+                    + "\n\n"
+                await anyio.sleep(0.2)
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def wait_for_calls(hub: EpisodeHub, name: str, n: int) -> list:
+    deadline = time.monotonic() + 10
+    while len(calls := hub.log.read(name)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return calls
+
+
+def test_a_failing_harness_cannot_leave_the_statistics_by_ending_on_a_request_of_its_own(tmp_path):
+    """Garbage, a model the upstream does not serve, a submit that failed after a garbage request:
+    each episode stays a model outcome (before: `policy_error`, outside every success rate)."""
+    def upstream_answer(body, headers):
+        if body.get("model") != "stub-model":
+            return 404, {"error": {"message": "model not found", "code": "model_not_found"}}
+        return scripted_inventory(body, headers)
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with OpenAIStub(respond=upstream_answer) as upstream, served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        for name, request in [("garbage", {"content": b"not json"}),
+                              ("nomodel", {"json": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}})]:
+            hub.goal(name)
+            hub.call(name, "find_items", {"query": "definitely not an item"})  # a failing episode
+            assert httpx.post(f"{px}/episodes/{name}/v1/chat/completions", **request).status_code in (400, 404)
+            rollout = hub.finish(name)
+            assert rollout.termination in MODEL_OUTCOMES and rollout.termination != Termination.success, name
+            assert "the harness's last model request was refused" in rollout.termination_reason
+        hub.goal("denied")  # the env ends this one with a wrong submit, its tool calls not from any model call
+        assert httpx.post(f"{px}/episodes/denied/v1/chat/completions", content=b"[]").status_code == 400
+        hub.call("denied", "submit", {"status": "denied", "note": "no"})
+        assert hub.finish("denied").termination in (Termination.failure, Termination.constraint_violation)
+    hub.close()
+
+
+def test_a_stream_the_harness_closes_is_its_own_never_a_fault_nor_a_whole_answer(tmp_path):
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with served(slow_stream()) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path))) as px:
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": hub.goal("early")}]}
+        with httpx.stream("POST", f"{px}/episodes/early/v1/chat/completions", json=body) as reply:
+            assert reply.status_code == 200  # and the harness walks away before the first chunk
+        hub.goal("midway")
+        with httpx.stream("POST", f"{px}/episodes/midway/v1/chat/completions", json=body) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data:"):
+                    break  # one chunk, then it walks away
+        [early] = wait_for_calls(hub, "early", 1)
+        [midway] = wait_for_calls(hub, "midway", 1)
+        assert early.status == midway.status == "cancelled"  # before: a fault, and a partial answer as "ok"
+        assert midway.response is None
+        for name in ("early", "midway"):
+            rollout = hub.finish(name)
+            assert rollout.termination in MODEL_OUTCOMES, (name, rollout.termination, rollout.termination_reason)
+    hub.close()
+
+
+def test_finishing_an_episode_tells_the_harness_no_verdict(tmp_path):
+    """The pool repeats its tasks: a verdict shown for one episode is the answer to another."""
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with served(build_app(hub)) as env_url:
+        hub.goal("probe")
+        hub.call("probe", "submit", {"status": "denied", "note": "guess"})
+        reply = httpx.post(f"{env_url}/episodes/probe/finish")
+        assert reply.status_code == 200
+        assert set(reply.json()) == {"episode", "rollout_id", "task_id"}
+        assert not any(t.value in reply.text for t in Termination)
+    hub.close()
+
+
+def test_a_chat_request_the_proxy_cannot_record_is_refused_clearly_and_the_proxy_goes_on(tmp_path):
+    """Messages that are not objects, tools that are not a list, text that is not Unicode, nesting
+    past any parser: a 400 that says so, recorded as the harness's refused request (before: the
+    proxy answered 500 and recorded nothing). A reply that cannot be stored is the upstream's."""
+    def answer(body, headers):
+        if body["messages"][0]["content"] == "surrogate please":
+            return 200, {"model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "\ud800"}}]}
+        return scripted_inventory(body, headers)
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    user = {"role": "user", "content": "x"}
+    with OpenAIStub(respond=answer) as upstream, served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        url = f"{px}/episodes/bad/v1/chat/completions"
+        bodies = [json.dumps({"model": "m", "messages": [1, "x", None]}),
+                  json.dumps({"model": "m", "messages": [user], "tools": "not a list"}),
+                  '{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+                  '{"model": "m", "messages": [' + "[" * 100_000 + "]" * 100_000 + "]}"]
+        for body in bodies:
+            reply = httpx.post(url, content=body, headers={"content-type": "application/json"})
+            assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error", reply.text
+        assert len(upstream.requests) == 0  # never forwarded
+        assert [c.status for c in hub.log.read("bad")] == ["refused"] * 4
+        reply = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "surrogate please"}]})
+        assert reply.status_code == 502
+        assert hub.log.read("bad")[-1].status == "fault"
+        goal = hub.goal("good")  # the proxy goes on serving
+        reply = httpx.post(f"{px}/episodes/good/v1/chat/completions",
+                           json={"model": "m", "messages": [{"role": "user", "content": goal}]})
+        assert reply.status_code == 200 and [c.status for c in hub.log.read("good")] == ["ok"]
+    hub.close()
