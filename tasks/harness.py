@@ -30,7 +30,7 @@ from envs.base import render_error
 from envs.errors import EnvFault
 from envs.harness import ModelCall, assemble_steps, inference_end, policy_of
 from envs.leaks import find_leaks
-from envs.records import Cost, Rollout, TaskSpec, ToolCall
+from envs.records import Cost, Rollout, Step, TaskSpec, Termination, ToolCall
 from envs.registry import make, spec
 from envs.secrets import redact
 from envs.timestep import TimeStep
@@ -119,6 +119,9 @@ class Episode:
     env_bug: str | None = None
     rollout: Rollout | None = None  # set once the episode has ended
     landing_error: str | None = None
+    harness_leak: str | None = None  # the harness showed its model hidden values: landed as a violation
+    tool_steps: list[Step] = field(default_factory=list)  # the env's own steps, as its recorder kept them
+    model_calls: list[ModelCall] = field(default_factory=list)  # the model calls the rollout was built from
     landed: threading.Event = field(default_factory=threading.Event)  # landed, or failed to
 
     @property
@@ -271,6 +274,7 @@ class EpisodeHub:
                     tokens=sum(len(s.token_ids or []) for s in steps),
                     wall_time_s=round(time.perf_counter() - episode.started, 6))
         harness = {"episode": episode.name, "model_calls": len(calls), "records": records_of(calls)}
+        episode.tool_steps, episode.model_calls = tool_steps, calls
         return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
                        env_version=spec(task.env_id).version, policy_id=policy_id, policy_version=policy_version,
                        seed=episode.seed, steps=steps, termination=termination,
@@ -326,12 +330,28 @@ class EpisodeHub:
     def _land(self, batch: list[Episode]) -> None:
         kept = []
         for episode in batch:
+            task, rollout = episode.task, episode.rollout
+            own = rollout.model_copy(update={"steps": episode.tool_steps})  # what the env itself showed
             try:
-                leak_check(episode.rollout, episode.task, self.calls_of(episode))
-                kept.append(episode)
-            except LeakError as exc:  # an env (or harness) showing hidden values stops that episode, loudly
+                assert_no_leaks([own], {task.task_id: task})
+            except LeakError as exc:  # an env showing hidden values stops that episode, loudly (as in the factory)
                 log.error("not landed: %s", exc)
                 episode.landing_error = str(exc)
+                continue
+            try:
+                leak_check(rollout, task, episode.model_calls)
+            except LeakError as exc:
+                # Only the harness showed them (its messages, its tools): text the examinee wrote decides
+                # no drop (a failing harness could otherwise spray candidate values to leave every
+                # statistic). It lands as a violation, with the env's own steps only: no text of its own.
+                log.error("landed as a constraint violation, with the env's steps only: %s", exc)
+                episode.harness_leak = str(exc)
+                episode.rollout = own.model_copy(update={
+                    "termination": Termination.constraint_violation,
+                    "termination_reason": "the harness showed its model hidden values of the task (not named here); "
+                                          "the steps are the env's own",
+                    "cost": rollout.cost.model_copy(update={"tokens": 0})})
+            kept.append(episode)
         rollouts = [e.rollout for e in kept]
         self.rollouts += rollouts
         if not self.land or not rollouts:

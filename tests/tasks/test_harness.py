@@ -278,9 +278,10 @@ def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
     assert rollout.env_info["harness"]["episode"] == "stdio-1" and rollout.steps[0].token_ids == TOKEN_IDS
 
 
-def test_a_hidden_value_in_what_the_model_was_shown_stops_that_episode_from_landing(tmp_path):
-    """The leak scan covers the proxy's records: a harness (or an env) that shows the model a hidden
-    value gets its episode refused, loudly; another episode of the same batch still lands."""
+def test_a_hidden_value_in_what_the_model_was_shown_lands_as_a_violation_without_it(tmp_path):
+    """The leak scan covers the proxy's records: a harness that shows the model a hidden value is
+    said so, loudly, and its episode lands as a constraint violation with the env's own steps only
+    (never dropped: text the examinee wrote decides no drop); another episode of the batch lands."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
     with OpenAIStub(respond=scripted_inventory) as upstream, served(build_app(hub)) as env_url, \
             served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
@@ -289,10 +290,13 @@ def test_a_hidden_value_in_what_the_model_was_shown_stops_that_episode_from_land
         assert httpx.post(f"{proxy_url}/episodes/leaky/v1/chat/completions", json=body).status_code == 200
         assert asyncio.run(play(env_url, proxy_url, "clean")) == "Done."
     hub.close()
-    error = hub.episode("leaky").landing_error
-    assert "show hidden values" in error and secret[:60] in error
+    leaky = hub.episode("leaky")
+    assert leaky.landing_error is None and "show hidden values" in leaky.harness_leak and secret[:60] in leaky.harness_leak
     with Warehouse(tmp_path, read_only=True) as wh:
-        assert [r.env_info["harness"]["episode"] for r in wh.load_rollouts()] == ["clean"]
+        landed = {r.env_info["harness"]["episode"]: r for r in wh.load_rollouts()}
+    assert sorted(landed) == ["clean", "leaky"] and landed["clean"].termination == Termination.success
+    assert landed["leaky"].termination == Termination.constraint_violation
+    assert secret not in landed["leaky"].model_dump_json()
 
 
 def test_a_header_names_the_episode_on_the_plain_addresses(stack):

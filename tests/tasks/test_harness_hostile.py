@@ -137,3 +137,30 @@ def test_a_chat_request_the_proxy_cannot_record_is_refused_clearly_and_the_proxy
                            json={"model": "m", "messages": [{"role": "user", "content": goal}]})
         assert reply.status_code == 200 and [c.status for c in hub.log.read("good")] == ["ok"]
     hub.close()
+
+
+def test_a_failing_harness_cannot_drop_its_episode_by_spraying_candidate_secrets(tmp_path):
+    """The inventory's hidden credit limit is a decimal in a known range: a harness that failed can
+    send its model every candidate. Before, the leak scan of the proxy's records then kept the
+    episode out of the warehouse (and of every statistic); now it lands, a model outcome."""
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
+    with OpenAIStub(respond=lambda body, headers: (200, {"model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}}]})) as upstream, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        goal = hub.goal("sprayer")
+        hub.call("sprayer", "find_items", {"query": "definitely not an item"})  # a failing episode
+        limit = hub.episode("sprayer").task.hidden.secrets[0]
+        cents = int(limit.replace(".", ""))
+        spray = " ".join(f"{c // 100}.{c % 100:02d}" for c in range(cents - 2000, cents + 2000))  # in the test: near it
+        body = {"model": "m", "messages": [{"role": "user", "content": goal}, {"role": "user", "content": spray}]}
+        assert httpx.post(f"{px}/episodes/sprayer/v1/chat/completions", json=body).status_code == 200
+        hub.finish("sprayer")
+    hub.close()
+    episode = hub.episode("sprayer")
+    assert episode.landing_error is None and episode.harness_leak
+    [rollout] = hub.rollouts
+    assert rollout.termination in MODEL_OUTCOMES and rollout.termination != Termination.success
+    assert limit not in rollout.model_dump_json()
+    from warehouse import Warehouse
+    with Warehouse(tmp_path, read_only=True) as wh:
+        assert [r.rollout_id for r in wh.load_rollouts()] == [rollout.rollout_id]
