@@ -228,7 +228,7 @@ def batch_size_for(tasks: int, workers: int, given: int | None = None) -> int:
 
 def runner_workers() -> int:
     """Batches the current flow's task runner runs at once: a Dask cluster's worker threads, else
-    this machine's cores (a thread pool's CPU-bound batches share one interpreter anyway)."""
+    (threads, Ray) this machine's cores; `--batch-size` overrides what it leads to."""
     runner = FlowRunContext.get().task_runner
     client = getattr(runner, "client", None)  # DaskTaskRunner's, connected when the runner starts
     if client is not None and hasattr(client, "nthreads"):
