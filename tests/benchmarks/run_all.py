@@ -103,6 +103,10 @@ def _training(fig: dict) -> list[Row]:
     return rows
 
 
+def _harness(fig: list) -> list[Row]:
+    return [(f"{r['path']}: ms added per call", r["overhead_ms"], r["ratio"]) for r in fig]
+
+
 def _is_ratio(key: Any) -> bool:
     key = str(key)
     return key == "ratio" or key.endswith("_ratio") or key.startswith("ratio_") or key == "speedup"
@@ -140,6 +144,7 @@ BENCHMARKS: list[tuple[str, str, list[str], Callable[[Any], list[Row]]]] = [
     ("hf_batch", "bench_hf_batch.py", ["--episodes", "4", "--repeats", "1", "--steps", "2",
                                        "--max-new-tokens", "16"], _hf_batch),
     ("sandbox", "bench_sandbox.py", ["--commands", "10", "--episodes", "5", "--grades", "3"], _sandbox),
+    ("harness", "bench_harness.py", ["--calls", "50"], _harness),
     ("training", "bench_training.py", ["--data-dir", "{tmp}/factory", "--steps", "2", "--grpo-steps", "1",
                                        "--repeats", "1"], _training),
 ]
