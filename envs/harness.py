@@ -85,13 +85,16 @@ def action_text(thought: str, tool_call: dict[str, Any]) -> str:
 
 def policy_of(calls: list[ModelCall]) -> tuple[str, str]:
     """(policy id, version) of a harness episode: the model the upstream named, and where it ran
-    (with the upstream's fingerprint of its configuration where it gives one)."""
+    (with the upstream's fingerprint of its configuration where it gives one). An episode whose calls
+    several models (or configurations) answered names them all, sorted, joined by '+': a harness
+    that asks a stronger model for the hard turns must not credit the last one with the episode."""
     answered = [c for c in calls if c.status == "ok"] or calls
     if not answered:
         return "harness:unrecorded", "no model calls recorded"
-    last = answered[-1]
-    version = last.upstream or "unknown"
-    return f"harness:{last.model or 'unknown'}", f"{version}|{last.fingerprint}" if last.fingerprint else version
+    models = sorted({c.model or "unknown" for c in answered})
+    versions = sorted({f"{c.upstream or 'unknown'}|{c.fingerprint}" if c.fingerprint else c.upstream or "unknown"
+                       for c in answered})
+    return "harness:" + "+".join(models), "+".join(versions)
 
 
 def assemble_steps(tool_steps: list[Step], calls: list[ModelCall]) -> tuple[list[Step], int | None]:

@@ -67,6 +67,8 @@ def test_the_policy_is_the_model_the_upstream_named():
     assert policy_of([]) == ("harness:unrecorded", "no model calls recorded")
     assert policy_of([model_call(0, [])]) == ("harness:m", "u")
     assert policy_of([model_call(0, []).model_copy(update={"fingerprint": "fp_1"})]) == ("harness:m", "u|fp_1")
+    big = model_call(1, []).model_copy(update={"model": "big", "fingerprint": "fp_2"})
+    assert policy_of([big, model_call(2, []), model_call(3, [])]) == ("harness:big+m", "u+u|fp_2")
 
 
 def test_a_request_the_harness_got_wrong_decides_no_class_and_hides_no_fault():

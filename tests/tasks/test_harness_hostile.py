@@ -164,3 +164,25 @@ def test_a_failing_harness_cannot_drop_its_episode_by_spraying_candidate_secrets
     from warehouse import Warehouse
     with Warehouse(tmp_path, read_only=True) as wh:
         assert [r.rollout_id for r in wh.load_rollouts()] == [rollout.rollout_id]
+
+
+def test_a_harness_that_asks_a_stronger_model_for_a_turn_credits_both_models(tmp_path):
+    """The upstream serves two models; the harness asks the big one for the first (hard) turn and
+    the model under test for the rest. Before, the episode was the last call's model's alone."""
+    def two_models(body, headers):
+        status, payload = scripted_inventory(body, headers)
+        return status, {**payload, "model": body["model"]}
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with OpenAIStub(respond=two_models) as upstream, served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        messages = [{"role": "user", "content": hub.goal("mixed")}]
+        for turn in range(4):
+            body = {"model": "big" if turn == 0 else "small", "messages": messages}
+            message = httpx.post(f"{px}/episodes/mixed/v1/chat/completions", json=body).json()["choices"][0]["message"]
+            call = message["tool_calls"][0]
+            text, _ = hub.call("mixed", call["function"]["name"], json.loads(call["function"]["arguments"]))
+            messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": text}]
+    hub.close()
+    [rollout] = hub.rollouts
+    assert rollout.termination == Termination.success
+    assert rollout.policy_id == "harness:big+small"
