@@ -34,7 +34,7 @@ from envs.records import Cost, Rollout, Step, TaskSpec, Termination, ToolCall
 from envs.registry import make, spec
 from envs.secrets import redact
 from envs.timestep import TimeStep
-from envs.wrappers import standard_stack
+from envs.wrappers import TimeLimit, standard_stack
 from tasks.classify import classify
 from tasks.generate import generate_tasks
 from tasks.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
@@ -119,6 +119,7 @@ class Episode:
     env_bug: str | None = None
     rollout: Rollout | None = None  # set once the episode has ended
     landing_error: str | None = None
+    episode_deadline_hit: bool = False  # a step ended by the episode's clock, not the step's own limit
     harness_leak: str | None = None  # the harness showed its model hidden values: landed as a violation
     tool_steps: list[Step] = field(default_factory=list)  # the env's own steps, as its recorder kept them
     model_calls: list[ModelCall] = field(default_factory=list)  # the model calls the rollout was built from
@@ -223,9 +224,12 @@ class EpisodeHub:
             action = ToolCall(name=tool, arguments=arguments if arguments is not None else {},
                               id=f"mcp-{episode.calls}")
             episode.calls += 1
+            limit = _time_limit(episode.env)
+            episode_bound = limit is not None and limit.deadline - time.monotonic() < limit.step_timeout_s
             try:
                 episode.ts = ts = episode.env.step(action)
                 observation, is_error = ts.observation, ts.info.get("error") is not None
+                episode.episode_deadline_hit |= episode_bound and ts.info.get("termination") == "timeout"
             except EnvFault as exc:  # the env itself failed: the whole attempt is a fault (as in tasks/rollout.py)
                 episode.env_error = f"environment fault {type(exc).__name__}: {exc}"
                 observation, is_error = render_error(action, "env_fault", "the environment failed"), True
@@ -269,6 +273,8 @@ class EpisodeHub:
             inference_fault=fault, context_exceeded=context)
         if own:
             reason = f"{reason}; {own}"
+        if termination == Termination.timeout and episode.episode_deadline_hit:
+            termination, reason = self._own_time(episode, tool_steps, calls, reason)
         policy_id, policy_version = policy_of(calls)
         cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
                     tokens=sum(len(s.token_ids or []) for s in steps),
@@ -282,6 +288,21 @@ class EpisodeHub:
                        env_info={**env_info, "harness": harness},
                        # a harness episode is not reproducible from a seed: its name is part of its identity
                        policy_params={"harness_episode": episode.name, "harness_run": self.run_id})
+
+    @staticmethod
+    def _own_time(episode: Episode, tool_steps: list[Step], calls: list[ModelCall],
+                  reason: str) -> tuple[Termination, str]:
+        """An episode's time limit reached in a harness episode: whose time was it? The env's is its
+        steps', the upstream's its model calls' (as the proxy timed them); the rest is the harness's
+        own, which it controls (it can sleep). If the env and the model together stayed within the
+        limit, the harness's own time ran it out: a model outcome (truncated), never a `timeout`
+        outside every statistic; else the runtime's `timeout` stands."""
+        limit_s = episode.task.budget.episode_timeout_s  # the hub's stacks keep the task's budget
+        env_s, model_s = sum(s.latency_s for s in tool_steps), sum(c.latency_s for c in calls)
+        if env_s + model_s >= limit_s:
+            return Termination.timeout, reason
+        return Termination.truncated, (f"{reason}; the harness's own time ran it out (tool calls {env_s:.3g} s and "
+                                       f"model calls {model_s:.3g} s of the {limit_s:g} s limit)")
 
     def calls_of(self, episode: Episode) -> list[ModelCall]:
         """The episode's model calls: those of its name since this server started (a name used again
@@ -375,6 +396,13 @@ class EpisodeHub:
                 if opened.done() and opened.exception() is None:
                     if opened.result().rollout is None and now - opened.result().last_active > idle_s:
                         self.finish(name)
+
+
+def _time_limit(env: Any) -> TimeLimit | None:
+    """The runtime's clock in an episode's stack (standard_stack: Recorder over TimeLimit)."""
+    while env is not None and not isinstance(env, TimeLimit):
+        env = getattr(env, "env", None)
+    return env
 
 
 def leak_check(rollout: Rollout, task: TaskSpec, calls: list[ModelCall]) -> None:

@@ -186,3 +186,40 @@ def test_a_harness_that_asks_a_stronger_model_for_a_turn_credits_both_models(tmp
     [rollout] = hub.rollouts
     assert rollout.termination == Termination.success
     assert rollout.policy_id == "harness:big+small"
+
+
+def test_a_harness_that_sleeps_past_the_episode_limit_gets_no_timeout_outside_the_statistics(tmp_path):
+    """A failing harness waits out the episode's clock, then calls a tool: the runtime ends the
+    episode on its time limit. Before, that was `timeout`, outside every success rate; the time was
+    the harness's own (no tool or model call took it), so it is a model outcome."""
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with served(build_app(hub)):
+        hub.goal("sleeper")
+        hub.call("sleeper", "find_items", {"query": "definitely not an item"})
+        clock = hub.episode("sleeper").env.env
+        clock.deadline = time.monotonic() - 1  # as if it slept the task's 120 s away
+        text, is_error = hub.call("sleeper", "find_items", {"query": "anything"})
+        assert is_error and "time limit" in text
+    hub.close()
+    [rollout] = hub.rollouts
+    assert rollout.termination == Termination.truncated, rollout.termination_reason
+    assert "the harness's own time ran it out" in rollout.termination_reason
+
+
+def test_a_step_over_its_own_limit_stays_a_timeout(tmp_path, monkeypatch):
+    """The other side of the rule: a tool that runs past the step's limit is the env's time."""
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    hub.goal("slow-tool")
+    clock = hub.episode("slow-tool").env.env
+    clock.step_timeout_s = 0.2
+    inner = clock.env
+
+    def slow_step(action):
+        time.sleep(1.0)
+        return type(inner).step(inner, action)
+    monkeypatch.setattr(inner, "step", slow_step)
+    text, is_error = hub.call("slow-tool", "find_items", {"query": "anything"})
+    assert is_error and "time limit" in text
+    hub.close()
+    [rollout] = hub.rollouts
+    assert rollout.termination == Termination.timeout
