@@ -58,9 +58,15 @@ def build_server(hub: EpisodeHub, stdio_episode: str | None = None) -> Server:
     def name(ctx) -> str:
         return episode_name(ctx.request, stdio_episode)
 
-    async def hub_call(fn, *args):
+    # One episode's requests wait for each other here, in the event loop, not in worker threads: the
+    # threads are shared by every session (anyio's 40), and a harness flooding its own slow episode
+    # with calls would otherwise hold them all while they wait for that episode's lock.
+    queues: dict[str, anyio.Lock] = {}
+
+    async def hub_call(fn, episode: str, *args):
         try:
-            return await anyio.to_thread.run_sync(fn, *args)
+            async with queues.setdefault(episode, anyio.Lock()):
+                return await anyio.to_thread.run_sync(fn, episode, *args)
         except TooManyEpisodes as exc:  # the harness's request, said as such (not an internal error)
             raise MCPError(INVALID_PARAMS, str(exc)) from None
 

@@ -223,3 +223,47 @@ def test_a_step_over_its_own_limit_stays_a_timeout(tmp_path, monkeypatch):
     hub.close()
     [rollout] = hub.rollouts
     assert rollout.termination == Termination.timeout
+
+
+def mcp_tool_call(client: httpx.AsyncClient, url: str, tool: str, arguments: dict):
+    """One tools/call of the current (stateless) MCP protocol, as a harness's client sends it."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"_meta": meta, "name": tool,
+                                                                          "arguments": arguments}}
+    headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
+               "mcp-method": "tools/call", "mcp-name": tool}
+    return client.post(url, json=body, headers=headers, timeout=60)
+
+
+def test_many_calls_on_one_slow_episode_do_not_wedge_the_other_sessions(tmp_path, monkeypatch):
+    """45 concurrent tool calls on one episode whose tool takes 0.3 s: they wait for the episode in
+    turn. Before, each waited in a worker thread of the 40 the server shares, so another harness's
+    request waited behind them all (seconds); now it is answered at once."""
+    import asyncio
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    hub.goal("hog"), hub.goal("other")
+    inner = hub.episode("hog").env.env.env
+
+    def slow_step(action):
+        time.sleep(0.3)
+        return type(inner).step(inner, action)
+    monkeypatch.setattr(inner, "step", slow_step)
+
+    async def attack(env_url):
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=100)) as client:
+            flood = [asyncio.create_task(mcp_tool_call(client, f"{env_url}/episodes/hog/mcp", "get_stock",
+                                                       {"sku": "nope"})) for _ in range(45)]
+            await asyncio.sleep(0.5)  # the flood is in
+            started = time.perf_counter()
+            reply = await mcp_tool_call(client, f"{env_url}/episodes/other/mcp", "find_items", {"query": "a"})
+            waited = time.perf_counter() - started
+            assert reply.status_code == 200, reply.text
+            replies = await asyncio.gather(*flood)
+            assert all(r.status_code == 200 for r in replies)
+            return waited
+
+    with served(build_app(hub)) as env_url:
+        waited = asyncio.run(attack(env_url))
+    hub.close()
+    assert waited < 1.0, f"another session waited {waited:.2f} s behind one episode's queue"
