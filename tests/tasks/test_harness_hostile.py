@@ -267,3 +267,36 @@ def test_many_calls_on_one_slow_episode_do_not_wedge_the_other_sessions(tmp_path
         waited = asyncio.run(attack(env_url))
     hub.close()
     assert waited < 1.0, f"another session waited {waited:.2f} s behind one episode's queue"
+
+
+def test_a_harness_reading_its_stream_slowly_does_not_make_the_upstream_late(tmp_path):
+    """The upstream sends its whole stream at once (about 12 MB); the harness reads it slowly, past
+    the proxy's 1 s limit. Before, the time the relay waited on the harness counted against the
+    upstream: an inference fault of the harness's making. Now the call is whole and `ok`."""
+    big = "x" * 60_000
+
+    async def chat(request):
+        await request.json()
+
+        async def events():
+            for n in range(200):
+                yield "data: " + json.dumps({"model": "m", "choices": [{"index": 0, "delta": {"content": big}}]}) \
+                    + "\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    fast = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with served(fast) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path), timeout_s=1.0)) as px:
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": hub.goal("slow-reader")}]}
+        started, chunks = time.monotonic(), 0
+        with httpx.stream("POST", f"{px}/episodes/slow-reader/v1/chat/completions", json=body, timeout=60) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data:"):
+                    chunks += 1
+                    time.sleep(0.02)
+        assert time.monotonic() - started > 2 and chunks == 201
+        [call] = wait_for_calls(hub, "slow-reader", 1)
+        assert call.status == "ok", call.error
+        assert len(call.response["content"]) == 200 * len(big)
+    hub.close()
