@@ -5,8 +5,8 @@ chat completion is forwarded to the upstream model server and recorded against t
 reply's message, token ids and logprobs when the upstream returns them (`sampled_ids`: never
 re-tokenised), latency, the model's name and the upstream.
 
-Where a call fails decides what it is: no connection, no whole answer within `timeout_s`, 429, 5xx
-or an unreadable reply is the upstream's (`fault`: the episode becomes an inference fault unless
+Where a call fails decides what it is: no connection, no whole answer within `timeout_s`, 401/403 (the
+proxy's key), 429, 5xx or an unreadable reply is the upstream's (`fault`: the episode becomes an inference fault unless
 the harness's own retry then succeeds); a 400 with the structured `context_length_exceeded` code
 is a full context (the episode is truncated); another 4xx is the harness's malformed request. The
 harness gets the upstream's status and body as they were, so its client retries as it would. A
@@ -180,7 +180,8 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         return True
 
     def keep_failure(record: dict, status: int, payload: Any, text: str) -> None:
-        kind = "fault" if status in RETRIED_STATUS or status >= 500 else \
+        # 401/403: the upstream refused the proxy's own key (the harness's is never forwarded): ours
+        kind = "fault" if status in RETRIED_STATUS or status >= 500 or status in (401, 403) else \
             "context" if status == 400 and context_length_code(payload) else "refused"
         calls.append(ModelCall(**record, status=kind, error=f"HTTP {status} from {where}: {text[:300]}"))
 

@@ -300,3 +300,19 @@ def test_a_harness_reading_its_stream_slowly_does_not_make_the_upstream_late(tmp
         assert call.status == "ok", call.error
         assert len(call.response["content"]) == 200 * len(big)
     hub.close()
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_upstream_refusing_the_proxys_key_is_an_inference_fault_never_the_harness(tmp_path, status):
+    """The harness's own key is never forwarded: an upstream answering 401/403 refused the proxy's
+    credentials, and counting the episode as the harness's (a model outcome) would blame the model."""
+    from tests.tasks.policy_endpoint import always
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with OpenAIStub(respond=always(status, {"error": {"message": "bad key"}})) as upstream, \
+            served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        body = {"model": "m", "messages": [{"role": "user", "content": hub.goal("keyless")}]}
+        assert httpx.post(f"{px}/episodes/keyless/v1/chat/completions", json=body).status_code == status
+    rollout = hub.finish("keyless")
+    hub.close()
+    assert rollout.termination == Termination.inference_fault
