@@ -133,9 +133,11 @@ HARNESS_OWN = frozenset({"refused", "cancelled"})  # the harness's own doing, ne
 
 def inference_end(calls: list[ModelCall]) -> tuple[str | None, str | None, str | None]:
     """How the harness's model calls ended: (inference fault, context exceeded, the harness's own
-    failed request), each a reason or None. The first two are read from the last call the upstream
-    answered or failed (a failed call the harness retried with success is its own client's retry,
-    as the factory's policy retries, not a fault). A request the harness itself got wrong
+    failed request), each a reason or None. Any call the upstream failed (after the proxy's own
+    retries) makes the episode an inference fault, whatever came after it: an attempt touched by a
+    fault is in no statistic, or a harness that retried only while it was doing well would raise its
+    success rate with the fault rate. A full context is read from the last call the upstream
+    answered or failed. A request the harness itself got wrong
     (`refused`, `cancelled`) is the examinee's doing, as a malformed tool call is: it decides no
     class (a harness must not turn its failing episode into one outside every statistic by ending
     on a garbage request or a stream it closes); the third value only names it, for the reason."""
@@ -143,9 +145,12 @@ def inference_end(calls: list[ModelCall]) -> tuple[str | None, str | None, str |
     mine = (f"the harness's last model request was {own.status}: model call {own.index} through the proxy: "
             f"{own.error or own.status}") if own else None
     answered = [c for c in calls if c.status not in HARNESS_OWN]
+    fault = next((c for c in answered if c.status == "fault"), None)
+    if fault is not None:
+        return f"inference endpoint failed: model call {fault.index} through the proxy: {fault.error or 'fault'}", \
+            None, mine
     if not answered or answered[-1].status == "ok":
         return None, None, mine
     last = answered[-1]
-    reason = f"model call {last.index} through the proxy: {last.error or last.status}"
-    return ((f"inference endpoint failed: {reason}" if last.status == "fault" else None),
-            (f"the model's context is full: {reason}" if last.status == "context" else None), mine)
+    return None, f"the model's context is full: model call {last.index} through the proxy: {last.error or last.status}", \
+        mine

@@ -356,8 +356,9 @@ def cmd_proxy(args: argparse.Namespace) -> int:
             return 2
     print(f"gymfoundry proxy: forwarding http://{args.host}:{args.port}/episodes/<name>/v1 to {args.upstream}, "
           f"recording in {args.data_dir}", file=sys.stderr)
+    retries = {} if args.max_retries is None else {"max_retries": max(0, args.max_retries)}
     app = build_proxy(args.upstream, args.data_dir, api_key=key, timeout_s=args.request_timeout,
-                      request_logprobs=args.request_logprobs, request_token_ids=args.request_token_ids)
+                      request_logprobs=args.request_logprobs, request_token_ids=args.request_token_ids, **retries)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -385,6 +386,9 @@ def add_harness_commands(sub) -> None:
     proxy.add_argument("--port", type=int, default=8766)
     proxy.add_argument("--api-key-env", help="the NAME of the environment variable holding the upstream's key")
     proxy.add_argument("--request-timeout", type=float, default=60.0, help="seconds per upstream request (default 60)")
+    proxy.add_argument("--max-retries", type=int, default=None,
+                       help="times the proxy sends a request again that failed on the upstream's side (default 2, "
+                            "as the factory's endpoint policy)")
     proxy.add_argument("--request-logprobs", action="store_true",
                        help="ask the upstream for the sampled tokens' logprobs whatever the harness asked")
     proxy.add_argument("--request-token-ids", action="store_true",

@@ -6,8 +6,12 @@ reply's message, token ids and logprobs when the upstream returns them (`sampled
 re-tokenised), latency, the model's name and the upstream.
 
 Where a call fails decides what it is: no connection, no whole answer within `timeout_s`, 401/403 (the
-proxy's key), 429, 5xx or an unreadable reply is the upstream's (`fault`: the episode becomes an inference fault unless
-the harness's own retry then succeeds); a 400 with the structured `context_length_exceeded` code
+proxy's key), 429, 5xx or an unreadable reply is the upstream's. The proxy itself sends such a request
+again up to `max_retries` times, as the factory's endpoint policy does (`PolicySpec.max_retries`); one
+that still fails is recorded as a `fault`, and the episode it touched is an inference fault whatever
+the harness does next (an attempt touched by a fault is in no statistic: a harness that retried
+only when it was doing well would otherwise raise its success rate with the fault rate); a 400
+with the structured `context_length_exceeded` code
 is a full context (the episode is truncated); another 4xx is the harness's malformed request. The
 harness gets the upstream's status and body as they were, so its client retries as it would. A
 streamed completion is relayed as it comes and recorded as what its chunks add up to; a stream the
@@ -32,7 +36,16 @@ from envs.harness import ModelCall
 from envs.secrets import redact, register_secret
 from tasks.harness import EPISODE_NAME, CallLog
 from tasks.mcp_server import EPISODE_HEADER
+from envs.records import PolicySpec
 from tasks.openai_policy import RETRIED_STATUS, sampled_ids
+
+MAX_RETRIES = PolicySpec.model_fields["max_retries"].default  # the factory's endpoint policy's own default
+RETRY_BACKOFF_S = 0.5
+
+
+def _retried(status: int) -> bool:
+    """A status the upstream may answer differently when asked again (not 401/403: a refused key stays refused)."""
+    return status in RETRIED_STATUS or status >= 500
 from verifiers.endpoint import context_length_code
 
 
@@ -77,6 +90,7 @@ def merged(events: list[str]) -> Any:
 
 def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                 request_logprobs: bool = False, request_token_ids: bool = False, max_connections: int = 256,
+                max_retries: int = MAX_RETRIES, retry_backoff_s: float = RETRY_BACKOFF_S,
                 transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     """`request_logprobs` asks the upstream for the sampled tokens' logprobs, and `request_token_ids`
     a vLLM server for their ids (`return_token_ids`, `return_tokens_as_token_ids`), whatever the
@@ -95,14 +109,26 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             state["client"] = client
             yield
 
+    async def again(attempt: int) -> None:
+        await anyio.sleep(min(retry_backoff_s * 2 ** (attempt - 1), 10.0))
+
     async def forward(body: dict) -> tuple[httpx.Response | None, str | None]:
-        try:
-            with anyio.fail_after(timeout_s):  # the whole answer, not each read: a trickling server is a fault too
-                return await state["client"].post("/chat/completions", json=body), None
-        except TimeoutError:
-            return None, f"{where} gave no complete answer within {timeout_s:g} s"
-        except httpx.TransportError as exc:
-            return None, redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
+        """The upstream's answer, sent again up to `max_retries` times while it fails on its side: the
+        last response (or None and why there was none)."""
+        response, failure = None, None
+        for attempt in range(max_retries + 1):
+            if attempt:
+                await again(attempt)
+            try:
+                with anyio.fail_after(timeout_s):  # the whole answer, not each read: a trickling server is a fault too
+                    response, failure = await state["client"].post("/chat/completions", json=body), None
+            except TimeoutError:
+                response, failure = None, f"{where} gave no complete answer within {timeout_s:g} s"
+            except httpx.TransportError as exc:
+                response, failure = None, redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
+            if response is not None and not _retried(response.status_code):
+                break
+        return response, failure
 
     async def chat(request: Request) -> Response:
         name = request.path_params.get("episode") or request.headers.get(EPISODE_HEADER)
@@ -188,14 +214,24 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
     async def streamed(body: dict, record: dict) -> Response:
         """Relay the upstream's event stream as it comes; record the completion it adds up to (or
         the fault that cut it) once it ends."""
-        client, started = state["client"], time.perf_counter()
-        try:
-            with anyio.fail_after(timeout_s):
-                response = await client.send(client.build_request("POST", "/chat/completions", json=body),
-                                             stream=True)
-        except (TimeoutError, httpx.TransportError) as exc:
-            failure = f"{where} did not answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else \
-                redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
+        client, started, response = state["client"], time.perf_counter(), None
+        for attempt in range(max_retries + 1):  # sent again while it fails before its first chunk
+            if attempt:
+                await again(attempt)
+            if response is not None:
+                await response.aclose()
+                response = None
+            try:
+                with anyio.fail_after(timeout_s):
+                    response = await client.send(client.build_request("POST", "/chat/completions", json=body),
+                                                 stream=True)
+            except (TimeoutError, httpx.TransportError) as exc:
+                failure = f"{where} did not answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else \
+                    redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
+                continue
+            if not _retried(response.status_code):
+                break
+        if response is None:
             calls.append(ModelCall(**record, status="fault", error=failure, latency_s=time.perf_counter() - started))
             return JSONResponse({"error": {"message": failure, "type": "upstream_error"}}, status_code=502)
         if response.status_code != 200:

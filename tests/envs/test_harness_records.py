@@ -52,12 +52,14 @@ def test_what_the_model_saw_is_the_recorded_request_after_its_last_turn():
     assert seen(messages[:2]) == "s\ngoal"
 
 
-def test_a_failed_call_the_harness_retried_with_success_is_no_fault_a_last_failed_one_is():
+def test_a_fault_touches_the_episode_even_when_the_harness_retried_with_success():
+    """The proxy retries the upstream itself; a fault it records is one its retries did not cure.
+    A harness that then retries (or not) chooses nothing: the attempt is touched, in no statistic."""
     fault = model_call(1, [], status="fault").model_copy(update={"error": "HTTP 503 from u"})
-    assert inference_end([model_call(0, []), fault, model_call(2, [])]) == (None, None, None)
-    reason, context, refused = inference_end([model_call(0, []), fault])
-    assert reason == "inference endpoint failed: model call 1 through the proxy: HTTP 503 from u"
-    assert (context, refused) == (None, None)
+    expected = ("inference endpoint failed: model call 1 through the proxy: HTTP 503 from u", None, None)
+    assert inference_end([model_call(0, []), fault, model_call(2, [])]) == expected
+    assert inference_end([model_call(0, []), fault]) == expected
+    assert inference_end([model_call(0, []), model_call(1, [])]) == (None, None, None)
     assert inference_end([model_call(0, [], status="context")])[1].startswith("the model's context is full")
     refused = inference_end([model_call(0, [], status="refused")])
     assert refused[:2] == (None, None) and refused[2].startswith("the harness's last model request was refused")

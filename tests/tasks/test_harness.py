@@ -158,7 +158,7 @@ def test_an_episode_is_named_by_a_safe_name_only(stack, tmp_path):
 def test_an_upstream_answering_500_gives_an_inference_fault_never_a_model_failure(tmp_path):
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
     with OpenAIStub(respond=always(500)) as upstream, served(build_app(hub)) as env_url, \
-            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+            served(build_proxy(upstream.base_url, str(tmp_path), retry_backoff_s=0.01)) as proxy_url:
         with pytest.raises(Exception, match="500"):
             asyncio.run(play(env_url, proxy_url, "down"))
         finished = httpx.post(f"{env_url}/episodes/down/finish").json()
@@ -168,7 +168,8 @@ def test_an_upstream_answering_500_gives_an_inference_fault_never_a_model_failur
     assert rollout.termination == Termination.inference_fault
     assert "HTTP 500" in rollout.termination_reason and rollout.steps == []
     calls = hub.log.read("down")
-    assert len(calls) == len(upstream.requests) >= 1 and {c.status for c in calls} == {"fault"}
+    # each request of the harness's was sent 3 times by the proxy (its 2 retries) before it was a fault
+    assert 3 * len(calls) == len(upstream.requests) >= 3 and {c.status for c in calls} == {"fault"}
 
 
 def test_an_upstream_that_cannot_be_reached_is_an_inference_fault(tmp_path):
@@ -349,9 +350,10 @@ def test_where_a_model_call_failed_decides_the_class(tmp_path, status, payload, 
     assert rollout.termination.value == termination and rollout.termination_reason.startswith(reason)
 
 
-def test_a_retried_failure_is_no_fault_and_a_failure_after_the_end_is_not_the_episodes(tmp_path):
-    """The first request fails once (the SDK's client retries it); after the submit, every request
-    fails: the episode ended at the submit, a verified success."""
+def test_the_proxy_retries_a_passing_failure_and_a_failure_after_the_end_is_not_the_episodes(tmp_path):
+    """The first request fails once: the proxy sends it again itself (as the factory's endpoint
+    policy would), so the harness never sees it. After the submit every request fails: the episode
+    ended at the submit, a verified success."""
     def flaky(body, headers):
         if len(upstream.requests) == 1:
             return 503, {"error": {"message": "warming up"}}
@@ -361,15 +363,37 @@ def test_a_retried_failure_is_no_fault_and_a_failure_after_the_end_is_not_the_ep
 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with OpenAIStub(respond=flaky) as upstream, served(build_app(hub)) as env_url, \
-            served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+            served(build_proxy(upstream.base_url, str(tmp_path), retry_backoff_s=0.01)) as proxy_url:
         with pytest.raises(Exception, match="500"):
             asyncio.run(play(env_url, proxy_url, "flaky"))
     hub.close()
     [rollout] = hub.rollouts
     assert rollout.termination == Termination.success and len(rollout.steps) == 4
     statuses = [c.status for c in hub.log.read("flaky")]
-    assert statuses[:2] == ["fault", "ok"] and statuses[-1] == "fault"
-    assert rollout.env_info["harness"]["model_calls"] == 5  # up to the one that submitted
+    assert statuses[0] == "ok" and statuses[-1] == "fault"  # the cured 503 is no call of the harness's
+    assert rollout.env_info["harness"]["model_calls"] == 4  # up to the one that submitted
+
+
+def test_a_fault_the_proxy_could_not_cure_takes_the_episode_out_even_if_the_harness_retries_to_success(tmp_path):
+    """Hostile: a harness that retries an upstream fault while it is doing well, and gives up while it
+    is doing badly, would raise its success rate with the fault rate. The first request fails past the
+    proxy's retries (3 requests); the Agents SDK client retries it and then plays a perfect episode:
+    the episode is an inference fault, in no statistic, however it ended."""
+    def down_at_first(body, headers):
+        if len(upstream.requests) <= 3:
+            return 503, {"error": {"message": "warming up"}}
+        return scripted_inventory(body, headers)
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
+    with OpenAIStub(respond=down_at_first) as upstream, served(build_app(hub)) as env_url, \
+            served(build_proxy(upstream.base_url, str(tmp_path), retry_backoff_s=0.01)) as proxy_url:
+        asyncio.run(play(env_url, proxy_url, "touched"))
+        rollout = hub.finish("touched")
+    hub.close()
+    assert [c.status for c in hub.log.read("touched")][:2] == ["fault", "ok"]
+    assert len(rollout.steps) == 4 and rollout.outcome is not None and rollout.outcome.success
+    assert rollout.termination == Termination.inference_fault
+    assert rollout.termination_reason.startswith("inference endpoint failed: model call 0 through the proxy: HTTP 503")
 
 
 def test_a_stateful_client_that_deletes_its_session_ends_its_episode(stack, tmp_path):
