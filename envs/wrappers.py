@@ -7,6 +7,7 @@ Recorder(TimeLimit(ToolBudget(PermissionGuard(ObservationTruncation(env))))).
 from __future__ import annotations
 
 import contextvars
+import math
 import os
 import queue
 import threading
@@ -76,6 +77,7 @@ class TimeLimit(Wrapper):
         self._limits = (max_steps, step_timeout_s, episode_timeout_s)
         self._over = False
         self._worker: StepWorker | None = None  # taken from the idle ones at the first step
+        self._watch: EpisodeWatch | None = None  # set by `run_watched` for its episode
 
     def reset(self, task=None, seed=None) -> TimeStep:
         ts = self.env.reset(task=task, seed=seed)
@@ -104,22 +106,139 @@ class TimeLimit(Wrapper):
             reason = "episode time limit reached"
             return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
                         {"error": {"kind": TIMEOUT, "message": reason}})
+        watch = self._watch
+        if watch is not None and watch.thread is threading.current_thread():
+            return self._after(watch.run_step(self.env.step, action, timeout))
         if self._worker is None:
             self._worker = StepWorker.take()
         finished, ts = self._worker.run(lambda: self.env.step(action), timeout)
-        self.steps_taken += 1
         if not finished:
-            self._over = True
             self._worker = None  # it may still be running the abandoned step: never reused
-            which = "step" if timeout == self.step_timeout_s else "episode"
-            reason = f"{which} time limit of {timeout:.3g}s reached during the step"
-            return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
-                        {"error": {"kind": TIMEOUT, "message": reason}})
+            return self.overran(timeout)
+        return self._after(ts)
+
+    def _after(self, ts: TimeStep) -> TimeStep:
+        self.steps_taken += 1
         if not ts.done and self.steps_taken >= self.max_steps:
             ts.truncated = True
             ts.info.update(termination="truncated", termination_reason=f"step limit {self.max_steps} reached")
         self._over = ts.done
         return ts
+
+    def overran(self, timeout: float) -> TimeStep:
+        """The episode's end when the step in progress, given `timeout` seconds, is abandoned."""
+        self.steps_taken += 1
+        self._over = True
+        which = "step" if timeout == self.step_timeout_s else "episode"
+        reason = f"{which} time limit of {timeout:.3g}s reached during the step"
+        return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
+                    {"error": {"kind": TIMEOUT, "message": reason}})
+
+    def earliest_deadline(self, now: float) -> float:
+        """No step that starts after `now` can overrun before this time (inf before `reset`)."""
+        if not hasattr(self, "deadline"):
+            return math.inf
+        remaining = self.deadline - now
+        return now + (min(self.step_timeout_s, remaining) if remaining > 0 else self.step_timeout_s)
+
+
+class Abandoned(BaseException):
+    """Raised in a watched episode's thread by a step that returns after its watcher abandoned it:
+    the stack has already ended the episode with a timeout, so nothing more of this thread's
+    episode may run or be recorded. A BaseException, so no `except Exception` of the episode's
+    loop takes it for the env's or the policy's error."""
+
+
+class EpisodeWatch:
+    """The deadline of the step in progress in one watched episode (see `run_watched`)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.thread: threading.Thread | None = None  # the thread that plays the episode
+        self.step: tuple[float, float] | None = None  # (deadline, timeout) of the step in progress
+        self.wake_at = math.inf  # when the watcher looks next (it sleeps until then)
+        self.finished = False
+        self.abandoned = False
+
+    def run_step(self, step: Callable[[Any], TimeStep], action: Any, timeout: float) -> TimeStep:
+        """`step(action)` in this thread, in an empty `contextvars` context (as in a thread of its
+        own), under the watcher's eye: `Abandoned` if the watcher gave up on it meanwhile."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            if self.abandoned:
+                raise Abandoned()
+            self.step = (deadline, timeout)
+            if deadline < self.wake_at:  # the watcher sleeps past this deadline (the first step)
+                self.cond.notify()
+        try:
+            ts = contextvars.Context().run(step, action)
+        except BaseException:
+            if self._end_step():
+                raise Abandoned() from None
+            raise
+        if self._end_step():
+            raise Abandoned()
+        return ts
+
+    def _end_step(self) -> bool:
+        """Leave the step; whether the watcher abandoned it."""
+        with self.cond:
+            self.step = None
+            return self.abandoned
+
+
+def run_watched(env: AgentEnv, loop: Callable[[], Any]) -> tuple[bool, Any]:
+    """Run `loop()` (one episode of `env`: the policy's turns and the stack's `step` calls) with the
+    time limit enforced during each step as `TimeLimit` enforces it, without handing every step to
+    another thread: the whole loop runs in a `StepWorker` thread, steps included, while the calling
+    thread sleeps until the deadline of the step in progress (woken only at the loop's end, or
+    when a step's deadline comes before the time it meant to look next, i.e. once an episode).
+    (True, loop()'s value) when it ends (what it raised is raised here); (False, ts) when a step
+    overran its deadline: that step is abandoned while it runs, the stack has ended the episode
+    as `TimeLimit` does (`Recorder` recorded the timeout step) and `ts` is what `step` returned.
+    The loop runs in a copy of the caller's `contextvars` context, each step in an empty one.
+    `env` is `TimeLimit(...)` or `Recorder(TimeLimit(...))` (the standard stack); any other stack
+    runs `loop()` in this thread (its TimeLimit, if any, hands each step over)."""
+    recorder = env if type(env) is Recorder else None
+    limit = recorder.env if recorder is not None else env
+    if type(limit) is not TimeLimit:
+        return True, loop()
+    watch = limit._watch = EpisodeWatch()
+    context = contextvars.copy_context()
+
+    def play() -> Any:
+        watch.thread = threading.current_thread()
+        try:
+            return context.run(loop)
+        finally:
+            with watch.cond:
+                watch.finished = True
+                watch.cond.notify()
+
+    worker = StepWorker.take()
+    job = worker.submit(play)
+    try:
+        with watch.cond:
+            while not watch.finished:
+                now = time.monotonic()
+                if watch.step is not None and now >= watch.step[0]:
+                    watch.abandoned = True
+                    break
+                watch.wake_at = watch.step[0] if watch.step is not None else limit.earliest_deadline(now)
+                watch.cond.wait(min(max(watch.wake_at - now, 0.0), threading.TIMEOUT_MAX))
+    except BaseException:  # interrupted while watching: the episode's thread stops at its next step
+        with watch.cond:
+            watch.abandoned = True
+        worker.abandon()
+        raise
+    if watch.abandoned:
+        worker.abandon()  # its thread ends when the abandoned step returns, if ever
+        ts = limit.overran(watch.step[1])
+        return False, (recorder.finish(ts) if recorder is not None else ts)
+    limit._watch = None
+    value = worker.result(job)
+    StepWorker.release(worker)
+    return True, value
 
 
 class StepWorker:
@@ -168,6 +287,22 @@ class StepWorker:
     def run(self, fn: Callable[[], TimeStep], timeout: float) -> tuple[bool, TimeStep | None]:
         """(True, fn()) if fn returned within `timeout` seconds, (False, None) if not; what fn
         raised is re-raised here."""
+        job = self.submit(fn)
+        done = job[1]
+        try:
+            finished = done.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
+        except BaseException:  # interrupted while waiting (KeyboardInterrupt): the step runs on
+            finished = False
+            raise
+        finally:
+            if not finished:
+                self.abandon()
+        if not finished:
+            return False, None
+        return True, self.result(job, waited=True)
+
+    def submit(self, fn: Callable[[], Any]) -> tuple[dict[str, Any], threading.Lock]:
+        """Hand `fn` to the thread; the job, for `result`."""
         if self.abandoned:
             raise RuntimeError("this worker was closed or abandoned a step; use a fresh one")
         if self._pid != os.getpid():
@@ -180,20 +315,22 @@ class StepWorker:
             if not self._alive:
                 self._alive = True
                 threading.Thread(target=self._serve, name="gymfoundry-step", daemon=True).start()
-        try:
-            finished = done.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
-        except BaseException:  # interrupted while waiting (KeyboardInterrupt): the step runs on
-            finished = False
-            raise
-        finally:
-            if not finished:
-                self.abandoned = True
-                self._jobs.put(None)  # the worker ends as soon as the abandoned step returns, if ever
-        if not finished:
-            return False, None
+        return box, done
+
+    @staticmethod
+    def result(job: tuple[dict[str, Any], threading.Lock], waited: bool = False) -> Any:
+        """What the job's fn returned (waiting for it unless `waited`), or what it raised, raised here."""
+        box, done = job
+        if not waited:
+            done.acquire()
         if "error" in box:
             raise box["error"]
-        return True, box["value"]
+        return box["value"]
+
+    def abandon(self) -> None:
+        """Give up on the job in progress: the thread ends as soon as it returns, if ever."""
+        self.abandoned = True
+        self._jobs.put(None)
 
     def close(self) -> None:
         """End the thread once it is idle; a closed worker runs nothing more."""
@@ -309,8 +446,16 @@ class Recorder(Wrapper):
 
     def step(self, action, *, thought: str | None = None, token_ids: list[int] | None = None,
              logprobs: list[float] | None = None, policy_version: str | None = None) -> TimeStep:
-        started = time.perf_counter()
-        ts = self.env.step(action)
+        self._pending = pending = (action, thought, token_ids, logprobs, policy_version, time.perf_counter())
+        return self._record(pending, self.env.step(action))
+
+    def finish(self, ts: TimeStep) -> TimeStep:
+        """Record `ts` as what the step in progress returned (`run_watched`: the time limit ended
+        the episode while that step still runs in the thread it abandoned)."""
+        return self._record(self._pending, ts)
+
+    def _record(self, pending: tuple, ts: TimeStep) -> TimeStep:
+        action, thought, token_ids, logprobs, policy_version, started = pending
         latency = time.perf_counter() - started
         info = ts.info
         error = info.get("error")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from contextlib import nullcontext
 
 from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
@@ -13,9 +14,10 @@ from envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig
                           TaskSpec, content_hash)
 from envs.registry import load, make, spec, verifier_for
 from envs.secrets import redact
-from envs.wrappers import standard_stack
+from envs.wrappers import run_watched, standard_stack
 from tasks.classify import classify
 from tasks.policies import Policy, PolicyOutput
+from verifiers.base import ReplayVerifier
 from verifiers.endpoint import ContextLengthExceeded, EndpointError
 
 
@@ -61,7 +63,9 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     env = standard_stack(base, limits=limits)
     started = time.perf_counter()
     try:  # the env (a coding sandbox) is closed whatever is raised
-        ts, policy_error, env_error, env_bug, inference = _play(env, task, policy, seed)
+        played = _play(env, task, policy, seed)
+        ts, policy_error, env_error, env_bug, inference = (played.ts, played.policy_error, played.env_error,
+                                                           played.env_bug, played.inference)
         steps = list(getattr(env, "steps", []))
         env_info = env.unwrapped.runtime_info()
         outcome, verifier_error = _outcome(task, ts, steps, env)
@@ -81,7 +85,11 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
                       policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
                       termination=termination, termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
                       env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
-    return with_delegation(rollout, sub_episodes) if sub_episodes else rollout
+    if sub_episodes:
+        rollout = with_delegation(rollout, sub_episodes)
+    if played.progress is not None:
+        played.progress.keep(rollout)
+    return rollout
 
 
 def delegation_options(env_id: str, subagent: PolicySpec | None) -> dict:
@@ -138,42 +146,71 @@ def sub_rollout(parent_id: str, stage: int, index: int, episode) -> Rollout:
 
 
 def _play(env, task: TaskSpec, policy: Policy, seed: int):
-    """Run the episode; (last time step, policy error, env fault, env bug, inference), each error
-    or None; `inference` maps "fault" (the policy's endpoint failed: an EndpointError, raised by
-    its HTTP layer) or "context" (the endpoint refused a context too long) to the reason."""
-    policy_error = env_error = env_bug = None
-    inference: dict[str, str] = {}
-    ts = None
+    """Run the episode; what it reached (`_Played`): the last time step, policy error, env fault,
+    env bug, each None or the reason, and `inference`, which maps "fault" (the policy's endpoint failed: an EndpointError, raised by
+    its HTTP layer) or "context" (the endpoint refused a context too long) to the reason. The
+    loop runs watched (envs.wrappers.run_watched): a step over its time limit is abandoned at
+    its deadline, and the episode ends there with the stack's timeout step."""
+    played = _Played()
+    finished, ts = run_watched(env, lambda: _loop(env, task, policy, seed, played))
+    if not finished:
+        played.ts = ts
+    return played
+
+
+class _Played:
+    """What an episode's loop has reached (the watcher reads it once the loop ended or overran),
+    and the verifier's live record of its progress potentials (verifiers.base.LiveProgress)."""
+
+    def __init__(self) -> None:
+        self.ts = self.policy_error = self.env_error = self.env_bug = None
+        self.inference: dict[str, str] = {}
+        self.progress = None
+
+
+def _loop(env, task: TaskSpec, policy: Policy, seed: int, played: _Played) -> None:
     try:
         policy.reset(seed)
     except Exception as exc:
-        policy_error = f"policy reset raised {type(exc).__name__}: {exc}"
+        played.policy_error = f"policy reset raised {type(exc).__name__}: {exc}"
     try:
-        ts = env.reset(task=task)
-        while not ts.done and policy_error is None:
-            try:
-                out = policy.act(ts.observation)
-            except ContextLengthExceeded as exc:
-                inference["context"] = f"the model's context is full: {exc}"
-                break
-            except EndpointError as exc:  # where it happened: the endpoint, whatever it said
-                inference["fault"] = f"inference endpoint failed: {exc}"
-                break
-            except Exception as exc:
-                policy_error = f"policy raised {type(exc).__name__}: {exc}"
-                break
-            if isinstance(out, PolicyOutput):
-                ts = env.step(out.text, thought=out.thought, token_ids=out.token_ids,
-                              logprobs=out.logprobs, policy_version=policy.version)
-            else:
-                ts = env.step(out, policy_version=policy.version)
+        ts = played.ts = env.reset(task=task)
+        verifier = verifier_for(task.env_id)
+        progress = played.progress = verifier.live(env.unwrapped) if isinstance(verifier, ReplayVerifier) else None
+        with progress if progress is not None else nullcontext():
+            if progress is not None:
+                progress.observe()
+            _turns(env, policy, played, ts, progress)
     except InvalidTask:
         raise  # the task cannot be run as given: the caller's error, never an episode
     except EnvFault as exc:
-        env_error = f"environment fault {type(exc).__name__}: {exc} ({_where(exc)})"
+        played.env_error = f"environment fault {type(exc).__name__}: {exc} ({_where(exc)})"
     except Exception as exc:  # env code crashed outside every tool's boundary
-        env_bug = f"environment bug {type(exc).__name__}: {exc} ({_where(exc)})"
-    return ts, policy_error, env_error, env_bug, inference
+        played.env_bug = f"environment bug {type(exc).__name__}: {exc} ({_where(exc)})"
+
+
+def _turns(env, policy: Policy, played: _Played, ts, progress) -> None:
+    """The policy's turns until the episode ends; Φ observed after each recorded step."""
+    while not ts.done and played.policy_error is None:
+        try:
+            out = policy.act(ts.observation)
+        except ContextLengthExceeded as exc:
+            played.inference["context"] = f"the model's context is full: {exc}"
+            return
+        except EndpointError as exc:  # where it happened: the endpoint, whatever it said
+            played.inference["fault"] = f"inference endpoint failed: {exc}"
+            return
+        except Exception as exc:
+            played.policy_error = f"policy raised {type(exc).__name__}: {exc}"
+            return
+        if isinstance(out, PolicyOutput):
+            ts = env.step(out.text, thought=out.thought, token_ids=out.token_ids,
+                          logprobs=out.logprobs, policy_version=policy.version)
+        else:
+            ts = env.step(out, policy_version=policy.version)
+        played.ts = ts
+        if progress is not None:
+            progress.observe()
 
 
 def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str | None]:

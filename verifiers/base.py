@@ -8,13 +8,15 @@ fresh env of its family: it supplies the replay and `potentials`, and asks for `
 
 from __future__ import annotations
 
+import threading
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from envs.base import copy_state
+from envs.base import ToolEnv, copy_state
 from envs.errors import reached_world
 from envs.family import HiddenFacts, family
-from envs.records import OutcomeReport, Step, TaskSpec, ToolCall
+from envs.records import OutcomeReport, Rollout, Step, TaskSpec, ToolCall
 
 
 class OutcomeVerifier(ABC):
@@ -50,19 +52,26 @@ class ReplayVerifier(OutcomeVerifier):
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
         """Φ of one hidden state, in [0, 1]."""
 
-    # (task, facts) of the task a `potentials` call is replaying, for the duration of that call:
-    # its facts are validated once, not once per step. Set and cleared by the call, and keyed by
-    # the task object, so another call (another thread) gets its own task's facts.
-    _replaying: tuple[TaskSpec, HiddenFacts | None] | None = None
-
     def facts(self, task: TaskSpec) -> HiddenFacts:
-        """The task's hidden facts, validated (an `InvalidTask` naming the bad fields if not)."""
-        replaying = self._replaying
-        if replaying is not None and replaying[0] is task:
-            if replaying[1] is None:
-                replaying = self._replaying = (task, family(self.family).facts_of(task))
-            return replaying[1]
+        """The task's hidden facts, validated (an `InvalidTask` naming the bad fields if not); once
+        per task while this thread reads that task's states (`potentials`, `LiveProgress`)."""
+        reading = getattr(_READING, "task", None)
+        if reading is not None and reading[0] is task:
+            if reading[1] is None:
+                reading = _READING.task = (task, family(self.family).facts_of(task))
+            return reading[1]
         return family(self.family).facts_of(task)
+
+    def live(self, world: Any) -> LiveProgress | None:
+        """A recorder of Φ for the live episode of `world` (the bare env, reset), whose values are
+        exactly what `potentials` would compute by replaying that episode's steps; None where that
+        is not guaranteed: a world of another family, or one whose step is its own (the replay
+        then goes through `step`), or a verifier with a `potentials` of its own."""
+        if (type(self).potentials is not ReplayVerifier.potentials or not isinstance(world, ToolEnv)
+                or world.family != self.family or world.task is None
+                or type(world).step is not ToolEnv.step or type(world)._act is not ToolEnv._act):
+            return None
+        return LiveProgress(self, world)
 
     def new_env(self):
         return family(self.family).env(outcome_fn=None)
@@ -110,13 +119,89 @@ class ReplayVerifier(OutcomeVerifier):
         env = self.new_env()
         try:
             env.start(task)
-            self._replaying = (env.task, None)
-            phi = [self.potential(env.task, env._state)]
-            env.replay(env.task, calls_of(steps), [env._state], lambda now: phi.append(self.potential(env.task, now[0])))
+            with reading(env.task):
+                phi = [self.potential(env.task, env._state)]
+                env.replay(env.task, calls_of(steps), [env._state],
+                           lambda now: phi.append(self.potential(env.task, now[0])))
             return phi
         finally:
-            self._replaying = None
             env.close()
+
+
+# (task, facts or None) of the task whose states this thread is reading: its facts are validated
+# once, not once per state. Per thread, so concurrent episodes and scorings each keep their own.
+_READING = threading.local()
+
+
+class reading:
+    """`with reading(task):` this thread reads `task`'s states (its facts are cached meanwhile)."""
+
+    def __init__(self, task: TaskSpec):
+        self.task = task
+
+    def __enter__(self) -> None:
+        self.saved = getattr(_READING, "task", None)
+        _READING.task = (self.task, None)
+
+    def __exit__(self, *exc: Any) -> None:
+        _READING.task = self.saved
+
+
+class LiveProgress:
+    """Φ of a live episode's states, read by its verifier from the env's own state as the episode
+    reaches them: after `reset` and after each step the runtime recorded (`observe`). The policy
+    never sees or touches that state; the values equal the replay's (`ReplayVerifier.potentials`)
+    because the replay plays exactly the calls that changed it (`calls_of`). A step the time limit
+    abandoned is never observed, so its episode's values do not fit its steps and are not kept."""
+
+    def __init__(self, verifier: ReplayVerifier, world: ToolEnv):
+        self.verifier, self.world, self.task = verifier, world, world.task
+        self.phi: list[float] = []
+        self._reading = reading(self.task)
+
+    def __enter__(self) -> LiveProgress:
+        self._reading.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._reading.__exit__()
+
+    def observe(self) -> None:
+        self.phi.append(self.verifier.potential(self.task, self.world._state))
+
+    def keep(self, rollout: Rollout) -> None:
+        """Carry the values alongside `rollout` (for `recorded_potentials`), if they fit its steps."""
+        if len(self.phi) == len(rollout.steps) + 1 and self.world.task is self.task:
+            _RECORDED[id(rollout)] = (weakref.ref(rollout, lambda _, key=id(rollout): _RECORDED.pop(key, None)),
+                                      type(self.verifier), self.verifier.version, self.task.task_id,
+                                      _played(rollout.steps), list(self.phi))
+
+
+# id(rollout) -> (a weak reference to it, verifier class, version, task id, its steps as played, Φ):
+# potentials recorded during the live episode, kept beside the rollout object in this process only.
+# A rollout loaded, rebuilt, copied or received from elsewhere has none, and one whose steps were
+# replaced or edited since no longer matches: their potentials come from the replay.
+_RECORDED: dict[int, tuple[Any, type, str, str, list, list[float]]] = {}
+
+
+def _played(steps: list[Step]) -> list:
+    return [(id(s), s.error, s.tool_call if s.tool_call is None else (s.tool_call.name, s.tool_call.arguments))
+            for s in steps]
+
+
+def recorded_potentials(rollout: Rollout, task: TaskSpec, potentials: Any) -> list[float] | None:
+    """The Φ recorded live for `rollout`, where `potentials` (a verifier's bound `potentials`) would
+    compute them by replay: the same verifier class and version, the same task; else None."""
+    entry = _RECORDED.get(id(rollout))
+    verifier = getattr(potentials, "__self__", None)
+    if (entry is None or entry[0]() is not rollout or verifier is None
+            or getattr(potentials, "__func__", None) is not ReplayVerifier.potentials):
+        return None
+    _, kind, version, task_id, played, phi = entry
+    if (type(verifier) is not kind or verifier.version != version or task.task_id != task_id
+            or len(phi) != len(rollout.steps) + 1 or _played(rollout.steps) != played):
+        return None
+    return list(phi)
 
 
 def calls_of(steps: list[Step]) -> list[ToolCall | None]:

@@ -47,6 +47,7 @@ import polars as pl
 from envs.errors import AGENT_INPUT, ROLLED_BACK, ErrorKind
 from envs.profile import DomainProfile
 from envs.records import Rollout, Step, StepScore, TaskSpec, content_hash
+from verifiers.base import recorded_potentials
 
 RULES_VERSION = "5"  # 3: injection_attempt; 4: a pre-written verdict, "Judge: ...", "the instructions above";
 # 5: those two need a top mark (ordinary scoring code is not flagged)
@@ -351,7 +352,10 @@ def _potentials(rollout: Rollout, tasks: dict[str, TaskSpec], potentials: dict[s
         return [0.0] * (len(rollout.steps) + 1)
     if rollout.task_id not in tasks:
         raise KeyError(f"rollout {rollout.rollout_id} needs task {rollout.task_id} for its progress")
-    phi = fn(tasks[rollout.task_id], rollout.steps)
+    task = tasks[rollout.task_id]
+    phi = recorded_potentials(rollout, task, fn)  # recorded by the verifier during the live episode
+    if phi is None:
+        phi = fn(task, rollout.steps)
     if len(phi) != len(rollout.steps) + 1:
         raise ValueError(f"potential of {rollout.family} returned {len(phi)} values for {len(rollout.steps)} steps")
     return phi

@@ -1,0 +1,82 @@
+"""A rollout's steps run in the episode's own thread, watched by the caller (envs.wrappers.
+run_watched): a step over its time limit is still cut off at its deadline, recorded as the
+episode's timeout step, and nothing the abandoned thread does afterwards reaches the rollout."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from envs.records import Budget
+from envs.registry import register
+from envs.wrappers import Recorder, TimeLimit, run_watched
+from tasks.rollout import run_episode
+from tests.envs.counter_env import CounterEnv
+
+ENV_ID = "gymfoundry/counter-v0"
+
+
+class Calls:
+    """A policy that plays the given calls in order, counting its turns and their threads."""
+
+    policy_id, version = "test-calls", "1"
+
+    def __init__(self, *calls: dict):
+        self.calls, self.turns, self.threads = [json.dumps(c) for c in calls], 0, set()
+
+    def reset(self, seed=None):
+        self.turns = 0
+
+    def act(self, observation: str) -> str:
+        self.threads.add(threading.current_thread())
+        self.turns += 1
+        return self.calls[min(self.turns - 1, len(self.calls) - 1)]
+
+
+def test_a_hanging_tool_is_cut_off_at_the_step_deadline_and_its_thread_changes_nothing_later():
+    register(ENV_ID, CounterEnv)
+    task = CounterEnv.generate_task(3)
+    policy = Calls({"name": "add", "arguments": {"n": 1}}, {"name": "sleep", "arguments": {"seconds": 1.5}},
+                   {"name": "add", "arguments": {"n": 1}})
+    started = time.monotonic()
+    rollout = run_episode(task, policy, seed=0, limits=Budget(step_timeout_s=0.3))
+    assert time.monotonic() - started < 1.2
+    assert rollout.termination.value == "timeout" and "step time limit" in rollout.termination_reason
+    assert [s.error for s in rollout.steps] == [None, "timeout"] and policy.turns == 2
+    assert 0.25 < rollout.steps[-1].latency_s < 1.2
+    assert threading.current_thread() not in policy.threads
+    time.sleep(1.5)  # the hung step returns in its abandoned thread: nothing more is played or recorded
+    assert policy.turns == 2 and len(rollout.steps) == 2
+
+
+def test_an_episode_within_its_limits_plays_to_its_end():
+    register(ENV_ID, CounterEnv)
+    task = CounterEnv.generate_task(3)
+    target = task.initial_state["target"]
+    policy = Calls({"name": "add", "arguments": {"n": target}}, {"name": "finish", "arguments": {}})
+    rollout = run_episode(task, policy, seed=0, limits=Budget(step_timeout_s=0.3, episode_timeout_s=5))
+    assert [s.error for s in rollout.steps] == [None, None] and rollout.termination.value != "timeout"
+
+
+def test_a_watched_loop_returns_or_raises_what_the_loop_does_and_other_stacks_play_in_the_caller():
+    env = Recorder(TimeLimit(CounterEnv()))
+    assert run_watched(env, lambda: 7) == (True, 7)
+    try:
+        run_watched(env, lambda: 1 / 0)
+        raise AssertionError("the loop's error must reach the caller")
+    except ZeroDivisionError:
+        pass
+    here = []
+    assert run_watched(CounterEnv(), lambda: here.append(threading.current_thread())) == (True, None)
+    assert here == [threading.current_thread()]
+
+
+def test_the_episode_limit_cuts_a_step_off_before_its_own_limit():
+    register(ENV_ID, CounterEnv)
+    policy = Calls({"name": "add", "arguments": {"n": 1}}, {"name": "sleep", "arguments": {"seconds": 1.5}})
+    started = time.monotonic()
+    rollout = run_episode(CounterEnv.generate_task(4), policy, seed=0,
+                          limits=Budget(step_timeout_s=30, episode_timeout_s=0.4))
+    assert time.monotonic() - started < 1.2
+    assert rollout.termination.value == "timeout" and "episode time limit" in rollout.termination_reason
