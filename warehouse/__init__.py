@@ -5,10 +5,11 @@ from warehouse.schema import Column, arrow_schema, column_for, from_row, model_c
 from warehouse.console import ConsoleRefused
 from warehouse.store import (CATALOG_FILE, DEFAULT_DATA_DIR, QUARANTINE_DIR, CatalogLocked, DamagedWarehouse, Landing,
                              QuarantinedBatch, Repair, Warehouse, assert_intact)
+from warehouse.staged import Staged, stage
 from warehouse.tables import PARTITION, TABLES, Reference, Table
 
 __all__ = [
     "CATALOG_FILE", "DEFAULT_DATA_DIR", "PARTITION", "QUARANTINE_DIR", "TABLES", "CatalogLocked", "Column", "ConsoleRefused",
-    "DamagedWarehouse", "Landing", "QuarantinedBatch", "Reference", "Repair", "Table", "Warehouse", "arrow_schema",
-    "assert_intact", "column_for", "from_row", "model_columns", "to_row",
+    "DamagedWarehouse", "Landing", "QuarantinedBatch", "Reference", "Repair", "Staged", "Table", "Warehouse", "arrow_schema",
+    "assert_intact", "column_for", "from_row", "model_columns", "stage", "to_row",
 ]

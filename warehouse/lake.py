@@ -44,11 +44,17 @@ class Batch:
     sha256: str  # of the file's bytes, as written
 
 
-def batch_id(table: Table, family: str, keys: list[tuple]) -> str:
-    """Content hash of the rows' keys (tuples of the key columns): the same new rows always make the
-    same file name, so a file written by a run that crashed before registering is simply overwritten
-    on re-run."""
-    return "b-" + content_hash([table.name, family, sorted(list(k) for k in keys)], length=24)
+def batch_id(table: Table, family: str, keys: pa.Table) -> str:
+    """Content hash of the rows' keys (the key columns, in any row order): the same new rows always
+    make the same file name, so a file written by a run that crashed before registering is simply
+    overwritten on re-run. Hashed from the sorted columns' Arrow buffers, no Python value per row."""
+    digest = hashlib.sha256(content_hash([table.name, family, list(keys.column_names)]).encode())
+    ordered = keys.sort_by([(name, "ascending") for name in keys.column_names])
+    for column in ordered.columns:
+        text = pc.fill_null(pc.cast(column, pa.large_string()), "\0null").combine_chunks()
+        digest.update(text.buffers()[1])  # offsets (from 0: a new array), then the characters
+        digest.update(text.buffers()[2] or b"")
+    return "b-" + digest.hexdigest()[:24]
 
 
 def check_family(family: str) -> None:
@@ -68,7 +74,7 @@ def write_arrow(data_dir: Path, table: Table, family: str, data: pa.Table) -> Ba
     if table.partitioned:
         check_family(family)
     data = data.select(table.file_schema.names)
-    bid = batch_id(table, family, list(zip(*(data[k].to_pylist() for k in table.key))))
+    bid = batch_id(table, family, data.select(list(table.key)))
     folder = f"{LAKE_DIR}/{table.name}/{PARTITION}={family}" if table.partitioned else f"{LAKE_DIR}/{table.name}"
     relative = f"{folder}/{bid}.parquet"
     target = data_dir / staging_path(relative)

@@ -162,38 +162,52 @@ def tampered(table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set[tuple]],
                    identity: list[str] | None = None) -> TableResult:
     """Validate one table's rows; `found` holds, per reference, the referenced keys that exist;
-    `identity` the rows' `identity_verdicts` where the table's key is a content hash."""
+    `identity` the rows' `identity_verdicts` where the table's key is a content hash. The column
+    rules run as one expectation (`table_expectations(one_pass=True)`); a batch that fails is
+    validated again with one expectation per column and rule, whose results the report shows."""
     frame = frame.copy(deep=False)  # the helper columns are this validation's, not the caller's
-    expectations = table_expectations(table.name)
+    checks: list[tuple[str, str, str]] = []  # (helper column, meta key, what its value set checks)
     if identity is not None:
         column = f"id:{table.content_id}"
         frame[column] = identity
-        expectations.append(_gx().expectations.ExpectColumnValuesToBeInSet(
-            column=column, value_set=[FOUND], meta={"rule": f"{table.content_id} is the hash of the content"}))
+        checks.append((column, "rule", f"{table.content_id} is the hash of the content"))
     for ref in table.references:
         column = f"ref:{ref.table}"
         exists = found.get(ref, set())
         # FOUND where the key names a row, else the key itself (so the report shows it; None where a
         # key column is null, which the not-null check reports): a tiny value set. Membership is
-        # tested on the key tuples; only a dangling key is rendered.
-        frame[column] = [FOUND if k in exists else reference_key(k) for k in _keys(frame, ref.columns)]
-        expectations.append(_gx().expectations.ExpectColumnValuesToBeInSet(
-            column=column, value_set=[FOUND], meta={"reference": f"{','.join(ref.columns)} -> {ref.table}"}))
-    # GX fingerprints (hashes) the whole frame it is given: give it the columns its expectations read.
-    read = _read(expectations)
-    frame = frame[[c for c in frame.columns if c in read]]
+        # tested on the key tuples (one column: on the values, vectorised); only a dangling key is rendered.
+        if len(ref.columns) == 1:
+            values = frame[ref.columns[0]]
+            dangling = ~values.isin([k[0] for k in exists])
+            frame[column] = pd.Series(FOUND, index=frame.index, dtype=object)
+            if dangling.any():
+                frame.loc[dangling, column] = [reference_key((v,)) for v in values[dangling].tolist()]
+        else:
+            frame[column] = [FOUND if k in exists else reference_key(k) for k in _keys(frame, ref.columns)]
+        checks.append((column, "reference", f"{','.join(ref.columns)} -> {ref.table}"))
     for column in table.columns:
         if pa.types.is_list(column.type) and column.name in frame:
-            # A list reaches GX as its length (null where the list is): not-null is the only expectation
-            # on a list, and with no unhashable values GX fingerprints the frame by hashing it rather
+            # A list reaches GX as its length (null where the list is): not-null is the only rule on
+            # a list, and with no unhashable values GX fingerprints the frame by hashing it rather
             # than pickling it whole.
             frame[column.name] = pd.Series([len(v) if isinstance(v, (list, tuple, np.ndarray)) else v
                                             for v in frame[column.name].tolist()], index=frame.index)
-    suite = _gx().ExpectationSuite(name=f"gymfoundry.{table.name}", expectations=expectations)
+
+    def suite(one_pass: bool):
+        expectations = table_expectations(table.name, one_pass) + [
+            _gx().expectations.ExpectColumnValuesToBeInSet(column=column, value_set=[FOUND], meta={kind: meaning})
+            for column, kind, meaning in checks]
+        return _gx().ExpectationSuite(name=f"gymfoundry.{table.name}", expectations=expectations)
+
+    one_pass = suite(True)
+    # GX fingerprints (hashes) the whole frame it is given: give it the columns its expectations read.
+    frame = frame[[c for c in frame.columns if c in _read(one_pass.expectations)]]
     with _LOCK:
-        result = _validate(frame, suite, "BOOLEAN_ONLY")  # the common case, and cheaper
-        if not result.success:  # again, with the offending values for the report
-            result = _validate(frame, suite, "SUMMARY")
+        result = _validate(frame, one_pass, "BOOLEAN_ONLY")  # the common case, and cheaper
+        if not result.success:  # again, rule by rule, with the offending values for the report
+            detailed = _validate(frame, suite(False), "SUMMARY")
+            result = detailed if not detailed.success else _validate(frame, suite(True), "SUMMARY")
     failures = [_failure(table.name, r) for r in result.results if not r.success]
     return TableResult(table.name, len(frame), result.success, failures, gx_result=result)
 
@@ -217,39 +231,84 @@ def _read(expectations: list) -> set[str]:
     return read
 
 
-def table_expectations(name: str) -> list:
-    """The expectations of a table that do not depend on the batch (new objects each call:
-    a suite takes ownership of its expectations)."""
-    gx = _gx()
+def record_rules(name: str) -> dict[str, Any]:
+    """What every row of a table must hold, column by column, from its record and declaration:
+    `not_null` columns, `json` text columns, `regex` per column (the partition), value `sets` and
+    `bounds` ([min, max, strict_min, strict_max]). Nulls meet every rule but `not_null`."""
     table = TABLES[name]
     fields = table.model.model_fields
-    out = []
+    rules: dict[str, Any] = {"not_null": [], "json": [], "regex": {}, "sets": {}, "bounds": {}}
     for column in table.columns:
         c = column.name
         if not column.nullable:
-            out.append(gx.expectations.ExpectColumnValuesToNotBeNull(column=c))
+            rules["not_null"].append(c)
         if column.is_json:
-            out.append(_json_expectation()(column=c))
+            rules["json"].append(c)
         if c == PARTITION:
-            out.append(gx.expectations.ExpectColumnValuesToMatchRegex(column=c, regex=FAMILY_NAME.pattern))
+            rules["regex"][c] = FAMILY_NAME.pattern
         info = fields.get(c)
         if info is None or column.is_json:
             continue
         values = _value_set(info.annotation)
         if values is not None:
-            out.append(gx.expectations.ExpectColumnValuesToBeInSet(column=c, value_set=values))
+            rules["sets"][c] = values
         low, high, strict_low, strict_high = _bounds(info.metadata)
         if low is not None or high is not None:
+            rules["bounds"][c] = [low, high, strict_low, strict_high]
+    rules["bounds"].update({c: [low, high, False, False] for c, low, high in table.bounds})
+    return rules
+
+
+def table_expectations(name: str, one_pass: bool = False) -> list:
+    """The expectations of a table that do not depend on the batch (new objects each call: a suite
+    takes ownership of its expectations): one per column and rule, or with `one_pass` every column
+    rule as one multicolumn expectation (GX evaluates them in one pass over the frame), and the key's
+    uniqueness."""
+    gx = _gx()
+    table = TABLES[name]
+    rules = record_rules(name)
+    out = []
+    if one_pass:
+        out.append(_rules_expectation()(column_list=[c.name for c in table.columns], rules=rules, ignore_row_if="never"))
+    else:
+        for c in rules["not_null"]:
+            out.append(gx.expectations.ExpectColumnValuesToNotBeNull(column=c))
+        for c in rules["json"]:
+            out.append(_json_expectation()(column=c))
+        for c, regex in rules["regex"].items():
+            out.append(gx.expectations.ExpectColumnValuesToMatchRegex(column=c, regex=regex))
+        for c, values in rules["sets"].items():
+            out.append(gx.expectations.ExpectColumnValuesToBeInSet(column=c, value_set=values))
+        for c, (low, high, strict_low, strict_high) in rules["bounds"].items():
             out.append(gx.expectations.ExpectColumnValuesToBeBetween(
                 column=c, min_value=low, max_value=high, strict_min=strict_low, strict_max=strict_high))
-    for c, low, high in table.bounds:
-        out.append(gx.expectations.ExpectColumnValuesToBeBetween(column=c, min_value=low, max_value=high))
     if len(table.key) == 1:
         out.append(gx.expectations.ExpectColumnValuesToBeUnique(column=table.key[0]))
     else:
         out.append(gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=list(table.key)))
     return out
 
+
+def rows_hold(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.Series:
+    """Per row: does it hold every rule of `record_rules` (what the per-column expectations check)."""
+    ok = pd.Series(True, index=frame.index)
+    for c in rules["not_null"]:
+        ok &= frame[c].notna()
+    for c in rules["json"]:
+        ok &= frame[c].isna() | valid_json(frame[c])
+    for c, regex in rules["regex"].items():
+        ok &= frame[c].isna() | frame[c].astype(str).str.contains(regex)
+    for c, values in rules["sets"].items():
+        ok &= frame[c].isna() | frame[c].isin(values)
+    for c, (low, high, strict_low, strict_high) in rules["bounds"].items():
+        values = frame[c]
+        within = pd.Series(True, index=frame.index)
+        if low is not None:
+            within &= values > low if strict_low else values >= low
+        if high is not None:
+            within &= values < high if strict_high else values <= high
+        ok &= values.isna() | within
+    return ok
 
 def _value_set(annotation: Any) -> list[str] | None:
     if get_origin(annotation) in (Union, types.UnionType):
@@ -333,7 +392,7 @@ def _json_expectation():
 
         @column_condition_partial(engine=PandasExecutionEngine)
         def _pandas(cls, column, **kwargs):  # GX hands over the non-null values
-            return pd.Series([_is_json(v) for v in column.tolist()], index=column.index, dtype=bool)
+            return valid_json(column)
 
     class ExpectColumnValuesToBeValidJson(ColumnMapExpectation):
         """Expect the column's values to be JSON text."""
@@ -341,6 +400,50 @@ def _json_expectation():
         map_metric = "column_values.valid_json"
 
     return ExpectColumnValuesToBeValidJson
+
+
+@cache
+def _rules_expectation():
+    """`expect_rows_to_hold_their_record_rules`: great-expectations' multicolumn map expectation over
+    a metric that checks every column rule of `record_rules` (passed as the `rules` argument) in one
+    pass over the frame (`rows_hold`). GX plans and resolves each expectation at a fixed cost whatever
+    the batch's size, and a table has up to 23 column rules: this is one. Defined on first use
+    (defining an expectation registers it)."""
+    from great_expectations.execution_engine import PandasExecutionEngine
+    from great_expectations.expectations.expectation import MulticolumnMapExpectation
+    from great_expectations.expectations.metrics.map_metric_provider import (MulticolumnMapMetricProvider,
+                                                                             multicolumn_condition_partial)
+
+    class MulticolumnValuesHoldRecordRules(MulticolumnMapMetricProvider):
+        condition_metric_name = "multicolumn_values.hold_record_rules"
+        condition_domain_keys = ("batch_id", "table", "column_list", "row_condition", "condition_parser",
+                                 "ignore_row_if")
+        condition_value_keys = ("rules",)
+
+        @multicolumn_condition_partial(engine=PandasExecutionEngine)
+        def _pandas(cls, column_list, rules, **kwargs):
+            return rows_hold(column_list, rules)
+
+    class ExpectRowsToHoldTheirRecordRules(MulticolumnMapExpectation):
+        """Expect every row to hold its record's column rules (not null, JSON, regex, value sets, bounds)."""
+
+        rules: dict
+        map_metric = "multicolumn_values.hold_record_rules"
+        success_keys = ("mostly", "rules")
+        args_keys = ("column_list", "rules")
+
+    return ExpectRowsToHoldTheirRecordRules
+
+
+def valid_json(values: pd.Series) -> pd.Series:
+    """Per value: is it JSON text (`_is_json`)? Each distinct text is parsed once: tool calls, costs and
+    outcomes repeat across a batch's steps and rollouts."""
+    try:
+        distinct = pd.unique(values)
+    except TypeError:  # an unhashable value (a dict where text belongs): no text at all
+        return pd.Series([_is_json(v) for v in values.tolist()], index=values.index, dtype=bool)
+    bad = [v for v in distinct.tolist() if not _is_json(v)]
+    return ~values.isin(bad) if bad else pd.Series(True, index=values.index)
 
 
 def _is_json(value: Any) -> bool:

@@ -107,9 +107,12 @@ def to_arrays(model: type[BaseModel], records: Sequence[BaseModel],
     error) where a record holds a value of another type than its field's, as `model_copy` allows, and
     KeyError where it lacks a field (`model_construct`)."""
     out = {}
-    fields = [vars(r) for r in records]  # pydantic keeps the field values there: faster than getattr
-    for column in model_columns(model, exclude):
-        values = list(map(itemgetter(column.name), fields))
+    columns = model_columns(model, exclude)
+    # pydantic keeps the field values in the instance dict: one pass over the records takes them all
+    fields = list(map(itemgetter(*(c.name for c in columns)), map(vars, records)))
+    by_column = [fields] if len(columns) == 1 else list(zip(*fields)) or [()] * len(columns)
+    for column, values in zip(columns, by_column):
+        values = list(values)
         if column.is_json:
             dump = _field_adapter(model, column.name).serializer.to_json
             values = [None if v is None else dump(v).decode() for v in values]

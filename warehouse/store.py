@@ -1,8 +1,9 @@
 """`Warehouse`: land records into the lake and read them back through the catalog.
 
 DuckDB allows one writing process per database file: exactly one process opens a data dir's
-catalog for writing (the factory flow, or whoever lands results) and workers hand their
-records to it. A writer excludes every other process, readers included; any number of
+catalog for writing (the factory flow, or whoever lands results). Workers either hand it their
+records (`land`) or stage them themselves (`warehouse.stage`: rows, gates and Parquet files) and
+hand it the `Staged` batch, which it only checks against the catalog and registers (`land_staged`). A writer excludes every other process, readers included; any number of
 `read_only=True` readers may share the catalog while no writer holds it. So open for writing
 only around landing, and read with `read_only=True` (a CLI query needs no write lock). A writer
 that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s`, then
@@ -32,13 +33,13 @@ import duckdb
 import pandas as pd
 import polars as pl
 import pyarrow as pa
-from pydantic_core import PydanticSerializationError
 
 from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
-from warehouse.lake import LAKE_DIR, staging_path, write_batches
-from warehouse.schema import check_lists
+from warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
+from warehouse.staged import (OWNED_BY_ROLLOUT, Part, Staged, as_rows, column_values, frame, keys_of,
+                             rows_part, stage, take, to_arrow)
 from warehouse.tables import PARTITION, TABLES, Reference, Table
 
 DEFAULT_DATA_DIR = ".gymfoundry"
@@ -138,7 +139,8 @@ class Warehouse:
              outcomes: Iterable[Verdict] | None = None, rollout_outcomes: bool = False,
              holdout_locks: Iterable[HoldoutLock] | None = None, gate: bool = True,
              run_id: str | None = None, flow_run_id: str | None = None) -> Landing:
-        """Land one batch: every table given, in one transaction, after the quality gates.
+        """Land one batch: every table given, in one transaction, after the quality gates
+        (`stage` here, then `land_staged`).
 
         Only rows with new keys land (a rollout already landed is skipped with all its steps).
         A score's family is that of its rollout: from `family_of` (rollout_id -> family), the
@@ -149,53 +151,92 @@ class Warehouse:
         this batch also lands its own outcome there as the factory's verdict (`Verdict.of_rollout`).
         `run_id` and `flow_run_id` (the factory run and its Prefect flow run) are written on the
         rollouts new in this batch: a rollout landed before keeps the run that first landed it."""
-        parts: dict[str, Part] = {}
-        verdicts: dict[str, list[str] | None] = {}
-        if tasks is not None:
-            tasks = list(tasks)
-            parts["tasks"] = _arrow(TABLES["tasks"], tasks)
-            if gate:  # from the records: cheaper than rebuilding each record from its row
-                verdicts["tasks"] = quality.record_verdicts(TABLES["tasks"], tasks)
-        if rejections is not None:
-            parts["task_rejections"] = _arrow(TABLES["task_rejections"], list(rejections))
-        families = dict(family_of or {})
-        verdict_records = []
-        if rollouts is not None:
-            by_id: dict[str, Rollout] = {}
-            for rollout in rollouts:
-                by_id.setdefault(rollout.rollout_id, rollout)
-            families.update({rid: r.family for rid, r in by_id.items()})
-            unique = list(by_id.values())
-            data = _arrow(TABLES["rollouts"], unique, run_id=run_id, flow_run_id=flow_run_id)
-            keep = self._new_indices(TABLES["rollouts"], data)
-            new = [unique[i] for i in keep]
-            parts["rollouts"] = _take(data, keep)
-            parts["steps"] = _arrow(TABLES["steps"], [step for r in new for step in r.steps],
-                                    rollout_id=[r.rollout_id for r in new for _ in r.steps],
-                                    task_family=[r.family for r in new for _ in r.steps])
-            subs = [sub for r in new for sub in r.subrollouts]
-            if subs:  # a delegating rollout's sub-agents' episodes
-                parts["sub_rollouts"] = _arrow(TABLES["sub_rollouts"], subs)
-            if rollout_outcomes:
-                now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-                verdict_records += [v for v in (Verdict.of_rollout(r, now) for r in new) if v is not None]
-        if outcomes is not None:
-            verdict_records += list(outcomes)
-        if rollout_outcomes and rollouts is not None or outcomes is not None:
-            parts["outcomes"] = _arrow(TABLES["outcomes"], verdict_records)
+        if self.read_only:
+            raise PermissionError("this warehouse was opened read-only")
         if scores is not None:
             scores = list(scores)
-            parts["step_scores"] = _arrow(TABLES["step_scores"], scores, task_family=self._score_families(scores, families))
-        for name, records in (("runs", runs), ("datasets", datasets), ("dataset_rows", dataset_rows),
-                              ("holdout_locks", holdout_locks)):
-            if records is not None:
-                parts[name] = _arrow(TABLES[name], list(records))
-        return self._land(parts, gate, verdicts)
+            if rollouts is not None:
+                rollouts = list(rollouts)
+            family_of = self._families({**{r.rollout_id: r.family for r in rollouts or []}, **(family_of or {})},
+                                       {s.rollout_id for s in scores})
+        staged = stage(self.data_dir, tasks=tasks, rejections=rejections, rollouts=rollouts, scores=scores, runs=runs,
+                       datasets=datasets, dataset_rows=dataset_rows, family_of=family_of, outcomes=outcomes,
+                       rollout_outcomes=rollout_outcomes, holdout_locks=holdout_locks, gate=gate, run_id=run_id,
+                       flow_run_id=flow_run_id)
+        return self.land_staged(staged)
+
+    @_collector_paused
+    def land_staged(self, staged: Staged) -> Landing:
+        """Land a batch `warehouse.stage` made, in this process or another: when every key is new,
+        every reference the batch does not satisfy itself names a landed row and the gates passed,
+        only register its files (one transaction); otherwise land its rows as `land` would (only
+        new rows; a failed gate sends the batch to quarantine). The incoming files are gone after."""
+        if self.read_only:
+            raise PermissionError("this warehouse was opened read-only")
+        if Path(staged.data_dir).resolve() != self.data_dir:
+            raise ValueError(f"the batch was staged for {staged.data_dir}, not for {self.data_dir}")
+        try:
+            for batch in staged.batches if staged.passed else []:
+                file = staged.incoming(batch)
+                if not file.is_file() or file_sha256(file) != batch.sha256:
+                    raise ValueError(f"the staged file {file} is missing or changed since it was staged and gated; "
+                                     "nothing of the batch landed: stage it again")
+            if staged.passed and self._all_new(staged) and all(
+                    self._landed_keys(ref, keys) == set(keys) for ref, keys in staged.unresolved):
+                for batch in staged.batches:
+                    target = self.data_dir / staging_path(batch.path)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staged.incoming(batch), target)
+                catalog.register(self.con, self.data_dir, staged.batches, _utcnow(), before_commit=_landing_hook)
+                counts = dict.fromkeys(staged.tables, 0)
+                for batch in staged.batches:
+                    counts[batch.table] += batch.row_count
+                return Landing(counts)
+            parts = self._without_landed_rollouts(staged.rows(), staged.derived_outcomes)
+            return self._land(parts, staged.gate, staged.identity if staged.parts is not None else {})
+        finally:
+            staged.discard()
+
+    def _all_new(self, staged: Staged) -> bool:
+        """No key of the batch is landed already."""
+        for name, keys in staged.keys.items():
+            table = TABLES[name]
+            columns = ", ".join(catalog.quote_ident(k) for k in table.key)
+            self.con.register("incoming_keys", keys)
+            try:
+                if self._execute(f"SELECT count(*) FROM incoming_keys SEMI JOIN {table.name} USING ({columns})")[0][0]:
+                    return False
+            finally:
+                self.con.unregister("incoming_keys")
+        return True
+
+    def _without_landed_rollouts(self, parts: dict[str, Part], derived: list[tuple]) -> dict[str, Part]:
+        """The batch less what belongs to its rollouts that landed before: their steps, sub-agents'
+        episodes and their own verdicts (`derived`) are skipped with them, whatever this run of them did."""
+        rollouts = parts.get("rollouts")
+        if rollouts is None or not len(rollouts):
+            return parts
+        ids = column_values(rollouts, "rollout_id")
+        landed = set(ids) - {ids[i] for i in self._new_indices(TABLES["rollouts"], rollouts)}
+        if not landed:
+            return parts
+        out = dict(parts)
+        for name, column in OWNED_BY_ROLLOUT.items():
+            if name in parts:
+                owners = column_values(parts[name], column)
+                out[name] = take(parts[name], [i for i, owner in enumerate(owners) if owner not in landed])
+        if "sub_rollouts" in out and not len(out["sub_rollouts"]):
+            del out["sub_rollouts"]  # a part only where a new rollout delegated
+        if "outcomes" in parts and derived:
+            skip = {key for key in derived if key[0] in landed}
+            keys = zip(*(column_values(parts["outcomes"], k) for k in TABLES["outcomes"].key))
+            out["outcomes"] = take(parts["outcomes"], [i for i, key in enumerate(keys) if key not in skip])
+        return out
 
     def land_rows(self, rows: Mapping[str, list[dict[str, Any]]], gate: bool = True) -> Landing:
         """Land table rows (as `Table.row` makes them) as one batch; see `land`. Rows that do not hold
         their columns' types still meet the gates, which say what is wrong with them."""
-        return self._land({name: _from_rows(TABLES[name], list(table_rows)) for name, table_rows in rows.items()},
+        return self._land({name: rows_part(TABLES[name], list(table_rows)) for name, table_rows in rows.items()},
                           gate, {})
 
     def _land(self, parts: dict[str, Part], gate: bool, verdicts: dict[str, list[str] | None]) -> Landing:
@@ -209,11 +250,11 @@ class Warehouse:
             table = TABLES[name]
             keep = self._new_indices(table, part)
             if gate and table.content_id is not None:
-                found = verdicts.get(name) or quality.identity_verdicts(table, _rows(part))
+                found = verdicts.get(name) or quality.identity_verdicts(table, as_rows(part))
                 # A tampered copy of a landed row is refused, not skipped: it joins the rows gated.
                 keep = sorted(set(keep) | {i for i, verdict in enumerate(found) if verdict != quality.FOUND})
                 identity[name] = [found[i] for i in keep]
-            new[name] = _take(part, keep)
+            new[name] = take(part, keep)
         tables = {TABLES[name]: part for name, part in new.items() if len(part)}
         with ThreadPoolExecutor(1) as background:
             staged = None
@@ -222,14 +263,14 @@ class Warehouse:
                 # encoding and hashing release the GIL), and remove them if the gates fail.
                 staged = background.submit(write_batches, self.data_dir, tables)
             if gate:
-                frames = {name: _frame(TABLES[name], part) for name, part in new.items()}
+                frames = {name: frame(TABLES[name], part) for name, part in new.items()}
                 report = quality.validate_batch(frames, self._landed_keys, identity)
                 if not report.success:
                     _discard(self.data_dir, staged)
-                    return self._quarantine({name: _rows(part) for name, part in new.items()}, report)
+                    return self._quarantine({name: as_rows(part) for name, part in new.items()}, report)
             # Every family is checked before any file is written; the files are written in parallel.
             batches = staged.result() if staged is not None else \
-                write_batches(self.data_dir, {table: _to_arrow(table, part) for table, part in tables.items()})
+                write_batches(self.data_dir, {table: to_arrow(table, part) for table, part in tables.items()})
         catalog.register(self.con, self.data_dir, batches, _utcnow(), before_commit=_landing_hook)
         return Landing({name: len(part) for name, part in new.items()})
 
@@ -248,16 +289,14 @@ class Warehouse:
     def land_rejections(self, rejections: Iterable[TaskRejection]) -> dict[str, int]:
         return self.land(rejections=rejections).checked()
 
-    def _score_families(self, scores: list[StepScore], families: dict[str, str]) -> list[str]:
-        missing = sorted({s.rollout_id for s in scores} - families.keys())
+    def _families(self, known: dict[str, str], rollout_ids: set[str]) -> dict[str, str]:
+        """`known` (rollout_id -> family) and the families of the landed rollouts among `rollout_ids`."""
+        missing = sorted(rollout_ids - known.keys())
         if missing:
             found = self._execute("SELECT rollout_id, task_family FROM rollouts WHERE rollout_id IN "
                                   "(SELECT unnest(?))", [missing])
-            families.update(dict(found))
-        unknown = sorted({s.rollout_id for s in scores} - families.keys())
-        if unknown:
-            raise ValueError(f"no task family known for rollouts {unknown}; land them first or pass family_of")
-        return [families[s.rollout_id] for s in scores]
+            known.update(dict(found))
+        return known
 
     def _new_indices(self, table: Table, part: Part) -> list[int]:
         """Where the rows are whose key is neither registered already nor repeated earlier in `part`."""
@@ -275,7 +314,7 @@ class Warehouse:
             finally:
                 self.con.unregister("incoming_keys")
         first: dict[tuple, int] = {}
-        for i, key in enumerate(_keys(table, part)):
+        for i, key in enumerate(keys_of(table, part)):
             first.setdefault(key, i)
         for key in self._existing_keys(table, list(first)):
             first.pop(key)
@@ -638,54 +677,6 @@ def _row(table: Table, record: Record, **added: Any) -> dict[str, Any]:
     return table.row(record, **added)
 
 
-# One table's rows in a batch: an Arrow table of its logical columns (always, for rows made from
-# valid records), or row dicts whose values do not fit those columns (the gates say why).
-Part = pa.Table | list[dict[str, Any]]
-CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError, PydanticSerializationError)
-
-
-def _arrow(table: Table, records: list[Record], **added: Any) -> Part:
-    """The records as the table's rows, a column at a time; where a record holds a value of another
-    type than its field's (`model_copy` does not validate), the rows one by one, as the gates see them."""
-    try:
-        return table.arrow(records, **added)
-    except CONVERSION_ERRORS:
-        return [table.row(r, **{k: v[i] if isinstance(v, list) else v for k, v in added.items()})
-                for i, r in enumerate(records)]
-
-
-def _from_rows(table: Table, rows: list[dict[str, Any]]) -> Part:
-    try:
-        for column in table.columns:
-            check_lists(column, [row.get(column.name) for row in rows])
-        return pa.Table.from_pylist(rows, schema=table.schema)
-    except CONVERSION_ERRORS:
-        return rows
-
-
-def _keys(table: Table, rows: list[dict[str, Any]]) -> list[tuple]:
-    return [tuple(row.get(k) for k in table.key) for row in rows]
-
-
-def _take(part: Part, indices: list[int]) -> Part:
-    if len(indices) == len(part):
-        return part  # indices are ascending and distinct: all of it
-    if isinstance(part, pa.Table):
-        return part.take(pa.array(indices, pa.int64()))
-    return [part[i] for i in indices]
-
-
-def _rows(part: Part) -> list[dict[str, Any]]:
-    return part.to_pylist() if isinstance(part, pa.Table) else part
-
-
-def _frame(table: Table, part: Part) -> pd.DataFrame:
-    """What the gates validate (great-expectations takes pandas)."""
-    if isinstance(part, pa.Table):
-        return part.to_pandas()
-    return pd.DataFrame(part, columns=[c.name for c in table.columns])
-
-
 def _discard(data_dir: Path, staged: Future | None) -> None:
     """Remove the staged files of a batch the gates refused (a write that failed left at most a temp
     file, which the next writer removes with everything else unregistered in staging)."""
@@ -693,11 +684,6 @@ def _discard(data_dir: Path, staged: Future | None) -> None:
         return
     for batch in staged.result():
         (data_dir / staging_path(batch.path)).unlink(missing_ok=True)
-
-
-def _to_arrow(table: Table, part: Part) -> pa.Table:
-    """The rows to write; row dicts that do not fit the columns raise here, as they always did."""
-    return part if isinstance(part, pa.Table) else pa.Table.from_pylist(part, schema=table.schema)
 
 
 def _record(table: Table, row: dict[str, Any], **fields: Any) -> Record:

@@ -3,7 +3,7 @@ side by side with DuckDB writing the same rows as hive-partitioned Parquet from 
 latency of a family-filtered aggregate over 1M steps. Not a test (pytest collects test_*.py only).
 
     .venv/bin/python tests/benchmarks/bench_warehouse.py --steps 1000000 [--batch-steps 100000]
-        [--families 4] [--no-gates] [--repeats 7] [--json out.json]
+        [--families 4] [--no-gates] [--workers 2] [--repeats 7] [--json out.json]
 
 Synthetic records (hand-built rollouts of 10 steps over `--families` families, realistic text
 sizes) land in batches of `--batch-steps` steps, each batch one `land(tasks, rollouts)` call:
@@ -14,6 +14,14 @@ The physical reference, per batch and right beside its landing (the two arms alt
 first): DuckDB's `COPY ... TO (FORMAT parquet, PARTITION_BY (task_family))` of the same batch's
 tasks, rollouts and steps, handed over as Arrow tables (made from the records untimed), into a
 scratch directory. The ratio is the median over batches of land rate / reference rate.
+
+Then the same batches again, the way the factory's workers land ("workers write, one process
+registers"): `--workers` processes (default 2) each build their share of the batches' records
+(untimed), then, all started together, `warehouse.stage` them (rows, content ids, gates, Parquet
+files in the data dir's incoming folder) and hand each `Staged` over a queue to this process, whose
+`Warehouse.land_staged` checks the keys and references against the catalog and registers the files.
+Its rate is the batches' steps over the wall time from the start to the last registration; its
+ratio is that rate over the median DuckDB rate measured above. `--workers 0` skips it.
 
 Then a fresh read-only connection times aggregates over `steps` filtered to one family (cold =
 first query after opening, warm = median of the repeats), against the same aggregate over all
@@ -90,12 +98,67 @@ def write_reference(con, arrow: dict, folder: Path) -> None:
         con.unregister("batch")
 
 
+def stage_worker(data_dir: str, firsts: list[int], per_batch: int, n_rollouts: int, families: list[str], gate: bool,
+                 ready, go, out) -> None:
+    """One staging worker: build the records of its batches, then stage them one by one onto `out`."""
+    from warehouse import quality
+    from warehouse.staged import stage
+
+    if gate:
+        quality._batch_definition()
+    batches = [make_batch(first, min(per_batch, n_rollouts - first), families) for first in firsts]
+    ready.put(os.getpid())
+    go.wait()
+    for tasks, rollouts in batches:
+        started = time.perf_counter()
+        staged = stage(data_dir, tasks=tasks, rollouts=rollouts, gate=gate)
+        out.put((staged, time.perf_counter() - started))
+
+
+def staged_landing(data_dir: Path, workers: int, per_batch: int, n_rollouts: int, families: list[str],
+                   gate: bool) -> dict:
+    """Land every batch through `workers` staging processes and this one registering process."""
+    import multiprocessing
+
+    from warehouse import Warehouse
+
+    ctx = multiprocessing.get_context("spawn")
+    firsts = list(range(0, n_rollouts, per_batch))
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=stage_worker, args=(str(data_dir), firsts[w::workers], per_batch, n_rollouts,
+                                                    families, gate, ready, go, out)) for w in range(workers)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get()
+    stage_s, register_s, steps = [], [], 0
+    with Warehouse(data_dir) as wh:
+        started = time.perf_counter()
+        go.set()
+        for _ in firsts:
+            staged, took = out.get()
+            t0 = time.perf_counter()
+            landing = wh.land_staged(staged)
+            register_s.append(time.perf_counter() - t0)
+            stage_s.append(took)
+            assert landing.ok and landing.counts["steps"], landing.counts
+            steps += landing.counts["steps"]
+        wall = time.perf_counter() - started
+        assert wh.count("steps") == steps
+    for proc in procs:
+        proc.join(timeout=60)
+    return {"workers": workers, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
+            "stage_s_median": statistics.median(stage_s), "register_s_median": statistics.median(register_s),
+            "register_steps_per_s": steps / sum(register_s)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--batch-steps", type=int, default=100_000)
     ap.add_argument("--families", type=int, default=4)
     ap.add_argument("--no-gates", action="store_true", help="land without the quality gates")
+    ap.add_argument("--workers", type=int, default=2, help="staging processes for the second landing (0: none)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--data-dir", help="keep the warehouse here (default: a temp dir, removed)")
     ap.add_argument("--json", metavar="PATH")
@@ -142,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"({batch_rates[-1]:,.0f} steps/s); DuckDB wrote them in {timed['reference']:.2f}s "
                       f"({reference_rates[-1]:,.0f} steps/s); records built in {t1 - t0:.2f}s", flush=True)
             total_steps = wh.count("steps")
+        staged = None
+        if args.workers:
+            staged = staged_landing(Path(tmp) / "staged", args.workers, per_batch, n_rollouts, families,
+                                    not args.no_gates)
+            assert staged["steps"] == total_steps
         lake_mb = sum(p.stat().st_size for p in (data_dir / "lake").rglob("*.parquet")) / 1e6
 
         family = families[1 % len(families)]
@@ -172,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
            "ingest_steps_per_s_median_batch": statistics.median(batch_rates),
            "reference_steps_per_s_median_batch": statistics.median(reference_rates),
            # land rate / DuckDB's rate for the same rows, per batch (the arms side by side), median
-           "land_over_duckdb_ratio": statistics.median(ratios), "lake_mb": lake_mb, "queries": timings}
+           "land_over_duckdb_ratio": statistics.median(ratios), "lake_mb": lake_mb, "queries": timings,
+           "staged": staged}
+    if staged:
+        staged["over_duckdb"] = staged["steps_per_s"] / fig["reference_steps_per_s_median_batch"]
     print(f"\ncommand: {command}")
     print(f"{total_steps:,} steps in {len(batch_rates)} batches over {len(families)} families, "
           f"{os.cpu_count()} CPUs, gates {'on' if fig['gates'] else 'off'} (loading them: {warmup_s:.1f}s, "
@@ -183,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DuckDB writing the same rows as hive-partitioned Parquet from Arrow: median batch "
           f"{fig['reference_steps_per_s_median_batch']:,.0f} steps/s; Warehouse.land / DuckDB: median "
           f"{fig['land_over_duckdb_ratio']:.3f} (per batch: {', '.join(f'{r:.3f}' for r in ratios)})")
+    if staged:
+        print(f"staged by {staged['workers']} worker processes, registered by one: {staged['steps_per_s']:,.0f} "
+              f"steps/s ({staged['steps']:,} steps in {staged['wall_s']:.1f}s; per batch: staging "
+              f"{staged['stage_s_median']:.2f}s in a worker, registering {staged['register_s_median']:.2f}s, "
+              f"medians); / DuckDB: {staged['over_duckdb']:.3f}; the writer alone registers "
+              f"{staged['register_steps_per_s']:,.0f} steps/s")
     for name, t in timings.items():
         print(f"{name:<22} cold {t['cold_s'] * 1000:8.1f} ms   warm median {t['warm_median_s'] * 1000:8.1f} ms"
               f"   (min {t['warm_min_s'] * 1000:.1f} ms, {t['rows']} rows)")

@@ -65,6 +65,12 @@ def _warehouse(fig: dict) -> list[Row]:
             ("ingest steps/s through Warehouse.land, median batch", round(fig["ingest_steps_per_s_median_batch"]), None),
             ("DuckDB writing the same rows, steps/s, median batch", round(fig["reference_steps_per_s_median_batch"]),
              None)]
+    staged = fig.get("staged")
+    if staged:
+        rows += [(f"staged by {staged['workers']} workers, registered by one / DuckDB", round(staged["over_duckdb"], 3),
+                  staged["over_duckdb"]),
+                 ("staged landing steps/s, end to end", round(staged["steps_per_s"]), None),
+                 ("registering a staged batch: steps/s of the writer", round(staged["register_steps_per_s"]), None)]
     rows += [(f"query {name}: warm median s", q["warm_median_s"], None) for name, q in sorted(fig["queries"].items())]
     return rows
 

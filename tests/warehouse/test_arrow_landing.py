@@ -78,18 +78,19 @@ def test_a_record_holding_a_value_of_another_type_goes_to_quarantine_not_a_crash
 def test_a_landing_pauses_the_garbage_collector_and_restores_it(wh, build, monkeypatch):
     import gc
 
-    import warehouse.store
+    from warehouse import catalog, quality
 
     seen = []
-    real = warehouse.store.Warehouse._land
-    monkeypatch.setattr(warehouse.store.Warehouse, "_land", lambda self, *a: seen.append(gc.isenabled()) or real(self, *a))
+    real_gates, real_register = quality.validate_batch, catalog.register
+    monkeypatch.setattr(quality, "validate_batch", lambda *a: seen.append(gc.isenabled()) or real_gates(*a))
+    monkeypatch.setattr(catalog, "register", lambda *a, **k: seen.append(gc.isenabled()) or real_register(*a, **k))
     assert gc.isenabled()
     wh.land(tasks=[build.task("inventory", 8)])
-    assert seen == [False] and gc.isenabled()
+    assert seen == [False, False] and gc.isenabled()  # staging (the gates) and registering
     gc.disable()  # a caller that runs without the collector keeps it off
     try:
         wh.land(tasks=[build.task("inventory", 9)])
-        assert seen == [False, False] and not gc.isenabled()
+        assert seen == [False] * 4 and not gc.isenabled()
     finally:
         gc.enable()
 

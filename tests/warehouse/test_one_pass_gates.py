@@ -1,0 +1,89 @@
+"""The gates check every column rule of a table as one great-expectations expectation
+(`expect_rows_to_hold_their_record_rules`). Hostile: every way a row can break a rule must fail
+that one expectation exactly when the per-column suite (one expectation per column and rule) fails,
+and a failing batch's report still names the column and the per-column expectation."""
+
+from __future__ import annotations
+
+import pytest
+
+from warehouse import TABLES, quality
+from warehouse.staged import frame, rows_part
+from warehouse.store import _row
+
+BAD_JSON = ["{", "NaN", "{'a': 1}", '{"a": NaN}', '{"a": 1} trailing', "", 7]
+
+
+def valid_rows(build) -> dict[str, list[dict]]:
+    task = build.task("inventory", 3)
+    rollout = build.rollout(task)
+    return {"tasks": [_row(TABLES["tasks"], task), _row(TABLES["tasks"], build.task("inventory", 4))],
+            "rollouts": [_row(TABLES["rollouts"], rollout)],
+            "steps": [_row(TABLES["steps"], s, rollout_id=rollout.rollout_id, task_family="inventory")
+                      for s in rollout.steps],
+            "step_scores": [_row(TABLES["step_scores"], build.score(rollout, i), task_family="inventory")
+                            for i in range(3)]}
+
+
+def corruptions(name: str):
+    """(column, bad value) for every rule of the table, and values on the edge of each bound."""
+    rules = quality.record_rules(name)
+    for c in rules["not_null"]:
+        yield c, None
+    for c in rules["json"]:
+        for bad in BAD_JSON:
+            yield c, bad
+    for c in rules["regex"]:
+        yield from ((c, bad) for bad in ["Bad Family", "-x", "inventory/../x", ""])
+    for c, values in rules["sets"].items():
+        yield from ((c, bad) for bad in ["bogus", values[0].upper() + "x", ""])
+    for c, (low, high, strict_low, strict_high) in rules["bounds"].items():
+        for edge in (low, high):
+            if edge is not None:
+                yield from ((c, edge + d) for d in (-1e-9, 0.0, 1e-9))
+        yield c, "x"  # no number at all
+        yield c, float("inf")
+
+
+def verdict(name: str, rows: list[dict], one_pass: bool, monkeypatch) -> bool:
+    """The gate's verdict on the rows, with the one-pass suite or the per-column one."""
+    detailed = quality.table_expectations
+    with monkeypatch.context() as m:
+        if not one_pass:
+            m.setattr(quality, "table_expectations", lambda table, one_pass=False: detailed(table, False))
+        table = TABLES[name]
+        found = {ref: {tuple(r.get(c) for c in ref.columns) for r in rows} for ref in table.references}
+        identity = [quality.FOUND] * len(rows) if table.content_id else None
+        return quality.validate_table(table, frame(table, rows_part(table, rows)), found, identity).success
+
+
+@pytest.mark.parametrize("name", ["tasks", "rollouts", "steps", "step_scores"])
+def test_the_one_pass_gate_fails_exactly_where_the_per_column_suite_fails(name, build, monkeypatch):
+    rows = valid_rows(build)[name]
+    assert verdict(name, rows, True, monkeypatch) and verdict(name, rows, False, monkeypatch)
+    tried = 0
+    for column, bad in corruptions(name):
+        broken = [dict(rows[0], **{column: bad}), *rows[1:]]
+        one, per_column = verdict(name, broken, True, monkeypatch), verdict(name, broken, False, monkeypatch)
+        assert one == per_column, (name, column, bad, one, per_column)
+        tried += 1
+    assert tried >= 10
+
+
+def test_a_failing_batch_is_reported_rule_by_rule(wh, build):
+    rows = valid_rows(build)
+    rows["steps"][1]["reward"] = 5.0
+    rows["steps"][2]["tool_call"] = '{"name": NaN}'
+    landing = wh.land_rows(rows)
+    assert not landing.ok
+    failed = {(f["table"], f["column"], f["expectation"]) for f in landing.report.failures}
+    assert failed == {("steps", "reward", "expect_column_values_to_be_between"),
+                      ("steps", "tool_call", "expect_column_values_to_be_valid_json")}
+
+
+def test_the_gates_run_the_column_rules_as_one_expectation_per_table():
+    for name in ("tasks", "rollouts", "steps"):
+        expectations = quality.table_expectations(name, one_pass=True)
+        assert [e.expectation_type for e in expectations][0] == "expect_rows_to_hold_their_record_rules"
+        assert len(expectations) == 2  # the rules, and the key's uniqueness
+        assert len(quality.table_expectations(name)) > 10

@@ -1,0 +1,270 @@
+"""Staging: everything of a landing that needs no catalog, done where the records are.
+
+"Workers write, one process registers": `stage(data_dir, tasks=..., rollouts=...)` runs in any
+process (a rollout worker, a Dask worker). It builds the table rows column-wise into Arrow,
+keeps the first row of each key, checks the content ids, runs the great-expectations gates on
+the batch and writes the Parquet files into `<data_dir>/incoming/<stage_id>/` — a folder no
+reader of the lake and no writer's recovery looks into. The result, a picklable `Staged`, goes
+to the one process that holds the catalog, whose `Warehouse.land_staged` only checks what needs
+the catalog (which keys are new, whether the references the batch does not satisfy itself are
+landed) and registers the files in one transaction (see catalog.register). A batch with a key
+already landed, a reference found nowhere, or a failed gate takes the writer's full path instead
+(`Warehouse.land`'s semantics exactly: only new rows land, a rollout already landed is skipped
+with all its steps, a failing batch goes whole to quarantine with its report).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic_core import PydanticSerializationError
+
+from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, StepScore, TaskRejection,
+                          TaskSpec, Verdict)
+from warehouse import quality
+from warehouse.lake import Batch, staging_path, write_batches
+from warehouse.schema import check_lists
+from warehouse.tables import PARTITION, TABLES, Reference, Table
+
+INCOMING_DIR = "incoming"  # `incoming/<stage_id>/` mirrors the data dir: `lake/<table>/task_family=<f>/<batch>.parquet`
+
+# One table's rows in a batch: an Arrow table of its logical columns (always, for rows made from
+# valid records), or row dicts whose values do not fit those columns (the gates say why).
+Part = pa.Table | list[dict[str, Any]]
+CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError, PydanticSerializationError)
+# Rows that belong to a rollout of the same batch: skipped with it when the rollout landed before.
+OWNED_BY_ROLLOUT = {"steps": "rollout_id", "sub_rollouts": "parent_rollout_id"}
+
+
+@dataclass
+class Staged:
+    """A batch ready to land: its rows per table, the files `stage` wrote (paths under
+    `incoming/<stage_id>/`), and what only the catalog can answer. Pickled to another process it
+    leaves its rows behind when its files hold them (the writer reads them back if it needs them)."""
+
+    data_dir: str
+    stage_id: str
+    parts: dict[str, Part] | None
+    gate: bool
+    passed: bool  # gated (or gates off) and written: the fast path is open
+    batches: list[Batch] = field(default_factory=list)  # `path` is the lake path; the file is under incoming
+    tables: list[str] = field(default_factory=list)  # every table of the batch, empty ones included
+    identity: dict[str, list[str]] = field(default_factory=dict)  # content-id verdicts, aligned with `parts`
+    unresolved: list[tuple[Reference, list[tuple]]] = field(default_factory=list)  # not in the batch itself
+    derived_outcomes: list[tuple] = field(default_factory=list)  # keys of the rollouts' own verdicts
+    keys: dict[str, pa.Table] = field(default_factory=dict)  # each table's key columns, for the new-key check
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.passed:
+            state["parts"], state["identity"] = None, {}  # the files hold the rows (read back in another order)
+        return state
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.data_dir) / INCOMING_DIR / self.stage_id
+
+    def incoming(self, batch: Batch) -> Path:
+        """Where `stage` wrote the batch file: the data dir's layout (`staging/...`) under the folder."""
+        return self.folder / staging_path(batch.path)
+
+    def rows(self) -> dict[str, Part]:
+        """The batch's rows per table: as staged, or read back from the files."""
+        if self.parts is not None:
+            return self.parts
+        parts: dict[str, list[pa.Table]] = {name: [] for name in self.tables}
+        for batch in self.batches:
+            table = TABLES[batch.table]
+            data = pq.read_table(self.incoming(batch), schema=table.file_schema)
+            if table.partitioned:
+                data = data.append_column(PARTITION, pa.array([batch.task_family] * data.num_rows, pa.string()))
+            parts[batch.table].append(data.select(table.schema.names).cast(table.schema))
+        return {name: pa.concat_tables(tables) if tables else TABLES[name].schema.empty_table()
+                for name, tables in parts.items()}
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def stage(data_dir: str | os.PathLike, *, tasks: Iterable[TaskSpec] | None = None,
+          rejections: Iterable[TaskRejection] | None = None, rollouts: Iterable[Rollout] | None = None,
+          scores: Iterable[StepScore] | None = None, runs: Iterable[Run] | None = None,
+          datasets: Iterable[DatasetManifest] | None = None, dataset_rows: Iterable[DatasetRow] | None = None,
+          family_of: Mapping[str, str] | None = None, outcomes: Iterable[Verdict] | None = None,
+          rollout_outcomes: bool = False, holdout_locks: Iterable[HoldoutLock] | None = None, gate: bool = True,
+          run_id: str | None = None, flow_run_id: str | None = None) -> Staged:
+    """Stage a batch for `Warehouse.land_staged` (the keywords are `Warehouse.land`'s). Needs no
+    catalog: a score's family comes from `family_of` or the batch's rollouts."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # millions of small containers, no cycles worth collecting (see store._collector_paused)
+    try:
+        parts, identity, derived = _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows,
+                                          family_of, outcomes, rollout_outcomes, holdout_locks, run_id, flow_run_id,
+                                          gate)
+        return _gate_and_write(Path(data_dir).resolve(), parts, identity, derived, gate)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, family_of, outcomes, rollout_outcomes,
+           holdout_locks, run_id, flow_run_id, gate):
+    """The batch's rows per table (first row of each key kept), the content-id verdicts of the
+    tasks, and the keys of the verdicts derived from the rollouts."""
+    parts: dict[str, Part] = {}
+    identity: dict[str, list[str]] = {}
+    if tasks is not None:
+        tasks = list(tasks)
+        part = arrow_part(TABLES["tasks"], tasks)
+        keep = first_of_each_key(TABLES["tasks"], part)
+        parts["tasks"] = take(part, keep)
+        if gate:  # from the records: cheaper than rebuilding each record from its row
+            identity["tasks"] = quality.record_verdicts(TABLES["tasks"], [tasks[i] for i in keep])
+    if rejections is not None:
+        parts["task_rejections"] = arrow_part(TABLES["task_rejections"], list(rejections))
+    families = dict(family_of or {})
+    verdicts: list[Verdict] = []
+    derived: list[tuple] = []
+    if rollouts is not None:
+        by_id: dict[str, Rollout] = {}
+        for rollout in rollouts:
+            by_id.setdefault(rollout.rollout_id, rollout)
+        families.update({rid: r.family for rid, r in by_id.items()})
+        unique = list(by_id.values())
+        parts["rollouts"] = arrow_part(TABLES["rollouts"], unique, run_id=run_id, flow_run_id=flow_run_id)
+        parts["steps"] = arrow_part(TABLES["steps"], [step for r in unique for step in r.steps],
+                                    rollout_id=[r.rollout_id for r in unique for _ in r.steps],
+                                    task_family=[r.family for r in unique for _ in r.steps])
+        subs = [sub for r in unique for sub in r.subrollouts]
+        if subs:  # a delegating rollout's sub-agents' episodes
+            parts["sub_rollouts"] = arrow_part(TABLES["sub_rollouts"], subs)
+        if rollout_outcomes:
+            now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            verdicts += [v for v in (Verdict.of_rollout(r, now) for r in unique) if v is not None]
+            derived = [(v.rollout_id, v.verifier_id, v.verifier_version) for v in verdicts]
+    if outcomes is not None:
+        verdicts += list(outcomes)
+    if rollout_outcomes and rollouts is not None or outcomes is not None:
+        parts["outcomes"] = arrow_part(TABLES["outcomes"], verdicts)
+    if scores is not None:
+        scores = list(scores)
+        unknown = sorted({s.rollout_id for s in scores} - families.keys())
+        if unknown:
+            raise ValueError(f"no task family known for rollouts {unknown}; land them first or pass family_of")
+        parts["step_scores"] = arrow_part(TABLES["step_scores"], scores,
+                                          task_family=[families[s.rollout_id] for s in scores])
+    for name, records in (("runs", runs), ("datasets", datasets), ("dataset_rows", dataset_rows),
+                          ("holdout_locks", holdout_locks)):
+        if records is not None:
+            parts[name] = arrow_part(TABLES[name], list(records))
+    for name, part in parts.items():
+        if name != "tasks":
+            parts[name] = take(part, first_of_each_key(TABLES[name], part))
+    return parts, identity, derived
+
+
+def _gate_and_write(data_dir: Path, parts: dict[str, Part], identity: dict[str, list[str]], derived: list[tuple],
+                    gate: bool) -> Staged:
+    staged = Staged(str(data_dir), uuid.uuid4().hex, parts, gate, False, tables=list(parts), identity=identity,
+                    derived_outcomes=derived)
+    if not all(isinstance(part, pa.Table) for part in parts.values()):
+        return staged  # rows that do not fit their columns: the writer's full path says why
+    tables = {TABLES[name]: part for name, part in parts.items() if len(part)}
+    with ThreadPoolExecutor(1) as background:
+        # The files are invisible until registered: write them while the gates run (Parquet encoding
+        # and hashing release the GIL), and remove them if the gates fail.
+        written: Future = background.submit(write_batches, staged.folder, tables)
+        if gate:
+            unresolved: list[tuple[Reference, list[tuple]]] = []
+
+            def elsewhere(ref: Reference, keys: list[tuple]) -> set[tuple]:
+                unresolved.append((ref, keys))  # the writer checks these against the landed rows
+                return set(keys)
+
+            frames = {name: frame(TABLES[name], part) for name, part in parts.items()}
+            report = quality.validate_batch(frames, elsewhere, identity)
+            staged.unresolved = unresolved
+            if not report.success:
+                written.exception()  # wait for the writes, then remove them
+                staged.discard()
+                return staged
+        staged.batches = written.result()
+    staged.keys = {name: part.select(list(TABLES[name].key)) for name, part in parts.items() if len(part)}
+    staged.passed = True
+    return staged
+
+
+def arrow_part(table: Table, records: list[Record], **added: Any) -> Part:
+    """The records as the table's rows, a column at a time; where a record holds a value of another
+    type than its field's (`model_copy` does not validate), the rows one by one, as the gates see them."""
+    try:
+        return table.arrow(records, **added)
+    except CONVERSION_ERRORS:
+        return [table.row(r, **{k: v[i] if isinstance(v, list) else v for k, v in added.items()})
+                for i, r in enumerate(records)]
+
+
+def rows_part(table: Table, rows: list[dict[str, Any]]) -> Part:
+    try:
+        for column in table.columns:
+            check_lists(column, [row.get(column.name) for row in rows])
+        return pa.Table.from_pylist(rows, schema=table.schema)
+    except CONVERSION_ERRORS:
+        return rows
+
+
+def first_of_each_key(table: Table, part: Part) -> list[int]:
+    """Where the rows are whose key no earlier row of `part` holds (ascending)."""
+    if isinstance(part, pa.Table):
+        if part.num_rows == 0:
+            return []
+        keys = pl.from_arrow(part.select(list(table.key)))
+        if not isinstance(keys, pl.DataFrame):
+            keys = keys.to_frame()
+        return keys.with_row_index("_row").unique(subset=list(table.key), keep="first",
+                                                  maintain_order=True)["_row"].to_list()
+    return list(range(len(part)))  # rows that fit no columns: the writer's full path keeps the first of each key
+
+
+def keys_of(table: Table, rows: list[dict[str, Any]]) -> list[tuple]:
+    return [tuple(row.get(k) for k in table.key) for row in rows]
+
+
+def column_values(part: Part, column: str) -> list[Any]:
+    return part[column].to_pylist() if isinstance(part, pa.Table) else [row.get(column) for row in part]
+
+
+def take(part: Part, indices: list[int]) -> Part:
+    if len(indices) == len(part):
+        return part  # indices are ascending and distinct: all of it
+    if isinstance(part, pa.Table):
+        return part.take(pa.array(indices, pa.int64()))
+    return [part[i] for i in indices]
+
+
+def as_rows(part: Part) -> list[dict[str, Any]]:
+    return part.to_pylist() if isinstance(part, pa.Table) else part
+
+
+def frame(table: Table, part: Part) -> pd.DataFrame:
+    """What the gates validate (great-expectations takes pandas)."""
+    if isinstance(part, pa.Table):
+        return part.to_pandas()
+    return pd.DataFrame(part, columns=[c.name for c in table.columns])
+
+
+def to_arrow(table: Table, part: Part) -> pa.Table:
+    """The rows to write; row dicts that do not fit the columns raise here, as they always did."""
+    return part if isinstance(part, pa.Table) else pa.Table.from_pylist(part, schema=table.schema)
