@@ -221,14 +221,16 @@ class ToolEnv(AgentEnv):
             raise EnvBug(f"{TOOL_BOUNDARY} {call.name}", exc) from exc
 
     def replay(self, task: TaskSpec, calls: list[ToolCall | None], states: list[dict[str, Any]],
-               after_each: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+               after_each: Callable[[list[dict[str, Any]]], None] | None = None,
+               starts: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Replay `calls` from each of `states` (initial states of episodes of `task`, a task
         `reset` has accepted: it is not checked again), in one pass; the states after the calls
         (the list, updated in place). Each call is applied to each state as `step` applies it:
         parsed and checked (once for all states: that reads the task, never the state), run with
         the same crash rollback, and not at all once that state's episode has ended; a None call
         changes nothing. `after_each(states)` is called after each call. Unlike stepping, no
-        observation, Step record or outcome is made: a verifier's replay needs only the states."""
+        observation, Step record or outcome is made: a verifier's replay needs only the states.
+        `starts`: copies of `states` as given, which the replay only reads (made here if None)."""
         if type(self).step is not ToolEnv.step or type(self)._act is not ToolEnv._act:
             return self._replay_by_steps(task, calls, states, after_each)  # a world whose step is its own
         self.task, self._steps, self._done = task, [], False
@@ -236,7 +238,8 @@ class ToolEnv(AgentEnv):
         # A crash is rolled back by replaying the calls before it from a copy of the start (a
         # replay is deterministic: that is what makes it a verifier's evidence), instead of
         # copying the state before every call as a live step must.
-        starts, applied = [copy_state(s) for s in states], [[] for _ in states]
+        starts = [copy_state(s) for s in states] if starts is None else starts
+        applied: list[list[ToolCall]] = [[] for _ in states]
         for call in calls:
             if call is not None and not all(done):
                 try:  # as in `_act`: refused (or an env bug) before any tool ran, so no state changed

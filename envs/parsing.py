@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envs.errors import ActionError, ErrorKind
-from envs.records import ToolCall
+from envs.records import ToolCall, construct
 
 __all__ = ["ActionError", "MAX_DEPTH", "ParsedAction", "parse_action", "storable_text"]
 
@@ -175,5 +175,5 @@ def _call_from_dict(obj: Any) -> ToolCall:
         # Every field is checked above (a str name, plain JSON arguments in a dict, a str id): the
         # record is built without validating them again. The new dict is the one validation makes,
         # so the call never shares its top level with the caller's dict.
-        return ToolCall.model_construct(name=name, arguments=dict(arguments), id=call_id)
+        return construct(ToolCall, {"name": name, "arguments": dict(arguments), "id": call_id})
     return ToolCall(name=name, arguments=arguments, id=call_id)

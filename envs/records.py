@@ -131,17 +131,40 @@ class TaskSpec(Record):
 def check_task(task: TaskSpec | dict) -> TaskSpec:
     """The task, re-validated from its content: a clear `InvalidTask` (a ValueError) naming the
     bad fields, or a task whose id is its content hash. `model_copy(update=...)` and attribute
-    assignment skip validation and keep the old id; this catches both (at `reset`, at landing)."""
+    assignment skip validation and keep the old id; this catches both (at `reset`, at landing).
+    A TaskSpec whose content (its JSON, exactly) was checked before gets the task that check
+    returned, after making sure that one still has exactly that content (a task is played
+    several times; validating it again costs more than a short episode)."""
+    key = None
     if isinstance(task, TaskSpec):
+        try:
+            key = task.model_dump_json(round_trip=True, warnings=False)
+        except Exception:  # not serialisable as it is: the validation below says why
+            key = None
+        hit = _CHECKED_TASKS.get(key) if key is not None else None
+        if hit is not None:
+            if hit.model_dump_json(round_trip=True, warnings=False) == key:
+                return hit
+            _CHECKED_TASKS.pop(key, None)  # edited in place since: checked again below
         # a wrong-typed field set by model_copy dumps as it is and is reported by the validation
         task = task.model_dump(mode="python", round_trip=True, warnings=False)
     elif not isinstance(task, dict):
         raise InvalidTask(f"a task must be a TaskSpec or a dict, not {type(task).__name__}")
     try:
-        return TaskSpec.model_validate(task)
+        checked = TaskSpec.model_validate(task)
     except ValidationError as exc:
         name = task.get("task_id") or "without an id"
         raise InvalidTask(f"malformed task {name}: {_fields(exc)}") from None
+    if key is not None:
+        if len(_CHECKED_TASKS) >= _CHECKED_TASKS_MAX:
+            _CHECKED_TASKS.clear()
+        _CHECKED_TASKS[key] = checked
+    return checked
+
+
+# A checked task's JSON (round trip) -> the task `check_task` returned for it.
+_CHECKED_TASKS: dict[str, TaskSpec] = {}
+_CHECKED_TASKS_MAX = 4096
 
 
 def _fields(exc: ValidationError, limit: int = 8) -> str:
@@ -172,21 +195,61 @@ class Step(Record):
 
 
 _TEXT = (str, type(None))
+# Record class -> (field names in order, the defaults of fields without a factory, the factories).
+_SHAPES: dict[type, tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]] = {}
+
+
+def construct(cls: type[BaseModel], fields: dict[str, Any]) -> Any:
+    """`cls.model_construct(**fields)` (no validation: for values this code made from validated
+    ones), at a third of its cost: the same `__dict__` (fields in order, defaults filled in, a
+    default factory called per record), fields set and no extra or private values. For a record
+    without aliases or private attributes (pydantic's own `model_construct` handles those)."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        if cls.__private_attributes__ or cls.__pydantic_post_init__ or any(
+                f.alias is not None or f.validation_alias is not None for f in cls.model_fields.values()):
+            return cls.model_construct(**fields)
+        shape = _SHAPES[cls] = (
+            tuple(cls.model_fields),
+            {k: f.default for k, f in cls.model_fields.items() if f.default_factory is None and not f.is_required()},
+            {k: f.default_factory for k, f in cls.model_fields.items() if f.default_factory is not None})
+    names, defaults, factories = shape
+    values = {}
+    for name in names:
+        if name in fields:
+            values[name] = fields[name]
+        elif name in defaults:
+            values[name] = defaults[name]
+        elif name in factories:
+            values[name] = factories[name]()
+    record = cls.__new__(cls)
+    object.__setattr__(record, "__dict__", values)
+    object.__setattr__(record, "__pydantic_fields_set__", set(fields) & set(names))
+    object.__setattr__(record, "__pydantic_extra__", None)
+    object.__setattr__(record, "__pydantic_private__", None)
+    return record
 
 
 def make_step(**fields: Any) -> Step:
     """A `Step`, built without validation when every given field already has exactly the type the
     record declares (what the runtime itself made: validation would return it unchanged, and a
     step is built twice per turn); anything else, e.g. a policy's token ids, is validated."""
-    plain = (type(fields.get("index")) is int and fields["index"] >= 0
-             and type(fields.get("observation")) is str and type(fields.get("result")) is str
-             and all(type(fields.get(k)) in _TEXT for k in ("action_text", "thought", "error", "policy_version"))
-             and type(fields.get("tool_call")) in (ToolCall, type(None))
-             and all(type(v) is float and math.isfinite(v) for k in ("reward", "latency_s") if k in fields
-                     for v in [fields[k]])
-             and fields.get("token_ids") is None and fields.get("logprobs") is None
-             and fields.keys() <= Step.model_fields.keys())
-    return Step.model_construct(**fields) if plain else Step(**fields)
+    get = fields.get
+    index = get("index")
+    plain = (type(index) is int and index >= 0 and type(get("observation")) is str and type(get("result")) is str
+             and type(get("action_text")) in _TEXT and type(get("thought")) in _TEXT and type(get("error")) in _TEXT
+             and type(get("policy_version")) in _TEXT and type(get("tool_call")) in _CALL
+             and _finite(get("reward", 0.0)) and _finite(get("latency_s", 0.0))
+             and get("token_ids") is None and get("logprobs") is None and fields.keys() <= _STEP_FIELDS)
+    return construct(Step, fields) if plain else Step(**fields)
+
+
+_CALL = (ToolCall, type(None))
+_STEP_FIELDS = frozenset(Step.model_fields)
+
+
+def _finite(value: Any) -> bool:
+    return type(value) is float and math.isfinite(value)
 
 
 class CheckResult(Record):

@@ -90,14 +90,15 @@ class ReplayVerifier(OutcomeVerifier):
         """The state after all the calls (one copy, not one per step)."""
         return copy_state(self._replay(task, calls))
 
-    def replay_from(self, task: TaskSpec, calls: list[ToolCall | None],
-                    starts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def replay_from(self, task: TaskSpec, calls: list[ToolCall | None], starts: list[dict[str, Any]],
+                    originals: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The states after all the calls, replayed in one pass from each of `starts` (initial
-        states of `task`'s hidden variants, consumed: pass copies). The task is not checked
-        again: the live episode's reset did (envs.base.ToolEnv.replay)."""
+        states of `task`'s hidden variants, consumed: pass copies; `originals`, if given, are
+        further copies the replay only reads). The task is not checked again: the live
+        episode's reset did (envs.base.ToolEnv.replay)."""
         env = self.new_env()
         try:
-            return env.replay(task, calls, list(starts))
+            return env.replay(task, calls, list(starts), starts=originals)
         finally:
             env.close()
 

@@ -100,7 +100,7 @@ class InventoryVerifier(ReplayVerifier):
                 start["catalog"][sku]["stock"] = stock
             starts.append(start)
         variant_initials = [copy_state(start) for start in starts]
-        finals = self.replay_from(task, calls, starts)
+        finals = self.replay_from(task, calls, starts, originals=variant_initials)  # which it only reads
         reasons = []
         for variant, start, final in zip(checks.variants, variant_initials, finals):
             reasons += [f"{variant.name}: {r}" for r in invariant_check(checks, start, final).reasons]

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from envs.errors import rolled_back
 from envs.profile import DomainProfile, JudgeRubric, RubricDimension
-from envs.records import Rollout, Step, StepScore, TaskSpec, content_hash
+from envs.records import Rollout, Step, StepScore, TaskSpec, construct, content_hash
 from envs.secrets import redact, register_secret
 from verifiers.endpoint import DeadlineClient
 
@@ -327,10 +327,10 @@ class Judge:
             if rollout.family not in versions:
                 versions[rollout.family] = prompt_version(rubric_of(profile))
             stats.steps += len(judged)
-            rows += [StepScore.model_construct(  # built from this code's own values: nothing to validate
-                rollout_id=rollout.rollout_id, step_index=s.index, layer="judge", scorer_id=self.scorer_id,
-                scorer_version=versions[rollout.family], status="not_configured", score=None, components={},
-                rationale=NO_ENDPOINT if not self.settings.configured else NO_WEIGHT) for s in judged]
+            rows += [construct(StepScore, {  # built from this code's own values: nothing to validate
+                "rollout_id": rollout.rollout_id, "step_index": s.index, "layer": "judge", "scorer_id": self.scorer_id,
+                "scorer_version": versions[rollout.family], "status": "not_configured", "score": None, "components": {},
+                "rationale": NO_ENDPOINT if not self.settings.configured else NO_WEIGHT}) for s in judged]
         if asked:
             stats.seconds = time.perf_counter() - started
         return rows, stats

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from envs.profile import DomainProfile
-from envs.records import StepScore, content_hash
+from envs.records import StepScore, construct, content_hash
 from verifiers.calibration import Calibrator
 
 PRM_VERSION = "2"  # 2: the judge is withheld from an injection onwards
@@ -111,5 +111,5 @@ def _score_row(**fields) -> StepScore:
     where every number is a finite float (the record refuses anything else, and still does)."""
     numbers = [fields["score"], *fields["components"].values()]
     if all(type(v) is float and math.isfinite(v) for v in numbers):
-        return StepScore.model_construct(**fields)
+        return construct(StepScore, fields)
     return StepScore(**fields)

@@ -46,7 +46,7 @@ import polars as pl
 
 from envs.errors import AGENT_INPUT, ROLLED_BACK, ErrorKind
 from envs.profile import DomainProfile
-from envs.records import Rollout, Step, StepScore, TaskSpec, content_hash
+from envs.records import Rollout, Step, StepScore, TaskSpec, construct, content_hash
 from verifiers.base import recorded_potentials
 
 RULES_VERSION = "5"  # 3: injection_attempt; 4: a pre-written verdict, "Judge: ...", "the instructions above";
@@ -239,8 +239,19 @@ def score_table(table: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.D
          for fam, p in profiles.items()],
         schema={"family": pl.String, **{f"w_{c}": pl.Float64 for c in COMPONENTS}})
     injected = _injected_rows(frame).implode()
-    scored = (frame.lazy().join(_undoes(frame, profiles).lazy(), on="row", how="left")
-              .join(_information_use(frame, profiles).lazy(), on="row", how="left")
+    try:
+        return _scored(frame, profiles, weights, injected, parsed=True)
+    except pl.exceptions.PolarsError:  # an argument JSON that does not parse as declared (an object for a string)
+        return _scored(frame, profiles, weights, injected, parsed=False)
+
+
+def _scored(frame: pl.DataFrame, profiles: dict[str, DomainProfile], weights: pl.DataFrame, injected: pl.Series,
+            parsed: bool) -> pl.DataFrame:
+    """The components and score of each row of `frame` (one plan, collected once)."""
+    error = pl.col("error").fill_null("")
+    fault = error.is_in(FAULT_KINDS)
+    scored = (frame.lazy().join(_undoes(frame, profiles), on="row", how="left")
+              .join(_information_use(frame, profiles, parsed), on="row", how="left")
               .with_columns(
                   valid_call=pl.when(pl.col("error").is_in(INVALID_KINDS)).then(-1.0).otherwise(0.0),
                   permitted=pl.when(pl.col("refused")).then(-1.0).otherwise(0.0),
@@ -261,9 +272,9 @@ def _injected_rows(frame: pl.DataFrame) -> pl.Series:
     return frame.filter(text.str.contains(INJECTION_HINT)).filter(text.str.contains(INJECTION))["row"]
 
 
-def _undoes(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
+def _undoes(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.LazyFrame:
     """(row, undoes=True) for each successful call that reverts an earlier successful call of
-    its own rollout."""
+    its own rollout (a plan: collected with the rest of the rule table)."""
     found = [pl.LazyFrame(schema={"row": pl.UInt32})]
     succeeded = frame.lazy().filter(pl.col("error").is_null() & pl.col("tool").is_not_null())
     for family, profile in profiles.items():
@@ -277,41 +288,42 @@ def _undoes(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataF
                     .select("rollout_key", "row", key=pl.col("args").str.json_path_match(f"$.{rule.argument}")))
             found.append(undo.join(done, on=["rollout_key", "key"])
                          .filter(pl.col("done_row") < pl.col("row")).select("row"))
-    return pl.concat(found).unique().with_columns(undoes=pl.lit(True)).collect()
+    return pl.concat(found).unique().with_columns(undoes=pl.lit(True))
 
 
-def _grounded_values(calls: pl.DataFrame, arguments: list[str]) -> pl.DataFrame:
-    """(row, rollout_key, seen_end, value) for each grounded argument value of `calls` (one tool)."""
-    try:  # one parse per call; arguments have passed the tool's schema, so they are scalars
+def _grounded_values(calls: pl.LazyFrame, arguments: list[str], parsed: bool) -> pl.LazyFrame:
+    """(row, rollout_key, seen_end, value) for each grounded argument value of `calls` (one tool);
+    `parsed`: one JSON parse per call (arguments have passed the tool's schema, so they are
+    scalars), else each argument read by its JSON path."""
+    if parsed:
         values = calls.select("row", "rollout_key", "seen_end", args=pl.col("args").str.json_decode(
             pl.Struct({a: pl.String for a in arguments}))).unnest("args")
-    except pl.exceptions.PolarsError:  # e.g. an object where a string was declared
+    else:
         values = calls.select("row", "rollout_key", "seen_end",
                               *[pl.col("args").str.json_path_match(f"$.{a}").alias(a) for a in arguments])
     return values.unpivot(index=["row", "rollout_key", "seen_end"], on=arguments, value_name="value").drop("variable")
 
 
-def _information_use(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.DataFrame:
-    """(row, information_use) for each call with grounded argument values."""
-    empty = pl.DataFrame(schema={"row": pl.UInt32, "information_use": pl.Float64})
+def _information_use(frame: pl.DataFrame, profiles: dict[str, DomainProfile], parsed: bool = True) -> pl.LazyFrame:
+    """(row, information_use) for each call with grounded argument values (a plan: collected with
+    the rest of the rule table; `parsed` as in `_grounded_values`)."""
+    empty = pl.LazyFrame(schema={"row": pl.UInt32, "information_use": pl.Float64})
     error = pl.col("error").fill_null("")
-    calls = frame.filter(pl.col("tool").is_not_null() & ~error.is_in(INVALID_KINDS + FAULT_KINDS))
+    calls = frame.lazy().filter(pl.col("tool").is_not_null() & ~error.is_in(INVALID_KINDS + FAULT_KINDS))
     values = []
     for family, profile in profiles.items():
         for spec in profile.tools:
             arguments = profile.grounded(spec.name)
-            rows = calls.filter((pl.col("family") == family) & (pl.col("tool") == spec.name)) if arguments else None
-            if rows is not None and rows.height:
-                values.append(_grounded_values(rows, arguments))
+            if arguments:
+                rows = calls.filter((pl.col("family") == family) & (pl.col("tool") == spec.name))
+                values.append(_grounded_values(rows, arguments, parsed))
     if not values:
         return empty
     values = pl.concat(values).filter(pl.col("value").is_not_null() & (pl.col("value") != "")).with_columns(
         pl.col("value").str.to_lowercase())
-    if values.is_empty():
-        return empty
     # One lower-cased text per rollout, its observations in order; a value was seen at a step if
     # its first occurrence starts before that step's `seen_end`.
-    texts = frame.group_by("rollout_key", maintain_order=True).agg(pl.col("observation").fill_null("")).select(
+    texts = frame.lazy().group_by("rollout_key", maintain_order=True).agg(pl.col("observation").fill_null("")).select(
         "rollout_key", text=pl.col("observation").list.join(SEPARATOR).str.to_lowercase())
     # Tool results are rendered as JSON: a value with quotes or newlines appears there escaped.
     escaped = pl.struct("value").struct.json_encode().str.slice(10).str.head(-2)  # {"value":"…"} -> …
@@ -319,7 +331,7 @@ def _information_use(frame: pl.DataFrame, profiles: dict[str, DomainProfile]) ->
     checked = values.join(texts, on="rollout_key").with_columns(first=pl.min_horizontal(
         pl.col("text").str.find(pl.col("value"), literal=True), pl.col("text").str.find(pl.col("escaped"), literal=True)))
     unseen = pl.col("first").is_null() | (pl.col("first").cast(pl.Int64) >= pl.col("seen_end"))
-    return checked.group_by("row").agg(information_use=0.0 - unseen.cast(pl.Float64).mean())
+    return checked.group_by("row").agg(information_use=(0.0 - unseen.cast(pl.Float64).mean()).cast(pl.Float64))
 
 
 def rule_frame(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
@@ -342,7 +354,7 @@ def score_rules(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: d
         row = {"rollout_id": rollout_id, "step_index": step_index, "layer": "rules", "scorer_id": "rules",
                "scorer_version": versions[family], "status": "ok", "score": values[-1],
                "components": dict(zip(COMPONENTS, values[:-1])), "rationale": None}
-        scores.append(StepScore.model_construct(**row) if ok else StepScore(**row))
+        scores.append(construct(StepScore, row) if ok else StepScore(**row))
     return scores
 
 
