@@ -76,6 +76,11 @@ class ToolEnv(AgentEnv):
     family: ClassVar[str]
     tools: ClassVar[tuple[ToolDecl, ...]] = ()
     profile_yaml: ClassVar[Any] = None  # a data-only profile beside the declared tools
+    # A world whose initial state and tools read nothing but the task, the state and the call's
+    # arguments (no clock, randomness, process or outside service): a live call that crashes is
+    # undone by replaying the episode's earlier calls on a fresh initial state, instead of a copy
+    # of the state made before every call. Leave False unless that holds.
+    replayable: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -94,6 +99,7 @@ class ToolEnv(AgentEnv):
         self._observation = ""
         self._done = False
         self._validators = _validators(type(self), self.profile)
+        self._applied = None  # set by `start`
 
     # -- what a family provides -------------------------------------------------------
     @classmethod
@@ -153,6 +159,8 @@ class ToolEnv(AgentEnv):
                               f"{type(exc).__name__}: {exc}") from exc
         self.task, self._state, self._steps, self._done = task, state, [], False
         self._observation = goal
+        # a replayable world's live calls that ran on this state object and did not crash
+        self._applied: tuple[dict[str, Any], list[ToolCall]] | None = (state, [])
 
     def step(self, action: ToolCall | dict | str) -> TimeStep:
         if self.task is None:
@@ -204,21 +212,43 @@ class ToolEnv(AgentEnv):
     def _run_tool(self, call: ToolCall, rollback: bool = True) -> str:
         """Run a checked call on the state; the rendered result. A crash (an EnvFault, or an
         EnvBug: anything else escaping the tool) restores the state as it was before the call:
-        a failed call did nothing, so replays stay exact. `rollback=False` (a replay, which
-        rolls back its own way) leaves the state as the crash left it."""
-        before = copy_state(self._state) if rollback else None
+        a failed call did nothing, so replays stay exact: from a copy made before the call or, in
+        a `replayable` world, by replaying the calls that made the state. `rollback=False` (a
+        replay, which rolls back its own way) leaves the state as the crash left it."""
+        # the calls that made this very state object, where undoing by replay applies
+        applied = (self._applied[1] if rollback and self.replayable and self._applied is not None
+                   and self._applied[0] is self._state else None)
+        before = copy_state(self._state) if rollback and applied is None else None
         try:  # the tool's boundary (envs.errors.boundary, written out: it runs every call)
-            return render_result(call.name, getattr(self, f"tool_{call.name}")(self._state, **call.arguments))
+            result = render_result(call.name, getattr(self, f"tool_{call.name}")(self._state, **call.arguments))
         except ToolError:
+            if applied is not None:
+                applied.append(call)  # a refusal keeps what the tool did
             raise
         except EnvFault:
             if rollback:
-                self._state = before
+                self._state = before if applied is None else self._undone(applied)
             raise
         except Exception as exc:
             if rollback:
-                self._state = before
+                self._state = before if applied is None else self._undone(applied)
             raise EnvBug(f"{TOOL_BOUNDARY} {call.name}", exc) from exc
+        if applied is not None:
+            applied.append(call)
+        return result
+
+    def _undone(self, applied: list[ToolCall]) -> dict[str, Any]:
+        """A `replayable` world's state before the call that crashed: its initial state with the
+        episode's calls that ran replayed by the class's own tools (not a tool an instance
+        attribute replaces for one call, as fault injection does)."""
+        state = self.initial_state(self.task)
+        for call in applied:
+            try:
+                getattr(type(self), f"tool_{call.name}")(self, state, **call.arguments)
+            except ToolError:
+                pass
+        self._applied = (state, applied)
+        return state
 
     def replay(self, task: TaskSpec, calls: list[ToolCall | None], states: list[dict[str, Any]],
                after_each: Callable[[list[dict[str, Any]]], None] | None = None,
@@ -233,7 +263,7 @@ class ToolEnv(AgentEnv):
         `starts`: copies of `states` as given, which the replay only reads (made here if None)."""
         if type(self).step is not ToolEnv.step or type(self)._act is not ToolEnv._act:
             return self._replay_by_steps(task, calls, states, after_each)  # a world whose step is its own
-        self.task, self._steps, self._done = task, [], False
+        self.task, self._steps, self._done, self._applied = task, [], False, None
         done = [False] * len(states)
         # A crash is rolled back by replaying the calls before it from a copy of the start (a
         # replay is deterministic: that is what makes it a verifier's evidence), instead of

@@ -35,6 +35,7 @@ Id = Annotated[str, Field(min_length=1, max_length=32)]
 class InventoryEnv(ToolEnv):
     family = "inventory"
     profile_yaml = Path(__file__).with_name("profile.yaml")
+    replayable = True  # the tools read the state and their arguments only
 
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
         _check_world(task)

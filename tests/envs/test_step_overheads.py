@@ -182,3 +182,43 @@ def test_a_wait_interrupted_in_the_caller_abandons_the_worker():
     assert worker.abandoned  # its thread is still in the step: it must serve no other stack
     StepWorker.release(worker)
     assert worker not in StepWorker._idle
+
+
+def test_a_replayable_world_undoes_a_crash_by_replay_without_copying_before_each_call(monkeypatch):
+    """Inventory is `replayable`: no copy before each live call; a crash (here in a tool that ran
+    earlier in the episode, shadowed for this one call as fault injection does) is undone by
+    replaying the episode's calls, refusals included, with the class's own tools."""
+    import envs.base as base
+    from envs.family import family
+
+    fam = family("inventory")
+    task = next(t for t in (fam.generate(seed, 3) for seed in range(50))
+                if sum(c.name == "reserve" for c in t.hidden.reference) >= 2)
+    world = fam.env(outcome_fn=None)
+    assert world.replayable
+    env = standard_stack(world)
+    env.reset(task=task)
+    *work, _submit = task.hidden.reference
+    copies = []
+    real_copy = base.copy_state
+    monkeypatch.setattr(base, "copy_state", lambda value: copies.append(1) or real_copy(value))
+    env.step(ToolCall(name="release", arguments={"reservation_id": "R-9"}))  # refused: logged, kept
+    for call in work[:-1]:
+        env.step(call)
+    assert copies == []
+    before = copy.deepcopy(world._state)
+    done = work[-1]
+    assert done.name == "reserve" and any(c.name == "reserve" for c in work[:-1])  # that tool ran before
+
+    def broken(state, **args):
+        state["reservations"].clear()
+        state["events"].append({"seq": 99})
+        raise RuntimeError("a bug after writing")
+
+    setattr(world, f"tool_{done.name}", broken)
+    ts = env.step(done)
+    assert ts.info["env_bug"] is True and world._state == before
+    delattr(world, f"tool_{done.name}")
+    ts = env.step(done)  # the episode goes on from the restored state
+    assert ts.info["error"] is None or ts.info["error"]["kind"] != "env_bug"
+    env.close()

@@ -5,7 +5,7 @@ import pytest
 from envs.base import EnvFault
 from envs.inventory import InventoryEnv, generate_task
 from envs.inventory.policy import ScriptedInventoryPolicy
-from envs.records import Step, TaskSpec
+from envs.records import Step, TaskSpec, ToolCall
 from verifiers.base import calls_of
 from verifiers.inventory import InventoryVerifier
 
@@ -213,3 +213,34 @@ def test_observation_check_reads_only_results():
     assert report.checks["observation"].passed and not report.checks["invariants"].passed
     assert report.disagreement and not report.success and report.reasons[:2] == [
         "authorisation was never requested", "never submitted"]
+
+
+def test_lookups_change_nothing_but_the_event_log():
+    """The variant replay skips `LOOKUPS` (verifiers/inventory.py): they must change nothing else,
+    whatever the state (before and after authorising, reserving, submitting) and the arguments."""
+    import copy
+
+    from verifiers.inventory import LOOKUPS
+
+    for level in (1, 3, 5):
+        for seed in range(3):
+            task = generate_task(seed, level)
+            env = InventoryEnv()
+            env.reset(task=task)
+            skus = list(task.initial_state["catalog"]) + ["SKU-nope", ""]
+            names = [item["name"] for item in task.initial_state["catalog"].values()] + ["valve", "zzz", " "]
+            lookups = [call("get_stock", sku=s) for s in skus] + [call("find_items", query=q) for q in names]
+            for step in [None, *task.hidden.reference]:
+                if step is not None and not env._done:
+                    env.step(step)
+                for lookup in lookups:
+                    assert lookup["name"] in LOOKUPS
+                    before = copy.deepcopy(env._state)
+                    try:
+                        env._run_tool(ToolCall(**lookup))
+                    except Exception:
+                        pass
+                    after = env._state
+                    assert {k: v for k, v in after.items() if k != "events"} == \
+                           {k: v for k, v in before.items() if k != "events"}
+                    assert after["events"][:len(before["events"])] == before["events"]
