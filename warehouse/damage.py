@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from envs.records import content_hash
 from warehouse import catalog
 from warehouse.lake import LAKE_DIR, STAGING_DIR, TEMP_SUFFIX, file_sha256, staging_path
+from warehouse.staged import INCOMING_DIR
 from warehouse.tables import PARTITION, TABLES, Table
 
 # List columns naming rows of another table (not gate references: `check`'s integrity checks them).
@@ -31,7 +32,9 @@ DAMAGE = ("missing", "changed")  # the kinds `check` fails on and `repair` quara
 # The other kinds are reported, not damage: `unknown_checksum` (registered before checksums were
 # kept, seen read-only), `unregistered` (invisible to every view; a writer killed after writing
 # leaves one in staging, the next writer removes it), `temp` (a writer killed before its rename),
-# `staged` (registered, still in staging: the writer was killed before it moved it; the next writer does).
+# `staged` (registered, still in staging: the writer was killed before it moved it; the next writer does),
+# `incoming` (a worker's staged batch, not landed: in flight, or left by a worker that died).
+INCOMING_STALE_S = 3600  # `repair` removes incoming files older than this: no live worker stages that long
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,12 @@ def strays(data_dir: Path, registered: set[str]) -> list[FileProblem]:
             out.append(FileProblem(relative, "unregistered", "in the lake but not in the manifest, so no view "
                                                              "reads it (left by a version that wrote batches "
                                                              "into the lake before registering them)"))
+    for file in sorted((data_dir / INCOMING_DIR).rglob("*")):
+        if file.is_file():
+            out.append(FileProblem(file.relative_to(data_dir).as_posix(), "incoming",
+                                   "staged by a worker (`warehouse.stage`) and not landed yet, or never: a worker "
+                                   "killed while staging, a batch never handed to `land_staged`; no view reads it, "
+                                   f"`warehouse repair` removes it once it is {INCOMING_STALE_S // 3600} h old"))
     for file in sorted((data_dir / STAGING_DIR).rglob("*")):
         relative = file.relative_to(data_dir).as_posix()
         if file.is_file() and relative.replace(STAGING_DIR, LAKE_DIR, 1) not in registered:

@@ -11,6 +11,7 @@ unregistered. Only the catalog's manifest makes a file visible to the views.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from warehouse.tables import PARTITION, Table
 FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LAKE_DIR = "lake"
 STAGING_DIR = "staging"  # mirrors the lake's layout: `staging/<table>/task_family=<family>/<batch>.parquet`
+BATCH_ID = re.compile(r"b-[0-9a-f]{24}")
 TEMP_SUFFIX = ".tmp"  # `.<batch>.<pid>.tmp`: a writer killed before its rename leaves one behind
 READ_ONLY_MODE = 0o444
 
@@ -48,13 +50,26 @@ def batch_id(table: Table, family: str, keys: pa.Table) -> str:
     """Content hash of the rows' keys (the key columns, in any row order): the same new rows always
     make the same file name, so a file written by a run that crashed before registering is simply
     overwritten on re-run. Hashed from the sorted columns' Arrow buffers, no Python value per row."""
-    digest = hashlib.sha256(content_hash([table.name, family, list(keys.column_names)]).encode())
+    digest = hashlib.sha256(content_hash([table.name, family, list(keys.column_names), keys.num_rows]).encode())
     ordered = keys.sort_by([(name, "ascending") for name in keys.column_names])
     for column in ordered.columns:
-        text = pc.fill_null(pc.cast(column, pa.large_string()), "\0null").combine_chunks()
-        digest.update(text.buffers()[1])  # offsets (from 0: a new array), then the characters
-        digest.update(text.buffers()[2] or b"")
+        text = pc.cast(column, pa.large_string()).combine_chunks()
+        nulls = pc.indices_nonzero(pc.is_null(text)).to_pylist() if text.null_count else []
+        # each part with its length first: no two key sets make the same stream
+        for part in (json.dumps(nulls).encode(), text.buffers()[1] or b"", text.buffers()[2] or b""):
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part)  # the nulls, the offsets (from 0: a new array), the characters
     return "b-" + digest.hexdigest()[:24]
+
+
+def lake_file(table: Table, family: str, bid: str) -> str:
+    """Where a batch lives in the lake, relative to the data dir."""
+    if table.partitioned:
+        check_family(family)
+        return f"{LAKE_DIR}/{table.name}/{PARTITION}={family}/{bid}.parquet"
+    if family:
+        raise ValueError(f"table {table.name} is not partitioned by family")
+    return f"{LAKE_DIR}/{table.name}/{bid}.parquet"
 
 
 def check_family(family: str) -> None:
@@ -75,8 +90,7 @@ def write_arrow(data_dir: Path, table: Table, family: str, data: pa.Table) -> Ba
         check_family(family)
     data = data.select(table.file_schema.names)
     bid = batch_id(table, family, data.select(list(table.key)))
-    folder = f"{LAKE_DIR}/{table.name}/{PARTITION}={family}" if table.partitioned else f"{LAKE_DIR}/{table.name}"
-    relative = f"{folder}/{bid}.parquet"
+    relative = lake_file(table, family, bid)
     target = data_dir / staging_path(relative)
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{bid}.{os.getpid()}{TEMP_SUFFIX}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,10 +35,11 @@ from pydantic_core import PydanticSerializationError
 from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, StepScore, TaskRejection,
                           TaskSpec, Verdict)
 from warehouse import quality
-from warehouse.lake import Batch, staging_path, write_batches
+from warehouse.lake import BATCH_ID, Batch, file_sha256, lake_file, staging_path, write_batches
 from warehouse.schema import check_lists
 from warehouse.tables import PARTITION, TABLES, Reference, Table
 
+STAGE_ID = re.compile(r"[0-9a-f]{32}")
 INCOMING_DIR = "incoming"  # `incoming/<stage_id>/` mirrors the data dir: `lake/<table>/task_family=<f>/<batch>.parquet`
 
 # One table's rows in a batch: an Arrow table of its logical columns (always, for rows made from
@@ -63,7 +65,7 @@ class Staged:
     tables: list[str] = field(default_factory=list)  # every table of the batch, empty ones included
     identity: dict[str, list[str]] = field(default_factory=dict)  # content-id verdicts, aligned with `parts`
     unresolved: list[tuple[Reference, list[tuple]]] = field(default_factory=list)  # not in the batch itself
-    derived_outcomes: list[tuple] = field(default_factory=list)  # keys of the rollouts' own verdicts
+    derived_outcomes: list[tuple] = field(default_factory=list)  # keys of the rollouts' own verdicts (first rows)
     keys: dict[str, pa.Table] = field(default_factory=dict)  # each table's key columns, for the new-key check
 
     def __getstate__(self) -> dict[str, Any]:
@@ -97,6 +99,26 @@ class Staged:
     def discard(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
+    def check(self, data_dir: Path) -> None:
+        """Refuse a batch that is not what `stage` makes for `data_dir`: it names paths the writer moves
+        and removes. (Its gates are not run again: hand `land_staged` only what your own workers staged.)"""
+        if Path(self.data_dir).resolve() != data_dir:
+            raise ValueError(f"the batch was staged for {self.data_dir}, not for {data_dir}")
+        if not STAGE_ID.fullmatch(self.stage_id):
+            raise ValueError(f"{self.stage_id!r} is no stage id")
+        for batch in self.batches:
+            table = TABLES.get(batch.table)
+            if table is None or batch.path != lake_file(table, batch.task_family, batch.batch_id) \
+                    or not BATCH_ID.fullmatch(batch.batch_id):
+                raise ValueError(f"{batch.path!r} is not where a batch of table {batch.table!r} is staged")
+        if self.passed and self.batches and not self.folder.is_dir():
+            raise ValueError(f"nothing is staged under {self.folder}: the batch landed (or was discarded) already")
+        for batch in self.batches if self.passed else []:
+            file = self.incoming(batch)
+            if not file.is_file() or file_sha256(file) != batch.sha256:
+                raise ValueError(f"the staged file {file} is missing or changed since it was staged and gated; "
+                                 "nothing of the batch landed: stage it again")
+
 
 def stage(data_dir: str | os.PathLike, *, tasks: Iterable[TaskSpec] | None = None,
           rejections: Iterable[TaskRejection] | None = None, rollouts: Iterable[Rollout] | None = None,
@@ -129,9 +151,12 @@ def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, fa
         tasks = list(tasks)
         part = arrow_part(TABLES["tasks"], tasks)
         keep = first_of_each_key(TABLES["tasks"], part)
-        parts["tasks"] = take(part, keep)
         if gate:  # from the records: cheaper than rebuilding each record from its row
-            identity["tasks"] = quality.record_verdicts(TABLES["tasks"], [tasks[i] for i in keep])
+            verdicts = quality.record_verdicts(TABLES["tasks"], tasks)
+            # a tampered copy is gated (and refused), never dropped as a repeat of its key
+            keep = sorted(set(keep) | {i for i, verdict in enumerate(verdicts) if verdict != quality.FOUND})
+            identity["tasks"] = [verdicts[i] for i in keep]
+        parts["tasks"] = take(part, keep)
     if rejections is not None:
         parts["task_rejections"] = arrow_part(TABLES["task_rejections"], list(rejections))
     families = dict(family_of or {})
@@ -170,7 +195,10 @@ def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, fa
         if records is not None:
             parts[name] = arrow_part(TABLES[name], list(records))
     for name, part in parts.items():
-        if name != "tasks":
+        # Outcomes keep every row: a rollout's own verdict (first) and a given one may share a key, and
+        # which lands depends on whether the rollout is new, which only the writer knows; a repeated
+        # key fails the gates' uniqueness check and sends the batch to the writer's full path.
+        if name not in ("tasks", "outcomes"):
             parts[name] = take(part, first_of_each_key(TABLES[name], part))
     return parts, identity, derived
 

@@ -37,7 +37,7 @@ import pyarrow as pa
 from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
-from warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
+from warehouse.lake import LAKE_DIR, staging_path, write_batches
 from warehouse.staged import (OWNED_BY_ROLLOUT, Part, Staged, as_rows, column_values, frame, keys_of,
                              rows_part, stage, take, to_arrow)
 from warehouse.tables import PARTITION, TABLES, Reference, Table
@@ -163,7 +163,10 @@ class Warehouse:
                        datasets=datasets, dataset_rows=dataset_rows, family_of=family_of, outcomes=outcomes,
                        rollout_outcomes=rollout_outcomes, holdout_locks=holdout_locks, gate=gate, run_id=run_id,
                        flow_run_id=flow_run_id)
-        return self.land_staged(staged)
+        try:
+            return self.land_staged(staged)
+        finally:
+            staged.discard()  # landed, quarantined or failed: the caller holds the records
 
     @_collector_paused
     def land_staged(self, staged: Staged) -> Landing:
@@ -173,29 +176,31 @@ class Warehouse:
         new rows; a failed gate sends the batch to quarantine). The incoming files are gone after."""
         if self.read_only:
             raise PermissionError("this warehouse was opened read-only")
-        if Path(staged.data_dir).resolve() != self.data_dir:
-            raise ValueError(f"the batch was staged for {staged.data_dir}, not for {self.data_dir}")
-        try:
-            for batch in staged.batches if staged.passed else []:
-                file = staged.incoming(batch)
-                if not file.is_file() or file_sha256(file) != batch.sha256:
-                    raise ValueError(f"the staged file {file} is missing or changed since it was staged and gated; "
-                                     "nothing of the batch landed: stage it again")
-            if staged.passed and self._all_new(staged) and all(
-                    self._landed_keys(ref, keys) == set(keys) for ref, keys in staged.unresolved):
+        staged.check(self.data_dir)
+        if staged.passed and self._all_new(staged) and all(
+                self._landed_keys(ref, keys) == set(keys) for ref, keys in staged.unresolved):
+            moved = []
+            try:
                 for batch in staged.batches:
                     target = self.data_dir / staging_path(batch.path)
                     target.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(staged.incoming(batch), target)
+                    moved.append((target, staged.incoming(batch)))
                 catalog.register(self.con, self.data_dir, staged.batches, _utcnow(), before_commit=_landing_hook)
-                counts = dict.fromkeys(staged.tables, 0)
-                for batch in staged.batches:
-                    counts[batch.table] += batch.row_count
-                return Landing(counts)
-            parts = self._without_landed_rollouts(staged.rows(), staged.derived_outcomes)
-            return self._land(parts, staged.gate, staged.identity if staged.parts is not None else {})
-        finally:
+            except BaseException:
+                for target, source in moved:  # not registered: the batch can be landed again
+                    os.replace(target, source)
+                raise
             staged.discard()
+            counts = dict.fromkeys(staged.tables, 0)
+            for batch in staged.batches:
+                counts[batch.table] += batch.row_count
+            return Landing(counts)
+        in_memory = staged.parts is not None
+        parts = self._without_landed_rollouts(staged.rows(), staged.derived_outcomes, in_memory)
+        landing = self._land(parts, staged.gate, staged.identity if in_memory else {})
+        staged.discard()
+        return landing
 
     def _all_new(self, staged: Staged) -> bool:
         """No key of the batch is landed already."""
@@ -210,9 +215,11 @@ class Warehouse:
                 self.con.unregister("incoming_keys")
         return True
 
-    def _without_landed_rollouts(self, parts: dict[str, Part], derived: list[tuple]) -> dict[str, Part]:
+    def _without_landed_rollouts(self, parts: dict[str, Part], derived: list[tuple],
+                                 in_order: bool) -> dict[str, Part]:
         """The batch less what belongs to its rollouts that landed before: their steps, sub-agents'
-        episodes and their own verdicts (`derived`) are skipped with them, whatever this run of them did."""
+        episodes and their own verdicts (`derived`: the first rows of `outcomes` when the parts are
+        `in_order` as staged, else told apart by key) are skipped with them, whatever this run did."""
         rollouts = parts.get("rollouts")
         if rollouts is None or not len(rollouts):
             return parts
@@ -228,9 +235,13 @@ class Warehouse:
         if "sub_rollouts" in out and not len(out["sub_rollouts"]):
             del out["sub_rollouts"]  # a part only where a new rollout delegated
         if "outcomes" in parts and derived:
-            skip = {key for key in derived if key[0] in landed}
-            keys = zip(*(column_values(parts["outcomes"], k) for k in TABLES["outcomes"].key))
-            out["outcomes"] = take(parts["outcomes"], [i for i, key in enumerate(keys) if key not in skip])
+            keys = list(zip(*(column_values(parts["outcomes"], k) for k in TABLES["outcomes"].key)))
+            if in_order:
+                drop = {i for i, key in enumerate(keys[:len(derived)]) if key[0] in landed}
+            else:  # read back from files: the gates passed, so every key is once in the batch
+                skip = {key for key in derived if key[0] in landed}
+                drop = {i for i, key in enumerate(keys) if key in skip}
+            out["outcomes"] = take(parts["outcomes"], [i for i in range(len(keys)) if i not in drop])
         return out
 
     def land_rows(self, rows: Mapping[str, list[dict[str, Any]]], gate: bool = True) -> Landing:
@@ -436,7 +447,9 @@ class Warehouse:
         # After the commit: a crash here leaves unregistered files, which no view reads.
         for folder, landing_entries, failures in moves:
             damage.move_to_quarantine(self.data_dir, folder, landing_entries, failures, created.isoformat() + "Z")
-        temp = [p for p in problems if p.kind == "temp"]
+        stale = time.time() - damage.INCOMING_STALE_S
+        temp = [p for p in problems if p.kind == "temp"
+                or p.kind == "incoming" and (self.data_dir / p.path).stat().st_mtime < stale]
         for p in temp:
             (self.data_dir / p.path).unlink(missing_ok=True)
         return Repair({folder: [e.path for e in es] for folder, es, _ in moves},

@@ -30,7 +30,7 @@ def build_default_dir(tmp_path, build) -> Path:
 
 def test_the_python_snippets_run(tmp_path, build, monkeypatch):
     monkeypatch.chdir(build_default_dir(tmp_path, build))
-    warehouse_snippet, duckdb_snippet = blocks("python")
+    warehouse_snippet, duckdb_snippet, staging_snippet = blocks("python")
     scope: dict = {}
     exec(compile(warehouse_snippet, "docs/warehouse.md notebook", "exec"), scope)
     assert scope["by_level"].to_dicts() == [{"difficulty_level": 2, "success_rate": 0.5, "rollouts": 4}]
@@ -38,6 +38,11 @@ def test_the_python_snippets_run(tmp_path, build, monkeypatch):
     scope = {}
     exec(compile(duckdb_snippet, "docs/warehouse.md duckdb", "exec"), scope)
     assert sorted(scope["classes"]["termination"]) == ["failure", "success"]
+    task = build.task("inventory", 9)
+    rollout = build.rollout(task, seed=9)
+    scope = {"tasks": [task], "rollouts": [rollout], "scores": [build.score(rollout, i) for i in range(3)]}
+    exec(compile(staging_snippet, "docs/warehouse.md staging", "exec"), scope)
+    assert scope["landing"].counts == {"tasks": 1, "rollouts": 1, "steps": 3, "step_scores": 3}
 
 
 def test_the_duckdb_commands_run(tmp_path, build):

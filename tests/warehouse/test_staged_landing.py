@@ -12,8 +12,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from envs.records import Step
-from warehouse import TABLES, Warehouse
+import os
+import time
+
+from envs.records import Step, Verdict
+from warehouse import TABLES, Warehouse, catalog
+from warehouse.lake import batch_id
 from warehouse.staged import INCOMING_DIR, stage
 
 
@@ -89,7 +93,8 @@ def test_a_staged_file_changed_after_its_gates_lands_nothing(wh, data_dir, build
     with pytest.raises(ValueError, match="changed since it was staged"):
         wh.land_staged(staged)
     assert {name: wh.count(name) for name in TABLES} == dict.fromkeys(TABLES, 0)
-    assert wh.sql("select count(*) n from manifest").to_pylist() == [{"n": 0}] and not incoming(data_dir)
+    assert wh.sql("select count(*) n from manifest").to_pylist() == [{"n": 0}]
+    assert incoming(data_dir)  # kept to look at: `warehouse check` lists it, `repair` removes it once stale
 
 
 def test_a_batch_staged_for_another_data_dir_is_refused(wh, tmp_path, build):
@@ -116,3 +121,79 @@ def test_a_batch_failing_its_gates_is_written_nowhere_and_goes_to_quarantine(wh,
     landing = wh.land_staged(staged)
     assert not landing.ok and landing.quarantine.is_dir()
     assert {name: wh.count(name) for name in TABLES} == dict.fromkeys(TABLES, 0)
+
+
+def test_a_tampered_copy_of_a_task_after_its_original_goes_to_quarantine(wh, data_dir, build):
+    task = build.task("inventory", 1)
+    tampered = task.model_copy(update={"goal": "tampered goal"})  # keeps the original's id
+    landing = wh.land(tasks=[task, tampered])
+    assert not landing.ok and wh.count("tasks") == 0
+    assert wh.land(tasks=[task]).checked() == {"tasks": 1}
+    assert not wh.land(tasks=[task, tampered]).ok  # refused, not skipped as a repeat of a landed key
+
+
+def test_a_given_verdict_sharing_the_key_of_a_landed_rollouts_own_lands(wh, build):
+    task = build.task("inventory", 1)
+    rollout = build.rollout(task)
+    wh.land(tasks=[task], rollouts=[rollout])  # no outcomes yet
+    given = Verdict.of_rollout(rollout, "2026-01-01T00:00:00+00:00").model_copy(update={"source": "reverify"})
+    assert wh.land(rollouts=[rollout], rollout_outcomes=True, outcomes=[given]).checked()["outcomes"] == 1
+    assert wh.sql("select source from outcomes").to_pylist() == [{"source": "reverify"}]
+
+
+def test_a_registration_that_fails_leaves_the_batch_to_land_again(wh, data_dir, build, monkeypatch):
+    staged = stage(data_dir, **batch(build))
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(catalog, "register", broken)
+    with pytest.raises(OSError, match="disk full"):
+        wh.land_staged(staged)
+    monkeypatch.undo()
+    assert wh.count("tasks") == 0 and len(incoming(data_dir)) == len(staged.batches)
+    assert wh.land_staged(staged).checked()["steps"] == 3
+    with pytest.raises(ValueError, match="landed .or was discarded. already"):
+        wh.land_staged(staged)
+
+
+@pytest.mark.parametrize("forged", [{"stage_id": ".."}, {"stage_id": "../../x" + "0" * 25},
+                                    {"path": "lake/../../catalog.duckdb"}, {"table": "no_such_table"},
+                                    {"task_family": "../x"}])
+def test_a_staged_batch_naming_paths_outside_its_place_is_refused(wh, data_dir, build, forged):
+    staged = stage(data_dir, **batch(build))
+    if "stage_id" in forged:
+        staged.stage_id = forged["stage_id"]
+    else:
+        first = staged.batches[0]
+        staged.batches[0] = type(first)(**{**first.__dict__, **forged})
+    before = sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*"))
+    with pytest.raises(ValueError):
+        wh.land_staged(staged)
+    assert sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*")) == before
+    assert wh.count("tasks") == 0
+
+
+def test_check_reports_a_batch_left_in_incoming_and_repair_removes_it_once_stale(wh, data_dir, build):
+    stage(data_dir, **batch(build))  # never handed to the writer: its worker died, say
+    report = wh.check()
+    assert report.success  # not damage: no view reads it
+    assert {f["kind"] for f in report.files} == {"incoming"}
+    assert wh.repair().removed_temp == []  # it may be a live worker's: not yet
+    for file in incoming(data_dir):
+        os.utime(file, (time.time() - 7200, time.time() - 7200))
+    assert len(wh.repair().removed_temp) == 5 and not incoming(data_dir)
+
+
+def test_batch_ids_are_the_keys_whatever_their_order_and_no_two_key_sets_share_one():
+    import pyarrow as pa
+
+    table = TABLES["task_rejections"]
+    one = pa.table({"task_id": ["a", "b"], "stage": ["x", "y"]})
+    assert batch_id(table, "f", one) == batch_id(table, "f", pa.table({"task_id": ["b", "a"], "stage": ["y", "x"]}))
+    crafted = [({"task_id": ["\t"], "stage": ["\0" * 8 + "\x01" + "\0" * 7 + "\x02" + "\0" * 7 + "xy"]}),
+               ({"task_id": ["\x00", "\x1a" + "\0" * 7], "stage": ["x", "y"]}),
+               ({"task_id": [None], "stage": ["x"]}), ({"task_id": ["\0null"], "stage": ["x"]}),
+               ({"task_id": ["ab"], "stage": ["c"]}), ({"task_id": ["a"], "stage": ["bc"]})]
+    ids = [batch_id(table, "f", pa.table(keys)) for keys in crafted]
+    assert len(set(ids)) == len(ids)
