@@ -157,7 +157,7 @@ class LiveProgress:
 
     def __init__(self, verifier: ReplayVerifier, world: ToolEnv):
         self.verifier, self.world, self.task = verifier, world, world.task
-        self.phi: list[float] = []
+        self.phi: list[float] | None = []
         self._reading = reading(self.task)
 
     def __enter__(self) -> LiveProgress:
@@ -168,11 +168,19 @@ class LiveProgress:
         self._reading.__exit__()
 
     def observe(self) -> None:
-        self.phi.append(self.verifier.potential(self.task, self.world._state))
+        """Φ of the state now. A potential that raises (a grader bug, a task's bad hidden facts)
+        stops the record and never reaches the episode: scoring replays it and meets the error
+        there, as it would without a live record."""
+        if self.phi is None:
+            return
+        try:
+            self.phi.append(self.verifier.potential(self.task, self.world._state))
+        except Exception:
+            self.phi = None
 
     def keep(self, rollout: Rollout) -> None:
         """Carry the values alongside `rollout` (for `recorded_potentials`), if they fit its steps."""
-        if len(self.phi) == len(rollout.steps) + 1 and self.world.task is self.task:
+        if self.phi is not None and len(self.phi) == len(rollout.steps) + 1 and self.world.task is self.task:
             _RECORDED[id(rollout)] = (weakref.ref(rollout, lambda _, key=id(rollout): _RECORDED.pop(key, None)),
                                       type(self.verifier), self.verifier.version, self.task.task_id,
                                       _played(rollout.steps), list(self.phi))

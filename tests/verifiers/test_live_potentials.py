@@ -62,3 +62,23 @@ def test_only_the_rollout_as_played_carries_them():
     assert recorded_potentials(rollout, task, verifier.potentials) is None
     rollout.steps = rollout.steps[:-1]
     assert recorded_potentials(rollout, task, verifier.potentials) is None
+
+
+def test_a_potential_that_raises_never_reaches_the_episode(monkeypatch):
+    """A grader bug in the live record is no env bug and no refused task: the episode ends as it
+    would have, nothing is recorded, and scoring's replay meets the error itself."""
+    fam = family("inventory")
+    verifier = verifier_for(fam.env_id)
+    task = fam.generate(4, 2)
+    policy = make_policy("scripted", "inventory", mistake_rate=0.0)
+    expected = run_episode(task, policy, 0)
+
+    def broken(self, task, state):
+        raise RuntimeError("grader bug")
+
+    monkeypatch.setattr(type(verifier), "potential", broken)
+    rollout = run_episode(task, policy, 0)
+    assert rollout.termination == expected.termination and len(rollout.steps) == len(expected.steps)
+    assert recorded_potentials(rollout, task, verifier.potentials) is None
+    with pytest.raises(RuntimeError, match="grader bug"):
+        verifier.potentials(task, rollout.steps)
