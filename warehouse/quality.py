@@ -269,7 +269,8 @@ def table_expectations(name: str, one_pass: bool = False) -> list:
     rules = record_rules(name)
     out = []
     if one_pass:
-        out.append(_rules_expectation()(column_list=[c.name for c in table.columns], rules=rules, ignore_row_if="never"))
+        out.append(_rules_expectation()(column_list=[c.name for c in table.columns], rules=rules,
+                                        ignore_row_if="never"))
     else:
         for c in rules["not_null"]:
             out.append(gx.expectations.ExpectColumnValuesToNotBeNull(column=c))

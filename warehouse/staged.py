@@ -2,9 +2,10 @@
 
 "Workers write, one process registers": `stage(data_dir, tasks=..., rollouts=...)` runs in any
 process (a rollout worker, a Dask worker). It builds the table rows column-wise into Arrow,
-keeps the first row of each key, checks the content ids, runs the great-expectations gates on
-the batch and writes the Parquet files into `<data_dir>/incoming/<stage_id>/` — a folder no
-reader of the lake and no writer's recovery looks into. The result, a picklable `Staged`, goes
+keeps the first row of each key (and a tampered task copy, and every verdict), checks the content
+ids, runs the great-expectations gates on the batch and writes the Parquet files into
+`<data_dir>/incoming/<stage_id>/` — a folder no reader of the lake and no writer's recovery looks
+into. The result, a picklable `Staged`, goes
 to the one process that holds the catalog, whose `Warehouse.land_staged` only checks what needs
 the catalog (which keys are new, whether the references the batch does not satisfy itself are
 landed) and registers the files in one transaction (see catalog.register). A batch with a key
@@ -40,7 +41,7 @@ from warehouse.schema import check_lists
 from warehouse.tables import PARTITION, TABLES, Reference, Table
 
 STAGE_ID = re.compile(r"[0-9a-f]{32}")
-INCOMING_DIR = "incoming"  # `incoming/<stage_id>/` mirrors the data dir: `lake/<table>/task_family=<f>/<batch>.parquet`
+INCOMING_DIR = "incoming"  # `incoming/<stage_id>/staging/<table>/task_family=<f>/<batch>.parquet`
 
 # One table's rows in a batch: an Arrow table of its logical columns (always, for rows made from
 # valid records), or row dicts whose values do not fit those columns (the gates say why).

@@ -3,7 +3,8 @@
 DuckDB allows one writing process per database file: exactly one process opens a data dir's
 catalog for writing (the factory flow, or whoever lands results). Workers either hand it their
 records (`land`) or stage them themselves (`warehouse.stage`: rows, gates and Parquet files) and
-hand it the `Staged` batch, which it only checks against the catalog and registers (`land_staged`). A writer excludes every other process, readers included; any number of
+hand it the `Staged` batch, which it only checks against the catalog and registers (`land_staged`).
+A writer excludes every other process, readers included; any number of
 `read_only=True` readers may share the catalog while no writer holds it. So open for writing
 only around landing, and read with `read_only=True` (a CLI query needs no write lock). A writer
 that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s`, then
