@@ -14,7 +14,8 @@ import contextvars
 import importlib
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -181,9 +182,23 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
             futures, lambda done: update_progress_artifact(meter, 100.0 * done / len(batches)))
         progress.finish(family)
         scores = named(score, "score")(quote(rollouts), quote(isolated), data_dir) if rollouts else []
+        out = {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
+               "error": error}
+        _hand_over(out)
         # quote(): Prefect would walk every record of the returned value looking for futures
-        return quote({"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
-                      "error": error})
+        return quote(out)
+
+
+# Where a family subflow run by the factory puts its output as soon as it has it: Prefect then
+# closes the subflow run, joining its heartbeat thread (up to a second), while the factory lands.
+_handoff: contextvars.ContextVar[Future | None] = contextvars.ContextVar("family_handoff", default=None)
+
+
+def _hand_over(out: dict[str, Any]) -> None:
+    # a function, not inline in the flow: Dask pickles the flow by value, and a ContextVar does not pickle
+    handoff = _handoff.get()
+    if handoff is not None and not handoff.done():
+        handoff.set_result(out)
 
 
 def batch_rollouts(futures, on_done=None) -> tuple[list[Rollout], str | None]:
@@ -281,19 +296,19 @@ def factory(**params: Any) -> dict[str, Any]:
     spec = config.collecting_policy()
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(config.task_runner,
                                                                          address=config.cluster_address))
-    outs = _run_families(pipeline, families, data_dir, dict(
-        tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec, policy_kwargs=None,
-        samples_per_task=config.samples_per_task, batch_size=config.batch_size,
-        holdout_fraction=config.holdout_fraction, retry=config.retry, faults=config.faults,
-        subagent=config.subagent))
-    errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
-    error = errors[0] if errors else None
-    # The warehouse does not record where it lives (a moved or copied data dir is the same data),
-    # nor which cluster played it.
-    params = config.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
-    run_id = Run(params=params, retry_policy=config.retry, faults=config.faults,
-                 status="failed" if error else "completed", error=error).run_id
-    landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id)
+    with _family_runs(pipeline, families, data_dir, dict(
+            tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec, policy_kwargs=None,
+            samples_per_task=config.samples_per_task, batch_size=config.batch_size,
+            holdout_fraction=config.holdout_fraction, retry=config.retry, faults=config.faults,
+            subagent=config.subagent)) as outs:
+        errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
+        error = errors[0] if errors else None
+        # The warehouse does not record where it lives (a moved or copied data dir is the same data),
+        # nor which cluster played it.
+        params = config.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
+        run_id = Run(params=params, retry_policy=config.retry, faults=config.faults,
+                     status="failed" if error else "completed", error=error).run_id
+        landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id)
     run = Run(params=params, retry_policy=config.retry, faults=config.faults,
               started_at=started, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
               landed=landed, quarantined=quarantined, status="failed" if error else "completed", error=error,
@@ -331,10 +346,16 @@ def factory(**params: Any) -> dict[str, Any]:
     return report
 
 
-def _run_families(pipeline, families: list[str], data_dir: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+@contextmanager
+def _family_runs(pipeline, families: list[str], data_dir: str, options: dict[str, Any]):
     """Every family's subflow (`pipeline(family, data_dir=..., **options)`), run concurrently,
-    each in a thread and tagged `family:<name>`; their outputs in the order of `families`."""
-    def one(family: str) -> dict[str, Any]:
+    each in a thread and tagged `family:<name>`; yields their outputs in the order of `families`
+    as soon as every subflow has handed its output over (`_handoff`), so the body overlaps the
+    subflow runs' closing. On exit it waits for those runs to end and raises what any raised."""
+    handoffs = [Future() for _ in families]
+
+    def one(family: str, handoff: Future) -> dict[str, Any]:
+        _handoff.set(handoff)
         with tags(f"family:{family}"):
             return pipeline(family, data_dir=data_dir, **options).unquote()
 
@@ -342,7 +363,15 @@ def _run_families(pipeline, families: list[str], data_dir: str, options: dict[st
     # family's subflow is a child of this run, against the same API and settings.
     contexts = [contextvars.copy_context() for _ in families]
     with ThreadPoolExecutor(max_workers=len(families), thread_name_prefix="family") as pool:
-        return list(pool.map(lambda context, family: context.run(one, family), contexts, families))
+        runs = [pool.submit(context.run, one, family, handoff)
+                for context, family, handoff in zip(contexts, families, handoffs)]
+        outs = []
+        for handoff, run in zip(handoffs, runs):
+            wait((handoff, run), return_when=FIRST_COMPLETED)
+            outs.append(handoff.result() if handoff.done() else run.result())
+        yield outs
+        for run in runs:
+            run.result()
 
 
 def _land_families(data_dir: str, families: list[str], outs: list[dict[str, Any]], run_id: str,

@@ -148,3 +148,56 @@ def test_the_family_subflow_is_tagged_its_task_runs_are_not(run_dir):
     assert {"inventory · generate", "inventory · score"} <= names and any(n.startswith("inventory · rollout 1/")
                                                                          for n in names)
     assert [r.tags for r in runs] == [[]] * len(runs)
+
+
+def test_family_runs_hand_their_output_over_before_their_runs_close():
+    """The factory lands a family's records while Prefect still closes its subflow run; the
+    block's exit waits for every run and raises what a run raised after its hand-off."""
+    import threading
+
+    from flows.factory import _family_runs, _handoff
+
+    from prefect.utilities.annotations import quote
+
+    closing, landed = threading.Event(), threading.Event()
+
+    def pipeline(family, data_dir, **options):
+        _handoff.get().set_result({"family": family, **options})
+        assert landed.wait(10), "the body did not run while the subflow was still open"
+        closing.set()
+        if family == "b":
+            raise RuntimeError(f"{family}: closing the run failed")
+        return quote({})
+
+    with pytest.raises(RuntimeError, match="b: closing the run failed"):
+        with _family_runs(pipeline, ["a", "b"], "dir", {"seed": 3}) as outs:
+            assert outs == [{"family": "a", "seed": 3}, {"family": "b", "seed": 3}]
+            assert not closing.is_set()
+            landed.set()
+    assert closing.is_set()
+
+
+def test_a_family_that_fails_before_its_hand_off_fails_the_block():
+    from flows.factory import _family_runs
+
+    def pipeline(family, data_dir, **options):
+        raise ValueError(f"{family} broke")
+
+    with pytest.raises(ValueError, match="a broke"):
+        with _family_runs(pipeline, ["a"], "dir", {}):
+            pytest.fail("the body ran without the family's output")
+
+
+def test_the_family_subflow_hands_over_what_it_returns(tmp_path):
+    from concurrent.futures import Future
+
+    from flows.factory import _handoff, family_pipeline
+
+    handoff = Future()
+    token = _handoff.set(handoff)
+    try:
+        out = family_pipeline("inventory", 3, 0, "scripted", None, 2, data_dir=str(tmp_path)).unquote()
+    finally:
+        _handoff.reset(token)
+    assert handoff.result(timeout=0) is out
+    assert (len(out["tasks"]), len(out["rollouts"]), out["error"]) == (3, 6, None)
