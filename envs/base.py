@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import jsonschema
 
 from envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError
-from envs.parsing import parse_action, storable_text
+from envs.parsing import parse_action, replay_call, storable_text
 from envs.profile import DomainProfile
 from envs.records import Step, TaskSpec, ToolCall, check_task, make_step
 from envs.timestep import TimeStep
@@ -81,6 +81,11 @@ class ToolEnv(AgentEnv):
     # undone by replaying the episode's earlier calls on a fresh initial state, instead of a copy
     # of the state made before every call. Leave False unless that holds.
     replayable: ClassVar[bool] = False
+    # A world whose tools return only fresh plain JSON data (dicts, lists, str, int, float, bool,
+    # None), so rendering a result cannot fail: a replay, which reads no result, renders none.
+    # Leave False unless that holds (elsewhere a result that fails to render is an env bug, rolled
+    # back in a replay as in a step).
+    plain_results: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -209,18 +214,20 @@ class ToolEnv(AgentEnv):
             info[exc.kind] = True
         return render_error(info["tool_call"], info["error"]["kind"], info["error"]["message"])
 
-    def _run_tool(self, call: ToolCall, rollback: bool = True) -> str:
+    def _run_tool(self, call: ToolCall, rollback: bool = True) -> str | None:
         """Run a checked call on the state; the rendered result. A crash (an EnvFault, or an
         EnvBug: anything else escaping the tool) restores the state as it was before the call:
         a failed call did nothing, so replays stay exact: from a copy made before the call or, in
         a `replayable` world, by replaying the calls that made the state. `rollback=False` (a
-        replay, which rolls back its own way) leaves the state as the crash left it."""
+        replay, which rolls back its own way) leaves the state as the crash left it; in a world
+        with `plain_results` it renders nothing (a replay reads no result) and returns None."""
         # the calls that made this very state object, where undoing by replay applies
         applied = (self._applied[1] if rollback and self.replayable and self._applied is not None
                    and self._applied[0] is self._state else None)
         before = copy_state(self._state) if rollback and applied is None else None
         try:  # the tool's boundary (envs.errors.boundary, written out: it runs every call)
-            result = render_result(call.name, getattr(self, f"tool_{call.name}")(self._state, **call.arguments))
+            value = getattr(self, f"tool_{call.name}")(self._state, **call.arguments)
+            result = render_result(call.name, value) if rollback or not self.plain_results else None
         except ToolError:
             if applied is not None:
                 applied.append(call)  # a refusal keeps what the tool did
@@ -273,7 +280,7 @@ class ToolEnv(AgentEnv):
         for call in calls:
             if call is not None and not all(done):
                 try:  # as in `_act`: refused (or an env bug) before any tool ran, so no state changed
-                    call = parse_action(call, task.budget.max_action_chars).call
+                    call = replay_call(call, task.budget.max_action_chars)
                     self._check_call(call)
                 except Exception:
                     call = None

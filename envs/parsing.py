@@ -22,7 +22,7 @@ from typing import Any
 from envs.errors import ActionError, ErrorKind
 from envs.records import ToolCall, construct
 
-__all__ = ["ActionError", "MAX_DEPTH", "ParsedAction", "parse_action", "storable_text"]
+__all__ = ["ActionError", "MAX_DEPTH", "ParsedAction", "parse_action", "replay_call", "storable_text"]
 
 TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -66,6 +66,22 @@ def parse_action(action: Any, max_chars: int = 8192) -> ParsedAction:
     return ParsedAction(_call_from_dict(obj), thought)
 
 
+def replay_call(action: Any, max_chars: int = 8192) -> ToolCall:
+    """`parse_action(action, max_chars).call` for a caller that only reads the call (a replay): a
+    ToolCall whose name, id and flat arguments are plain JSON is checked exactly as `parse_action`
+    checks it (the same size of the same JSON) and returned itself instead of a copy; anything
+    else goes through `parse_action`."""
+    if type(action) is ToolCall:
+        fields = action.__dict__
+        name, arguments, call_id = fields.get("name"), fields.get("arguments"), fields.get("id")
+        if type(name) is str and name and type(call_id) is str and type(arguments) is dict:
+            form = {"name": name, "arguments": arguments, "id": call_id}
+            if _shallow_plain(form):
+                _check_size(json.dumps(form), max_chars)
+                return action
+    return parse_action(action, max_chars).call
+
+
 def storable_text(text: str) -> str:
     """`text` with lone surrogates written as \\udXXX escapes, so a record holding an agent's bad
     text can still be stored (UTF-8) without losing what it said."""
@@ -104,6 +120,8 @@ def _check_text(text: str, where: str, kind: ErrorKind) -> None:
 def _check_plain(obj: Any, root: str) -> None:
     """Plain, storable JSON or ActionError; iterative, so no nesting can exhaust the stack. The
     path of a value (`root/key/...`, for the message) is only spelled out for a bad one."""
+    if type(obj) is dict and _shallow_plain(obj):
+        return
     stack = [(obj, None, root, 0)]
     while stack:
         value, parent, key, depth = stack.pop()
@@ -130,6 +148,35 @@ def _check_plain(obj: Any, root: str) -> None:
                 stack.extend((item, where, i, depth + 1) for i, item in enumerate(value))
         else:
             _check_scalar(value, _where(parent, key))
+
+
+def _plain_scalar(value: Any) -> bool:
+    """An exact str (valid Unicode), int (64 bits), bool, None or finite float: what `_check_plain`
+    accepts without looking further."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or not SURROGATE.search(value)
+    if kind is int:
+        return -MAX_INT <= value < MAX_INT
+    if kind is bool or value is None:
+        return True
+    return kind is float and math.isfinite(value)
+
+
+def _shallow_plain(obj: dict) -> bool:
+    """A dict of valid string keys whose values are plain scalars or dicts of them (a tool call
+    and its flat arguments): plain JSON, as the walk in `_check_plain` would find it. False only
+    means "walk it" (a deeper value, or something the walk reports)."""
+    for key, value in obj.items():
+        if type(key) is not str or not (key.isascii() or not SURROGATE.search(key)):
+            return False
+        if type(value) is dict:
+            for k, v in value.items():
+                if type(k) is not str or not (k.isascii() or not SURROGATE.search(k)) or not _plain_scalar(v):
+                    return False
+        elif not _plain_scalar(value):
+            return False
+    return True
 
 
 def _where(parent: tuple | None, key: Any) -> str:

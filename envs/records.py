@@ -209,22 +209,34 @@ def construct(cls: type[BaseModel], fields: dict[str, Any]) -> Any:
         if cls.__private_attributes__ or cls.__pydantic_post_init__ or any(
                 f.alias is not None or f.validation_alias is not None for f in cls.model_fields.values()):
             return cls.model_construct(**fields)
-        shape = _SHAPES[cls] = (
-            tuple(cls.model_fields),
-            {k: f.default for k, f in cls.model_fields.items() if f.default_factory is None and not f.is_required()},
-            {k: f.default_factory for k, f in cls.model_fields.items() if f.default_factory is not None})
-    names, defaults, factories = shape
-    values = {}
-    for name in names:
-        if name in fields:
-            values[name] = fields[name]
-        elif name in defaults:
-            values[name] = defaults[name]
-        elif name in factories:
-            values[name] = factories[name]()
+        defaults = {k: f.default for k, f in cls.model_fields.items()
+                    if f.default_factory is None and not f.is_required()}
+        factories = {k: f.default_factory for k, f in cls.model_fields.items() if f.default_factory is not None}
+        names = tuple(cls.model_fields)
+        # Every field in order, defaults filled in: a record given all the fields without a
+        # default (required or made by a factory) is this dict updated with its fields.
+        template = {k: defaults.get(k) for k in names}
+        shape = _SHAPES[cls] = (names, defaults, factories, frozenset(names),
+                                frozenset(k for k in names if k not in defaults), template)
+    names, defaults, factories, name_set, needed, template = shape
+    keys = fields.keys()
+    if needed <= keys and keys <= name_set:  # the common case: one dict copy, in field order
+        values = template.copy()
+        values.update(fields)
+        fields_set = set(keys)
+    else:
+        values = {}
+        for name in names:
+            if name in fields:
+                values[name] = fields[name]
+            elif name in defaults:
+                values[name] = defaults[name]
+            elif name in factories:
+                values[name] = factories[name]()
+        fields_set = set(fields) & name_set
     record = cls.__new__(cls)
     object.__setattr__(record, "__dict__", values)
-    object.__setattr__(record, "__pydantic_fields_set__", set(fields) & set(names))
+    object.__setattr__(record, "__pydantic_fields_set__", fields_set)
     object.__setattr__(record, "__pydantic_extra__", None)
     object.__setattr__(record, "__pydantic_private__", None)
     return record

@@ -4,6 +4,7 @@ goal's items with the auth token, then submit."""
 
 from __future__ import annotations
 
+import pickle
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,12 +37,28 @@ class InventoryEnv(ToolEnv):
     family = "inventory"
     profile_yaml = Path(__file__).with_name("profile.yaml")
     replayable = True  # the tools read the state and their arguments only
+    plain_results = True  # the tools return fresh dicts of str, int, bool and lists of them
 
     def initial_state(self, task: TaskSpec) -> dict[str, Any]:
+        """The world's checked snapshot with the order's session fields, a fresh copy each call.
+        Both depend on the snapshot's content only: made once per content (its exact pickle, which
+        tells every type and key order apart) and copied from there (an episode, its verifier's
+        check and each sample of the task start from the same snapshot)."""
+        try:
+            key = pickle.dumps(task.initial_state, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # not plain data: checked (and refused) below, never remembered
+            key = None
+        made = _INITIALS.get(key) if key is not None else None
+        if made is not None:
+            return pickle.loads(made)
         _check_world(task)
         state = copy_state(task.initial_state)  # JSON data: a pickle round trip copies it in C
         state["auth"] = {**state["auth"], "status": None}
         state.update(reservations=[], events=[], submitted=False, status=None, note=None)
+        if key is not None:
+            if len(_INITIALS) >= _INITIALS_MAX:
+                _INITIALS.clear()
+            _INITIALS[key] = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         return state
 
     def is_finished(self, state: dict[str, Any]) -> bool:
@@ -121,6 +138,11 @@ class InventoryEnv(ToolEnv):
         state.update(submitted=True, status=status, note=note)
         active = [r["reservation_id"] for r in state["reservations"] if r["active"]]
         return {"submitted": True, "status": status, "reservations": active}
+
+
+# The pickle of a checked snapshot (`task.initial_state`) -> the pickle of the initial state made of it.
+_INITIALS: dict[bytes, bytes] = {}
+_INITIALS_MAX = 4096
 
 
 def _item(state: dict[str, Any], sku: str) -> dict[str, Any]:
