@@ -28,6 +28,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pydantic_core
 
 from warehouse.lake import FAMILY_NAME
@@ -101,9 +102,9 @@ def validate_batch(frames: dict[str, pd.DataFrame], landed_keys: LandedKeys,
         table = TABLES[name]
         found = {}
         for ref in table.references:
-            keys = {k for k in set(_keys(frame, ref.columns)) if not has_null(k)}
+            keys = set(_distinct_keys(frame, ref.columns, dropna=True))
             parent = frames.get(ref.table)
-            in_batch = set(_keys(parent, TABLES[ref.table].key)) if parent is not None else set()
+            in_batch = set(_distinct_keys(parent, TABLES[ref.table].key)) if parent is not None else set()
             missing = sorted(keys - in_batch, key=str)
             found[ref] = (keys & in_batch) | (landed_keys(ref, missing) if missing else set())
         verdicts = (identity or {}).get(name)
@@ -115,6 +116,32 @@ def validate_batch(frames: dict[str, pd.DataFrame], landed_keys: LandedKeys,
 
 def _keys(frame: pd.DataFrame, columns: Iterable[str]) -> list[tuple]:
     return list(zip(*(frame[c].tolist() for c in columns)))
+
+
+def _distinct_keys(frame: pd.DataFrame, columns: Iterable[str], dropna: bool = False) -> list[tuple]:
+    """`_keys` of the frame's distinct rows over `columns` (each key once: 100k steps name 10k
+    rollouts); with `dropna`, less the rows with a null among them."""
+    columns = list(columns)
+    try:
+        frame = frame[columns].dropna() if dropna else frame[columns]
+        return _keys(frame.drop_duplicates(), columns)
+    except TypeError:  # pandas hashes some values Python does not (and the other way round)
+        return list({k for k in _keys(frame, columns) if not (dropna and has_null(k))})
+
+
+def _isin(values: pd.Series, keys: list[Any]) -> np.ndarray:
+    """Per value: is it one of `keys` (vectorised in Arrow where both are text; pandas' `isin` on its
+    Arrow-backed strings turns every key into an Arrow scalar first)."""
+    if not keys:
+        return np.zeros(len(values), dtype=bool)
+    try:
+        array = pa.array(values, from_pandas=True)
+        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+            found = pc.is_in(array, value_set=pa.array(keys, array.type))
+            return np.asarray(found.fill_null(False), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        pass
+    return np.asarray(values.isin(keys), dtype=bool)
 
 
 def identity_verdicts(table: Table, rows: list[dict[str, Any]]) -> list[str] | None:
@@ -179,7 +206,7 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
         # tested on the key tuples (one column: on the values, vectorised); only a dangling key is rendered.
         if len(ref.columns) == 1:
             values = frame[ref.columns[0]]
-            dangling = ~values.isin([k[0] for k in exists])
+            dangling = pd.Series(~_isin(values, [k[0] for k in exists]), index=frame.index)
             frame[column] = pd.Series(FOUND, index=frame.index, dtype=object)
             if dangling.any():
                 frame.loc[dangling, column] = [reference_key((v,)) for v in values[dangling].tolist()]
@@ -187,18 +214,16 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
             frame[column] = [FOUND if k in exists else reference_key(k) for k in _keys(frame, ref.columns)]
         checks.append((column, "reference", f"{','.join(ref.columns)} -> {ref.table}"))
     for column in table.columns:
-        if pa.types.is_list(column.type) and column.name in frame:
+        if pa.types.is_list(column.type) and column.name in frame and frame[column.name].dtype == object:
             # A list reaches GX as its length (null where the list is): not-null is the only rule on
             # a list, and with no unhashable values GX fingerprints the frame by hashing it rather
-            # than pickling it whole.
+            # than pickling it whole. (`staged.frame` hands over the lengths already, from Arrow.)
             frame[column.name] = pd.Series([len(v) if isinstance(v, (list, tuple, np.ndarray)) else v
                                             for v in frame[column.name].tolist()], index=frame.index)
 
     def suite(one_pass: bool):
-        expectations = table_expectations(table.name, one_pass) + [
-            _gx().expectations.ExpectColumnValuesToBeInSet(column=column, value_set=[FOUND], meta={kind: meaning})
-            for column, kind, meaning in checks]
-        return _gx().ExpectationSuite(name=f"gymfoundry.{table.name}", expectations=expectations)
+        return _gx().ExpectationSuite(name=f"gymfoundry.{table.name}",
+                                      expectations=table_expectations(table.name, one_pass, checks))
 
     one_pass = suite(True)
     # GX fingerprints (hashes) the whole frame it is given: give it the columns its expectations read.
@@ -215,11 +240,18 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
 def _validate(frame: pd.DataFrame, suite, result_format: str):
     """GX's validator over the frame: what `Batch.validate` does, less the batch it builds first
     and then builds again inside (each build hashes the whole frame for its fingerprint)."""
+    from great_expectations.execution_engine import pandas_execution_engine as engine
     from great_expectations.validator.v1_validator import Validator
 
     validator = Validator(batch_definition=_batch_definition(), batch_parameters={"dataframe": frame},
                           result_format=result_format)
-    return validator.validate_expectation_suite(suite)
+    # GX hashes the whole frame for a fingerprint it only records among the batch's markers (under
+    # HASH_THRESHOLD bytes); the gates read no marker. Off while this validation runs (callers hold _LOCK).
+    threshold, engine.HASH_THRESHOLD = engine.HASH_THRESHOLD, 0
+    try:
+        return validator.validate_expectation_suite(suite)
+    finally:
+        engine.HASH_THRESHOLD = threshold
 
 
 def _read(expectations: list) -> set[str]:
@@ -259,46 +291,67 @@ def record_rules(name: str) -> dict[str, Any]:
     return rules
 
 
-def table_expectations(name: str, one_pass: bool = False) -> list:
-    """The expectations of a table that do not depend on the batch (new objects each call: a suite
-    takes ownership of its expectations): one per column and rule, or with `one_pass` every column
-    rule as one multicolumn expectation (GX evaluates them in one pass over the frame), and the key's
-    uniqueness."""
+def table_expectations(name: str, one_pass: bool = False,
+                       helpers: Iterable[tuple[str, str, str]] = ()) -> list:
+    """The expectations of a table (new objects each call: a suite takes ownership of its
+    expectations): one per column and rule, the key's uniqueness, and per helper column of the
+    batch (`(column, meta key, what it checks)`: `id:<key>`, `ref:<table>`) its value set [FOUND];
+    or with `one_pass` all of these as one multicolumn expectation (GX plans and resolves each
+    expectation at a fixed cost, then evaluates this one in one pass over the frame)."""
     gx = _gx()
     table = TABLES[name]
+    helpers = list(helpers)
+    if one_pass:
+        rules = record_rules(name)
+        rules = {**rules, "sets": {**rules["sets"], **{column: [FOUND] for column, _, _ in helpers}},
+                 "unique": list(table.key)}
+        # The rules travel as JSON text: GX copies an expectation's arguments every time it looks at
+        # its configuration (hundreds of times per validation), and a string is copied for free.
+        return [_rules_expectation()(column_list=[c.name for c in table.columns] + [c for c, _, _ in helpers],
+                                     rules=json.dumps(rules, sort_keys=True), ignore_row_if="never")]
     rules = record_rules(name)
     out = []
-    if one_pass:
-        out.append(_rules_expectation()(column_list=[c.name for c in table.columns], rules=rules,
-                                        ignore_row_if="never"))
-    else:
-        for c in rules["not_null"]:
-            out.append(gx.expectations.ExpectColumnValuesToNotBeNull(column=c))
-        for c in rules["json"]:
-            out.append(_json_expectation()(column=c))
-        for c, regex in rules["regex"].items():
-            out.append(gx.expectations.ExpectColumnValuesToMatchRegex(column=c, regex=regex))
-        for c, values in rules["sets"].items():
-            out.append(gx.expectations.ExpectColumnValuesToBeInSet(column=c, value_set=values))
-        for c, (low, high, strict_low, strict_high) in rules["bounds"].items():
-            out.append(gx.expectations.ExpectColumnValuesToBeBetween(
-                column=c, min_value=low, max_value=high, strict_min=strict_low, strict_max=strict_high))
+    for c in rules["not_null"]:
+        out.append(gx.expectations.ExpectColumnValuesToNotBeNull(column=c))
+    for c in rules["json"]:
+        out.append(_json_expectation()(column=c))
+    for c, regex in rules["regex"].items():
+        out.append(gx.expectations.ExpectColumnValuesToMatchRegex(column=c, regex=regex))
+    for c, values in rules["sets"].items():
+        out.append(gx.expectations.ExpectColumnValuesToBeInSet(column=c, value_set=values))
+    for c, (low, high, strict_low, strict_high) in rules["bounds"].items():
+        out.append(gx.expectations.ExpectColumnValuesToBeBetween(
+            column=c, min_value=low, max_value=high, strict_min=strict_low, strict_max=strict_high))
     if len(table.key) == 1:
         out.append(gx.expectations.ExpectColumnValuesToBeUnique(column=table.key[0]))
     else:
         out.append(gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=list(table.key)))
+    out += [gx.expectations.ExpectColumnValuesToBeInSet(column=column, value_set=[FOUND], meta={kind: meaning})
+            for column, kind, meaning in helpers]
     return out
 
 
-def rows_hold(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.Series:
-    """Per row: does it hold every rule of `record_rules` (what the per-column expectations check)."""
+def rows_hold(frame: pd.DataFrame, rules: dict[str, Any] | str) -> pd.Series:
+    """Per row: does it hold every rule of `record_rules` (what the per-column expectations check),
+    and, where `rules` names a `unique` key, is its key the only one of the frame. `rules` may be
+    given as JSON text."""
+    if isinstance(rules, str):
+        rules = _parsed_rules(rules)
     ok = pd.Series(True, index=frame.index)
     for c in rules["not_null"]:
         ok &= frame[c].notna()
     for c in rules["json"]:
         ok &= frame[c].isna() | valid_json(frame[c])
-    for c, regex in rules["regex"].items():
-        ok &= frame[c].isna() | frame[c].astype(str).str.contains(regex)
+    for c, regex in rules["regex"].items():  # each distinct value matched once (a batch has a few families)
+        values = frame[c]
+        try:
+            distinct = values.dropna().drop_duplicates()
+        except TypeError:  # an unhashable value
+            ok &= values.isna() | values.astype(str).str.contains(regex)
+            continue
+        bad = distinct[~distinct.astype(str).str.contains(regex)].tolist()  # the regex engine GX's would use
+        if bad:
+            ok &= values.isna() | ~values.isin(bad)
     for c, values in rules["sets"].items():
         ok &= frame[c].isna() | frame[c].isin(values)
     for c, (low, high, strict_low, strict_high) in rules["bounds"].items():
@@ -309,7 +362,19 @@ def rows_hold(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.Series:
         if high is not None:
             within &= values < high if strict_high else values <= high
         ok &= values.isna() | within
+    key = rules.get("unique")
+    if key:
+        # What GX's uniqueness expectations check: no two rows share a key (a row whose key columns
+        # are all null is not compared; a null key column is the not-null rule's to report).
+        keys = frame[key]
+        compared = keys.notna().any(axis=1)
+        ok &= ~(keys[compared].duplicated(keep=False).reindex(frame.index, fill_value=False))
     return ok
+
+@cache
+def _parsed_rules(text: str) -> dict[str, Any]:
+    return json.loads(text)
+
 
 def _value_set(annotation: Any) -> list[str] | None:
     if get_origin(annotation) in (Union, types.UnionType):
@@ -428,7 +493,7 @@ def _rules_expectation():
     class ExpectRowsToHoldTheirRecordRules(MulticolumnMapExpectation):
         """Expect every row to hold its record's column rules (not null, JSON, regex, value sets, bounds)."""
 
-        rules: dict
+        rules: str  # `record_rules` (and the batch's helper columns, the key) as JSON text
         map_metric = "multicolumn_values.hold_record_rules"
         success_keys = ("mostly", "rules")
         args_keys = ("column_list", "rules")

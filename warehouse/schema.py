@@ -12,7 +12,8 @@ import types
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
-from operator import itemgetter
+from itertools import repeat
+from operator import is_, itemgetter
 from typing import Annotated, Any, Iterable, Literal, Sequence, Union, get_args, get_origin
 
 import pyarrow as pa
@@ -111,12 +112,18 @@ def to_arrays(model: type[BaseModel], records: Sequence[BaseModel],
     # pydantic keeps the field values in the instance dict: one pass over the records takes them all
     fields = list(map(itemgetter(*(c.name for c in columns)), map(vars, records)))
     by_column = [fields] if len(columns) == 1 else list(zip(*fields)) or [()] * len(columns)
+    enums = _enum_fields(model)
     for column, values in zip(columns, by_column):
-        values = list(values)
         if column.is_json:
             dump = _field_adapter(model, column.name).serializer.to_json
-            values = [None if v is None else dump(v).decode() for v in values]
-        elif column.name in _enum_fields(model):
+            if any(map(is_, values, repeat(None))):
+                values = [None if v is None else dump(v) for v in values]
+            else:  # the common case: no null, each value serialized by a C-level loop
+                values = list(map(dump, values))
+            # pydantic's JSON is UTF-8 bytes: Arrow checks and takes them as text, no str per value
+            out[column.name] = pa.array(values, pa.binary()).cast(pa.string())
+            continue
+        if column.name in enums:
             values = [v.value if isinstance(v, Enum) else v for v in values]
         check_lists(column, values)
         out[column.name] = pa.array(values, column.type)

@@ -45,15 +45,19 @@ def corruptions(name: str):
         yield c, float("inf")
 
 
-def verdict(name: str, rows: list[dict], one_pass: bool, monkeypatch) -> bool:
-    """The gate's verdict on the rows, with the one-pass suite or the per-column one."""
+def verdict(name: str, rows: list[dict], one_pass: bool, monkeypatch, found=None, identity=None) -> bool:
+    """The gate's verdict on the rows, with the one-pass suite or the per-column one; `found` (the
+    referenced keys that exist) defaults to every key the rows name, `identity` to all FOUND."""
     detailed = quality.table_expectations
     with monkeypatch.context() as m:
         if not one_pass:
-            m.setattr(quality, "table_expectations", lambda table, one_pass=False: detailed(table, False))
+            m.setattr(quality, "table_expectations",
+                      lambda table, one_pass=False, helpers=(): detailed(table, False, helpers))
         table = TABLES[name]
-        found = {ref: {tuple(r.get(c) for c in ref.columns) for r in rows} for ref in table.references}
-        identity = [quality.FOUND] * len(rows) if table.content_id else None
+        if found is None:
+            found = {ref: {tuple(r.get(c) for c in ref.columns) for r in rows} for ref in table.references}
+        if identity is None and table.content_id:
+            identity = [quality.FOUND] * len(rows)
         return quality.validate_table(table, frame(table, rows_part(table, rows)), found, identity).success
 
 
@@ -85,5 +89,32 @@ def test_the_gates_run_the_column_rules_as_one_expectation_per_table():
     for name in ("tasks", "rollouts", "steps"):
         expectations = quality.table_expectations(name, one_pass=True)
         assert [e.expectation_type for e in expectations][0] == "expect_rows_to_hold_their_record_rules"
-        assert len(expectations) == 2  # the rules, and the key's uniqueness
+        assert len(expectations) == 1  # the rules, the key's uniqueness and the batch's helper columns
         assert len(quality.table_expectations(name)) > 10
+
+
+@pytest.mark.parametrize("name", ["tasks", "rollouts", "steps", "step_scores"])
+def test_the_one_pass_gate_checks_keys_ids_and_references_as_the_per_column_suite(name, build, monkeypatch):
+    """The key's uniqueness, the content-id verdicts and the references are part of the one expectation:
+    each way to break them fails it exactly when the per-column suite fails."""
+    rows = valid_rows(build)[name]
+    table = TABLES[name]
+    cases = [("a repeated key", [*rows, dict(rows[0])], None, None)]
+    if len(rows) > 1:
+        cases.append(("a key repeated with other values",
+                      [*rows, dict(rows[1], **{c: rows[0][c] for c in table.key})], None, None))
+    if len(table.key) > 1:  # one key column the same, another not: no repeat
+        other = [c for c in table.key if isinstance(rows[0][c], str)][0]
+        cases.append(("a key sharing a column", [*rows, dict(rows[0], **{other: rows[0][other] + "x"})], None, None))
+    if table.content_id:
+        cases.append(("a tampered id", rows, None, ["t-1: its content hashes to t-2"] + [quality.FOUND] * (len(rows) - 1)))
+    for ref in table.references:
+        cases.append((f"a dangling {ref.table}", rows, {ref: set()}, None))
+    for what, case_rows, found, identity in cases:
+        one = verdict(name, case_rows, True, monkeypatch, found, identity)
+        per_column = verdict(name, case_rows, False, monkeypatch, found, identity)
+        assert one == per_column, (name, what, one, per_column)
+        if what == "a key sharing a column":
+            assert one, what  # (the per-column suite agrees: not a repeat)
+        else:
+            assert not one, what
