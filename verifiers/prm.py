@@ -61,55 +61,80 @@ def combine(rule_scores: list[StepScore], judge_scores: list[StepScore], profile
     judged = {(s.rollout_id, s.step_index): s for s in judge_scores}
     first_injection = injection_starts(rule_scores)
     layer_versions = {family: layers_version(profile) for family, profile in profiles.items()}
-    raw_rows = []
+    versions: dict[tuple[str, str, str], str] = {}  # (rules version, judge label, family) -> the row's version
+    by_family: dict[str, list[tuple]] = {}
     for rules in rule_scores:
         family = family_of[rules.rollout_id]
         weights = profiles[family].score_weights.layers
         judge = judged.get((rules.rollout_id, rules.step_index))
-        withheld = (judge is not None and judge.status in ("ok", "error")
-                    and rules.step_index >= first_injection.get(rules.rollout_id, rules.step_index + 1))
-        judge_score = JUDGE_FLOOR if withheld else (judge.score if judge and judge.status == "ok" else None)
-        parts = {"rules": (weights.get("rules", 0.0), rules.score if rules.status == "ok" else None),
-                 "judge": (weights.get("judge", 0.0), judge_score)}
-        used = {name: (w, s) for name, (w, s) in parts.items() if w > 0 and s is not None}
-        total = sum(w for w, _ in used.values())
-        raw = sum(w * s for w, s in used.values()) / total if total else None
-        components = {**{name: s for name, (_, s) in used.items()}, **{f"w_{name}": w for name, (w, _) in used.items()}}
-        if withheld and "judge" in used:
-            components["judge_withheld"] = 1.0
-        label = judge_label(judge, weights.get("judge", 0.0), withheld)
-        version = f"prm{PRM_VERSION}|rules:{rules.scorer_version}|judge:{label}|layers:{layer_versions[family]}"
-        raw_rows.append((rules, family, raw, components, version))
+        if judge is None or judge.status == "not_configured":  # the rules alone (no endpoint): as in _mixed
+            w_rules = weights.get("rules", 0.0)
+            score = rules.score if rules.status == "ok" else None
+            if w_rules > 0 and score is not None:  # sums from 0, as _mixed's (0 + -0.0 is 0.0)
+                raw, components = (0 + w_rules * score) / (0 + w_rules), {"rules": score, "w_rules": w_rules}
+            else:
+                raw, components = None, {}
+            label = "none"
+        else:
+            raw, components, label = _mixed(rules, judge, weights, first_injection)
+        key = (rules.scorer_version, label, family)
+        version = versions.get(key)
+        if version is None:
+            version = versions[key] = (f"prm{PRM_VERSION}|rules:{rules.scorer_version}|judge:{label}"
+                                       f"|layers:{layer_versions[family]}")
+        rows = by_family.get(family)
+        if rows is None:
+            rows = by_family[family] = []
+        rows.append((rules, raw, components, version))
 
     out = []
-    for family in sorted({family for _, family, *_ in raw_rows}):
-        rows = [r for r in raw_rows if r[1] == family]
+    for family in sorted(by_family):
+        rows = by_family[family]
         calibrator = calibrators.get(family)
-        calibrated = calibrator.apply([r[2] if r[2] is not None else 0.0 for r in rows]) if calibrator else None
-        for i, (rules, _, raw, components, version) in enumerate(rows):
-            key = {"rollout_id": rules.rollout_id, "step_index": rules.step_index}
+        calibrated = calibrator.apply([r[1] if r[1] is not None else 0.0 for r in rows]) if calibrator else None
+        for i, (rules, raw, components, version) in enumerate(rows):
             if raw is None:
-                out.append(StepScore(**key, layer="combined", scorer_id="prm", scorer_version=version + "|cal:none",
+                out.append(StepScore(rollout_id=rules.rollout_id, step_index=rules.step_index, layer="combined",
+                                     scorer_id="prm", scorer_version=version + "|cal:none",
                                      status="not_configured", components=components,
                                      rationale="no layer with a positive weight scored this step"))
                 continue
             reward, cal_label = raw, "none"
             if calibrated is not None:
                 reward, cal_label = round(float(calibrated[i]), 6), calibrator.version
-                out.append(StepScore(**key, layer="calibrated", scorer_id=f"calibrator:{family}",
-                                     scorer_version=calibrator.version, score=reward,
-                                     components={"raw": round(raw, 6)}))
+                out.append(StepScore(rollout_id=rules.rollout_id, step_index=rules.step_index, layer="calibrated",
+                                     scorer_id=f"calibrator:{family}", scorer_version=calibrator.version,
+                                     score=reward, components={"raw": round(raw, 6)}))
                 components = {**components, "calibrated": reward}
-            out.append(_score_row(**key, layer="combined", scorer_id="prm", scorer_version=f"{version}|cal:{cal_label}",
-                                  status="ok", score=round(float(reward), 6),
-                                  components={**components, "raw": round(raw, 6)}, rationale=None))
+            components["raw"] = round(raw, 6)
+            out.append(_score_row({"rollout_id": rules.rollout_id, "step_index": rules.step_index, "layer": "combined",
+                                   "scorer_id": "prm", "scorer_version": f"{version}|cal:{cal_label}", "status": "ok",
+                                   "score": round(float(reward), 6), "components": components, "rationale": None}))
     return out
 
 
-def _score_row(**fields) -> StepScore:
+def _mixed(rules: StepScore, judge: StepScore, weights: dict[str, float],
+           first_injection: dict[str, int]) -> tuple[float | None, dict[str, float], str]:
+    """(raw, components, judge label) of a step with a judge row that is not `not_configured`."""
+    withheld = (judge.status in ("ok", "error")
+                and rules.step_index >= first_injection.get(rules.rollout_id, rules.step_index + 1))
+    judge_score = JUDGE_FLOOR if withheld else (judge.score if judge.status == "ok" else None)
+    parts = {"rules": (weights.get("rules", 0.0), rules.score if rules.status == "ok" else None),
+             "judge": (weights.get("judge", 0.0), judge_score)}
+    used = {name: (w, s) for name, (w, s) in parts.items() if w > 0 and s is not None}
+    total = sum(w for w, _ in used.values())
+    raw = sum(w * s for w, s in used.values()) / total if total else None
+    components = {**{name: s for name, (_, s) in used.items()}, **{f"w_{name}": w for name, (w, _) in used.items()}}
+    if withheld and "judge" in used:
+        components["judge_withheld"] = 1.0
+    return raw, components, judge_label(judge, weights.get("judge", 0.0), withheld)
+
+
+def _score_row(fields: dict) -> StepScore:
     """A StepScore of values made here from validated rows: built without validating them again
     where every number is a finite float (the record refuses anything else, and still does)."""
-    numbers = [fields["score"], *fields["components"].values()]
-    if all(type(v) is float and math.isfinite(v) for v in numbers):
+    score = fields["score"]
+    if type(score) is float and math.isfinite(score) and all(
+            type(v) is float and math.isfinite(v) for v in fields["components"].values()):
         return construct(StepScore, fields)
     return StepScore(**fields)
