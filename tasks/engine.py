@@ -8,7 +8,9 @@ that decodes their turns in one batched forward. N is the spec's `max_concurrenc
 per worker process: every batch of one run in one process draws from the same N slots
 (`slots`), so N is what the endpoint sees however many Prefect batch tasks run side by side.
 
-A policy that cannot fork (a custom policy without `fork`) plays its episodes one after another.
+A policy that cannot fork (a custom policy without `fork`), or whose N is 1, plays its episodes
+one after another, and its batches in one process take turns, each playing all of its episodes
+before the next starts.
 Results come back in the order of the items, whatever order the episodes finished in."""
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def concurrency_of(policy: Policy) -> int:
 
 def slots(policy: Policy, n: int) -> threading.BoundedSemaphore:
     """The process-wide `n` slots of one policy (by id, version and endpoint)."""
-    key = (policy.policy_id, policy.version, getattr(policy, "base_url", None), n)
+    # a policy object without the protocol's id and version shares its slots with no other
+    ident = (policy.policy_id, policy.version) if hasattr(policy, "policy_id") and hasattr(policy, "version") \
+        else ("object", id(policy))
+    key = (*ident, getattr(policy, "base_url", None), n)
     with _SLOTS_LOCK:
         return _SLOTS.setdefault(key, threading.BoundedSemaphore(n))
 
@@ -52,9 +57,13 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
     episodes in flight have ended."""
     n = concurrency or concurrency_of(policy)
     stop = stop or threading.Event()
-    if n <= 1 or len(items) <= 1:
-        return [None if stop.is_set() else play(policy, item) for item in items]
     limit = slots(policy, n)
+    if n <= 1 or len(items) <= 1:
+        # One slot for all of them: the batches of a serial policy in one process take turns
+        # whole (one episode in flight, as max_concurrency 1 says; episodes in threads side by
+        # side would only fight over the interpreter lock), and a lone episode holds one of N.
+        with limit:
+            return [None if stop.is_set() else play(policy, item) for item in items]
     agents: queue.SimpleQueue[Policy] = queue.SimpleQueue()
 
     def one(item: Item) -> Result | None:

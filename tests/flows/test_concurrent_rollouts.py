@@ -125,6 +125,33 @@ def test_the_engine_bounds_what_is_in_flight_and_keeps_item_order():
         run_concurrently(policy, [1, "boom", 3], policy.play, concurrency=3)
 
 
+def test_batches_of_a_serial_policy_in_one_process_take_turns_whole():
+    """max_concurrency 1 holds per process: two batches played from two threads (as the thread
+    task runner plays rollout batches) never interleave their episodes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    serial, order = Counting(forkable=False), []
+
+    def play(agent, item):
+        order.append(item[0])
+        return serial.play(agent, item[1])
+
+    batches = [[("a", i) for i in range(5)], [("b", i) for i in range(5)]]
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda items: run_concurrently(serial, items, play), batches))
+    assert outs == [[0, 2, 4, 6, 8], [0, 2, 4, 6, 8]] and serial.peak == 1
+    assert order in (["a"] * 5 + ["b"] * 5, ["b"] * 5 + ["a"] * 5)
+
+
+def test_a_lone_episode_holds_one_of_the_process_slots():
+    from concurrent.futures import ThreadPoolExecutor
+
+    policy = Counting(forkable=True)
+    with ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda i: run_concurrently(policy, [i], policy.play, concurrency=3), range(6)))
+    assert outs == [[0], [2], [4], [6], [8], [10]] and policy.peak <= 3
+
+
 @pytest.mark.usefixtures("prefect_harness")
 def test_cli_evaluate_runs_held_out_episodes_concurrently_from_a_spec(tmp_path, capsys):
     data_dir = str(tmp_path / "data")
