@@ -472,10 +472,14 @@ def _scalar_check(kind: str, prop: dict[str, Any]) -> Callable[[Any], bool]:
     return ok
 
 
+# json.dumps(value, sort_keys=True, ensure_ascii=True), its encoder made once (dumps makes one per call)
+_RENDER = json.JSONEncoder(sort_keys=True, ensure_ascii=True).encode
+
+
 def render_result(tool: str, result: Any) -> str:
-    return json.dumps({"tool": tool, "ok": True, "result": result}, sort_keys=True, ensure_ascii=True)
+    return _RENDER({"tool": tool, "ok": True, "result": result})
 
 
 def render_error(call: ToolCall | None, kind: str, message: str) -> str:
     payload = {"tool": call.name if call else None, "ok": False, "error": {"type": kind, "message": message}}
-    return json.dumps(payload, sort_keys=True, ensure_ascii=True)
+    return _RENDER(payload)

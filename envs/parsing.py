@@ -77,7 +77,8 @@ def replay_call(action: Any, max_chars: int = 8192) -> ToolCall:
         if type(name) is str and name and type(call_id) is str and type(arguments) is dict:
             form = {"name": name, "arguments": arguments, "id": call_id}
             if _shallow_plain(form):
-                _check_size(json.dumps(form), max_chars)
+                if _json_bound(form) > max_chars:  # else its JSON cannot be over the limit
+                    _check_size(json.dumps(form), max_chars)
                 return action
     return parse_action(action, max_chars).call
 
@@ -177,6 +178,22 @@ def _shallow_plain(obj: dict) -> bool:
         elif not _plain_scalar(value):
             return False
     return True
+
+
+def _json_bound(form: dict) -> int:
+    """At least len(json.dumps(form)) for a form `_shallow_plain` accepted: each character of a
+    string is written as at most 12 (a surrogate pair of \\u escapes), a number as at most 32
+    characters, each entry adds a separator, a colon and quotes, each dict its braces."""
+    total = 2
+    for key, value in form.items():
+        total += 12 * len(key) + 6
+        if type(value) is dict:
+            total += 2
+            for k, v in value.items():
+                total += 12 * len(k) + 6 + (12 * len(v) + 2 if type(v) is str else 32)
+        else:
+            total += 12 * len(value) + 2 if type(value) is str else 32
+    return total
 
 
 def _where(parent: tuple | None, key: Any) -> str:

@@ -8,10 +8,10 @@ required quantity in one) and applies the invariants there."""
 from __future__ import annotations
 
 import json
+import pickle
 from collections import Counter
 from typing import Any
 
-from envs.base import copy_state
 from envs.inventory.facts import InventoryFacts
 from envs.inventory.world import InventoryEnv, Refusal
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
@@ -98,13 +98,14 @@ class InventoryVerifier(ReplayVerifier):
         all variants in one pass. A variant's initial state is the task's with those stocks:
         what `initial_state` makes of the changed snapshot (it copies the snapshot and adds the
         empty reservations, events and status)."""
-        starts = []
+        starts, variant_initials = [], []
+        snapshot = pickle.dumps(initial, protocol=pickle.HIGHEST_PROTOCOL)
         for variant in checks.variants:
-            start = copy_state(initial)
-            for sku, stock in variant.stock.items():
-                start["catalog"][sku]["stock"] = stock
-            starts.append(start)
-        variant_initials = [copy_state(start) for start in starts]
+            for copies in (starts, variant_initials):  # two copies of the variant, made the same way
+                start = pickle.loads(snapshot)  # copy_state(initial): a pickle round trip
+                for sku, stock in variant.stock.items():
+                    start["catalog"][sku]["stock"] = stock
+                copies.append(start)
         # The invariants read no event log, and a lookup changes nothing else: only the other calls
         # are replayed on the variants (about half an episode's calls are lookups).
         changing = [None if call is not None and call.name in LOOKUPS else call for call in calls]

@@ -158,3 +158,30 @@ def test_construct_makes_what_model_construct_makes(cls, fields):
     assert made.model_fields_set == reference.model_fields_set
     if cls is ToolCall and "arguments" not in fields:
         assert construct(cls, dict(fields)).arguments is not made.arguments
+
+
+def test_the_size_bound_that_lets_a_replay_skip_the_json_is_never_below_the_json():
+    import json
+    import random
+
+    from envs.parsing import _json_bound, _shallow_plain
+
+    rng = random.Random(7)
+    alphabet = ["a", "\x00", "\x1f", '"', "\\", "é", "\u2028", "\U0001F600", "\ud7ff", "\uffff"]
+    scalars = [None, True, False, 0, -2**63, 2**63 - 1, -1.2345678901234567e-300, 1e308, 0.1]
+    for _ in range(500):
+        text = lambda: "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 20)))  # noqa: E731
+        arguments = {text(): rng.choice([text(), rng.choice(scalars)]) for _ in range(rng.randrange(0, 5))}
+        form = {"name": text() or "n", "arguments": arguments, "id": text()}
+        assert _shallow_plain(form)
+        assert _json_bound(form) >= len(json.dumps(form))
+
+
+def test_a_replayed_call_just_over_the_limit_is_refused_and_one_at_it_is_not():
+    import json
+
+    call = ToolCall(name="find_items", arguments={"query": "\U0001F600" * 30})
+    size = len(json.dumps({"name": call.name, "arguments": call.arguments, "id": call.id}))
+    assert replay_call(call, size) is call
+    with pytest.raises(ActionError, match="limit is"):
+        replay_call(call, size - 1)
