@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import pandas as pd
 import polars as pl
 import pyarrow as pa
@@ -134,30 +135,26 @@ def stage(data_dir: str | os.PathLike, *, tasks: Iterable[TaskSpec] | None = Non
     was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers, no cycles worth collecting (see store._collector_paused)
     try:
-        parts, identity, derived = _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows,
-                                          family_of, outcomes, rollout_outcomes, holdout_locks, run_id, flow_run_id,
-                                          gate)
-        return _gate_and_write(Path(data_dir).resolve(), parts, identity, derived, gate)
+        parts, derived, tasks = _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, family_of,
+                                       outcomes, rollout_outcomes, holdout_locks, run_id, flow_run_id)
+        return _gate_and_write(Path(data_dir).resolve(), parts, derived, gate, tasks)
     finally:
         if was_enabled:
             gc.enable()
 
 
 def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, family_of, outcomes, rollout_outcomes,
-           holdout_locks, run_id, flow_run_id, gate):
-    """The batch's rows per table (first row of each key kept), the content-id verdicts of the
-    tasks, and the keys of the verdicts derived from the rollouts."""
+           holdout_locks, run_id, flow_run_id):
+    """The batch's rows per table (first row of each key kept; the tasks' content ids are not checked
+    yet: see `_task_verdicts`), the keys of the verdicts derived from the rollouts, and the tasks
+    with all their rows (None when the batch has none)."""
     parts: dict[str, Part] = {}
-    identity: dict[str, list[str]] = {}
+    task_rows = None
     if tasks is not None:
         tasks = list(tasks)
         part = arrow_part(TABLES["tasks"], tasks)
         keep = first_of_each_key(TABLES["tasks"], part)
-        if gate:  # from the records: cheaper than rebuilding each record from its row
-            verdicts = quality.record_verdicts(TABLES["tasks"], tasks)
-            # a tampered copy is gated (and refused), never dropped as a repeat of its key
-            keep = sorted(set(keep) | {i for i, verdict in enumerate(verdicts) if verdict != quality.FOUND})
-            identity["tasks"] = [verdicts[i] for i in keep]
+        task_rows = (tasks, part, keep)
         parts["tasks"] = take(part, keep)
     if rejections is not None:
         parts["task_rejections"] = arrow_part(TABLES["task_rejections"], list(rejections))
@@ -172,8 +169,7 @@ def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, fa
         unique = list(by_id.values())
         parts["rollouts"] = arrow_part(TABLES["rollouts"], unique, run_id=run_id, flow_run_id=flow_run_id)
         parts["steps"] = arrow_part(TABLES["steps"], [step for r in unique for step in r.steps],
-                                    rollout_id=[r.rollout_id for r in unique for _ in r.steps],
-                                    task_family=[r.family for r in unique for _ in r.steps])
+                                    **_step_owners(unique))
         subs = [sub for r in unique for sub in r.subrollouts]
         if subs:  # a delegating rollout's sub-agents' episodes
             parts["sub_rollouts"] = arrow_part(TABLES["sub_rollouts"], subs)
@@ -202,21 +198,55 @@ def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, fa
         # key fails the gates' uniqueness check and sends the batch to the writer's full path.
         if name not in ("tasks", "outcomes"):
             parts[name] = take(part, first_of_each_key(TABLES[name], part))
-    return parts, identity, derived
+    return parts, derived, task_rows
 
 
-def _gate_and_write(data_dir: Path, parts: dict[str, Part], identity: dict[str, list[str]], derived: list[tuple],
-                    gate: bool) -> Staged:
+def _step_owners(rollouts: list[Rollout]) -> dict[str, Any]:
+    """The steps' `rollout_id` and `task_family` columns: each rollout's once, repeated over its steps
+    by Arrow (as lists where a rollout holds a value of another type: the rows say what is wrong)."""
+    try:
+        owner = pa.array(np.repeat(np.arange(len(rollouts), dtype=np.int64), [len(r.steps) for r in rollouts]))
+        return {"rollout_id": pa.array([r.rollout_id for r in rollouts], pa.string()).take(owner),
+                "task_family": pa.array([r.family for r in rollouts], pa.string()).take(owner)}
+    except CONVERSION_ERRORS:
+        return {"rollout_id": [r.rollout_id for r in rollouts for _ in r.steps],
+                "task_family": [r.family for r in rollouts for _ in r.steps]}
+
+
+def _task_verdicts(parts: dict[str, Part], identity: dict[str, list[str]], task_rows) -> bool:
+    """Check every task's id against its content (the record's own rule, from the records: cheaper
+    than rebuilding each record from its row) into `identity`, aligned with `parts["tasks"]`. A
+    tampered copy is gated (and refused), never dropped as a repeat of its key: where there is
+    one, `parts["tasks"]` gains it, and this returns True (the gates fail on it)."""
+    if task_rows is None:
+        return False
+    tasks, part, keep = task_rows
+    verdicts = quality.record_verdicts(TABLES["tasks"], tasks)
+    tampered = {i for i, verdict in enumerate(verdicts) if verdict != quality.FOUND}
+    if tampered:
+        keep = sorted(set(keep) | tampered)
+        parts["tasks"] = take(part, keep)
+    identity["tasks"] = [verdicts[i] for i in keep]
+    return bool(tampered)
+
+
+def _gate_and_write(data_dir: Path, parts: dict[str, Part], derived: list[tuple], gate: bool,
+                    task_rows=None) -> Staged:
+    identity: dict[str, list[str]] = {}
     staged = Staged(str(data_dir), uuid.uuid4().hex, parts, gate, False, tables=list(parts), identity=identity,
                     derived_outcomes=derived)
     if not all(isinstance(part, pa.Table) for part in parts.values()):
+        if gate:
+            _task_verdicts(parts, identity, task_rows)
         return staged  # rows that do not fit their columns: the writer's full path says why
     tables = {TABLES[name]: part for name, part in parts.items() if len(part)}
     with ThreadPoolExecutor(1) as background:
-        # The files are invisible until registered: write them while the gates run (Parquet encoding
-        # and hashing release the GIL), and remove them if the gates fail.
+        # The files are invisible until registered: write them while the content ids are checked and
+        # the gates run (Parquet encoding and hashing release the GIL), and remove them if the gates
+        # fail. A tampered task (which the files may lack: a repeat of its key) always fails them.
         written: Future = background.submit(write_batches, staged.folder, tables)
         if gate:
+            tampered = _task_verdicts(parts, identity, task_rows)
             unresolved: list[tuple[Reference, list[tuple]]] = []
 
             def elsewhere(ref: Reference, keys: list[tuple]) -> set[tuple]:
@@ -226,7 +256,7 @@ def _gate_and_write(data_dir: Path, parts: dict[str, Part], identity: dict[str, 
             frames = {name: frame(TABLES[name], part) for name, part in parts.items()}
             report = quality.validate_batch(frames, elsewhere, identity)
             staged.unresolved = unresolved
-            if not report.success:
+            if not report.success or tampered:
                 written.exception()  # wait for the writes, then remove them
                 staged.discard()
                 return staged
@@ -242,6 +272,7 @@ def arrow_part(table: Table, records: list[Record], **added: Any) -> Part:
     try:
         return table.arrow(records, **added)
     except CONVERSION_ERRORS:
+        added = {k: v.to_pylist() if isinstance(v, (pa.Array, pa.ChunkedArray)) else v for k, v in added.items()}
         return [table.row(r, **{k: v[i] if isinstance(v, list) else v for k, v in added.items()})
                 for i, r in enumerate(records)]
 

@@ -107,3 +107,20 @@ def test_a_tampered_copy_first_in_a_batch_is_reported_on_its_own_row(wh, build):
     (result,) = [r for r in landing.report.tables["tasks"].result["results"] if not r["success"]]
     assert result["result"]["partial_unexpected_index_list"] == [0]  # the verdict sits on the tampered row
     assert wh.load_tasks() == [landed]
+
+
+def test_steps_take_their_rollouts_id_and_family_as_rows_where_a_rollout_holds_no_text_there(data_dir, build):
+    """The steps' rollout_id and task_family columns are each rollout's value repeated by Arrow; a
+    rollout whose id is no text (`model_copy` does not validate) makes them rows instead, as before."""
+    from warehouse.staged import stage
+
+    task = build.task("inventory", 4)
+    good, odd = build.rollout(task, seed=1), build.rollout(task, seed=2).model_copy(update={"rollout_id": 7})
+    staged = stage(data_dir, tasks=[task], rollouts=[good], gate=False)
+    assert staged.parts["steps"].column("rollout_id").to_pylist() == [good.rollout_id] * len(good.steps)
+    assert staged.parts["steps"].column("task_family").to_pylist() == ["inventory"] * len(good.steps)
+    staged = stage(data_dir, tasks=[task], rollouts=[good, odd], gate=False)
+    assert not staged.passed and isinstance(staged.parts["steps"], list)
+    assert [row["rollout_id"] for row in staged.parts["steps"]] == [good.rollout_id] * len(good.steps) + \
+           [7] * len(odd.steps)
+    staged.discard()

@@ -132,6 +132,26 @@ def test_a_tampered_copy_of_a_task_after_its_original_goes_to_quarantine(wh, dat
     assert not wh.land(tasks=[task, tampered]).ok  # refused, not skipped as a repeat of a landed key
 
 
+def test_a_tampered_copy_repeating_a_key_is_staged_with_its_verdict_and_its_files_removed(data_dir, build,
+                                                                                            monkeypatch):
+    """The files are written before the content ids are checked (from the first row of each key): a
+    tampered copy that repeats its original's key joins the rows afterwards, and the batch never
+    passes, even were its gates to say so, and leaves no file behind."""
+    from warehouse import quality
+
+    task = build.task("inventory", 2)
+    tampered = task.model_copy(update={"goal": "tampered goal"})
+    staged = stage(data_dir, tasks=[task, tampered])
+    assert not staged.passed and not incoming(data_dir) and not staged.batches
+    assert staged.parts["tasks"].num_rows == 2
+    assert staged.identity["tasks"] == [quality.FOUND, f"{task.task_id}: its content hashes to {tampered.compute_id()}"]
+    monkeypatch.setattr(quality, "validate_batch",
+                        lambda *a, **k: quality.QualityReport({}))  # gates that pass whatever they see
+    staged = stage(data_dir, tasks=[task, tampered])
+    assert not staged.passed and not incoming(data_dir) and not staged.batches
+    assert stage(data_dir, tasks=[task]).passed  # (the same gates pass an honest batch)
+
+
 def test_a_given_verdict_sharing_the_key_of_a_landed_rollouts_own_lands(wh, build):
     task = build.task("inventory", 1)
     rollout = build.rollout(task)
