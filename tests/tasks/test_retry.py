@@ -20,7 +20,14 @@ from tasks.retry import RetryExhausted, collect_with_retries, run_counts
 from tasks.rollout import policy_params
 from tests.envs.counter_env import CounterEnv
 
-register("gymfoundry/counter-v0", CounterEnv)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _counter_registered():
+    """The counter env registered while these tests run, not when the module is imported: a
+    registration at import time put it into the family lists other modules' tests are
+    parametrized with when the whole suite is collected (test_fuzz, test_check_family)."""
+    register("gymfoundry/counter-v0", CounterEnv)
 
 
 def counter_episode(config: FaultConfig, seed: int, calls: list[ToolCall]):
