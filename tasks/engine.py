@@ -19,6 +19,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TypeVar
 
 from envs.records import PolicySpec
@@ -48,6 +49,25 @@ def slots(policy: Policy, n: int) -> threading.BoundedSemaphore:
         return _SLOTS.setdefault(key, threading.BoundedSemaphore(n))
 
 
+_held = threading.local()  # the slots this thread holds
+
+
+@contextmanager
+def _holding(limit: threading.BoundedSemaphore):
+    """Hold one of `limit`'s slots, or go on with the one this thread holds already (a play that
+    plays episodes of the same policy through the engine must not wait for itself)."""
+    held = _held.__dict__.setdefault("slots", set())
+    if id(limit) in held:
+        yield
+        return
+    with limit:
+        held.add(id(limit))
+        try:
+            yield
+        finally:
+            held.discard(id(limit))
+
+
 def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Policy, Item], Result],
                      stop: threading.Event | None = None, concurrency: int | None = None) -> list[Result | None]:
     """`play(agent, item)` for every item, up to `concurrency` (default: `concurrency_of(policy)`)
@@ -62,7 +82,7 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
         # One slot for all of them: the batches of a serial policy in one process take turns
         # whole (one episode in flight, as max_concurrency 1 says; episodes in threads side by
         # side would only fight over the interpreter lock), and a lone episode holds one of N.
-        with limit:
+        with _holding(limit):
             return [None if stop.is_set() else play(policy, item) for item in items]
     agents: queue.SimpleQueue[Policy] = queue.SimpleQueue()
 

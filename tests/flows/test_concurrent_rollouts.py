@@ -143,6 +143,22 @@ def test_batches_of_a_serial_policy_in_one_process_take_turns_whole():
     assert order in (["a"] * 5 + ["b"] * 5, ["b"] * 5 + ["a"] * 5)
 
 
+def test_a_serial_play_may_play_the_same_policy_through_the_engine_again():
+    """The slot a serial batch holds is its thread's: a nested call does not wait for itself."""
+    serial = Counting(forkable=False)
+
+    def outer(agent, item):
+        return sum(run_concurrently(serial, [item, item + 1], serial.play))
+
+    done = []
+    worker = threading.Thread(target=lambda: done.append(run_concurrently(serial, [1, 2], outer)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done == [[6, 10]]
+    # and the slot is free again: another thread's batch runs
+    assert run_concurrently(serial, [3], serial.play) == [6]
+
+
 def test_a_lone_episode_holds_one_of_the_process_slots():
     from concurrent.futures import ThreadPoolExecutor
 
