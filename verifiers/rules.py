@@ -323,21 +323,6 @@ def _grounded_values(calls: pl.LazyFrame, arguments: list[str], parsed: bool) ->
     return values.unpivot(index=["row", "rollout_key", "seen_end"], on=arguments, value_name="value").drop("variable")
 
 
-def _family_grounded_values(calls: pl.LazyFrame, grounded: dict[str, list[str]]) -> pl.LazyFrame:
-    """`_grounded_values(parsed=True)` of every tool in `grounded` (tool -> its grounded arguments,
-    none repeated) at once: each call parsed with the union of the arguments, and only its own
-    tool's kept. A value of another tool's argument that does not parse as a string (an object)
-    fails the plan as a tool's own would: the caller then reads every value by its JSON path."""
-    union = list(dict.fromkeys(a for arguments in grounded.values() for a in arguments))
-    own = [f"{tool}{SEPARATOR}{a}" for tool, arguments in grounded.items() for a in arguments]
-    values = calls.filter(pl.col("tool").is_in(list(grounded))).select(
-        "row", "rollout_key", "seen_end", "tool",
-        args=pl.col("args").str.json_decode(pl.Struct({a: pl.String for a in union}))).unnest("args")
-    return (values.unpivot(index=["row", "rollout_key", "seen_end", "tool"], on=union, value_name="value")
-            .filter((pl.col("tool") + SEPARATOR + pl.col("variable")).is_in(own))
-            .select("row", "rollout_key", "seen_end", "value"))
-
-
 def _information_use(frame: pl.DataFrame, profiles: dict[str, DomainProfile], parsed: bool = True) -> pl.LazyFrame:
     """(row, information_use) for each call with grounded argument values (a plan: collected with
     the rest of the rule table; `parsed` as in `_grounded_values`)."""
@@ -346,15 +331,11 @@ def _information_use(frame: pl.DataFrame, profiles: dict[str, DomainProfile], pa
     calls = frame.lazy().filter(pl.col("tool").is_not_null() & ~error.is_in(INVALID_KINDS + FAULT_KINDS))
     values = []
     for family, profile in profiles.items():
-        grounded = {spec.name: profile.grounded(spec.name) for spec in profile.tools if profile.grounded(spec.name)}
-        if parsed and grounded and all(len(set(a)) == len(a) for a in grounded.values()):
-            # One parse of each call of the family's grounded tools, then each tool's own arguments
-            # (a plan node per family, not per tool: at a batch's size the nodes are the cost).
-            values.append(_family_grounded_values(calls.filter(pl.col("family") == family), grounded))
-            continue
-        for tool, arguments in grounded.items():
-            rows = calls.filter((pl.col("family") == family) & (pl.col("tool") == tool))
-            values.append(_grounded_values(rows, arguments, parsed))
+        for spec in profile.tools:
+            arguments = profile.grounded(spec.name)
+            if arguments:
+                rows = calls.filter((pl.col("family") == family) & (pl.col("tool") == spec.name))
+                values.append(_grounded_values(rows, arguments, parsed))
     if not values:
         return empty
     values = pl.concat(values).filter(pl.col("value").is_not_null() & (pl.col("value") != "")).with_columns(
