@@ -39,11 +39,12 @@ from tasks import assemble as assemble_stage
 from tasks import progress
 from tasks.generate import generate_tasks
 from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
-from tasks.land import land_records, land_run
+from tasks.land import land_records, land_run, stage_records
 from tasks.policies import make_policy
 from tasks.retry import RetryExhausted, collect_with_retries, run_counts
 from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
+from warehouse import Staged
 
 
 @task(name="generate", task_run_name="generate", cache_policy=NO_CACHE, persist_result=False)
@@ -109,13 +110,23 @@ def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None =
     return score_rollouts(rollouts, tasks, data_dir)
 
 
+@task(name="stage", task_run_name="stage", cache_policy=NO_CACHE, persist_result=False)
+def stage(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
+          scores: list[StepScore], run_id: str | None = None, flow_run_id: str | None = None) -> quote:
+    """The family's rows, gated and written under `incoming/`, not yet visible (`land` registers them)."""
+    return quote(stage_records(data_dir, tasks, rejections, rollouts, scores, run_id=run_id, flow_run_id=flow_run_id))
+
+
 @task(name="land", task_run_name="land", cache_policy=NO_CACHE, persist_result=False)
 def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
-         scores: list[StepScore], run_id: str | None = None, flow_run_id: str | None = None) -> dict[str, Any]:
+         scores: list[StepScore], run_id: str | None = None, flow_run_id: str | None = None,
+         staged: Staged | None = None) -> dict[str, Any]:
     """One transaction after the quality gates; a failing batch goes to quarantine, loudly. The
     rollouts carry the run's id and its Prefect flow run id. A batch the catalog's lock kept out
-    (a reader holding it) is spooled, loudly, and lands first in the next landing."""
-    landing = land_records(data_dir, tasks, rejections, rollouts, scores, run_id=run_id, flow_run_id=flow_run_id)
+    (a reader holding it) is spooled, loudly, and lands first in the next landing. `staged`: these
+    records as `stage` staged them (then only registered)."""
+    landing = land_records(data_dir, tasks, rejections, rollouts, scores, run_id=run_id, flow_run_id=flow_run_id,
+                           staged=staged)
     if landing.drained:
         get_run_logger().info("landed %d spooled batch(es) of earlier runs first", len(landing.drained))
     if landing.spooled:
@@ -296,19 +307,27 @@ def factory(**params: Any) -> dict[str, Any]:
     spec = config.collecting_policy()
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(config.task_runner,
                                                                          address=config.cluster_address))
-    with _family_runs(pipeline, families, data_dir, dict(
-            tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec, policy_kwargs=None,
-            samples_per_task=config.samples_per_task, batch_size=config.batch_size,
-            holdout_fraction=config.holdout_fraction, retry=config.retry, faults=config.faults,
-            subagent=config.subagent)) as outs:
-        errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
-        error = errors[0] if errors else None
-        # The warehouse does not record where it lives (a moved or copied data dir is the same data),
-        # nor which cluster played it.
-        params = config.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
-        run_id = Run(params=params, retry_policy=config.retry, faults=config.faults,
-                     status="failed" if error else "completed", error=error).run_id
-        landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id)
+    staged: list[Staged] = []
+    try:
+        with _family_runs(pipeline, families, data_dir, dict(
+                tasks_per_family=config.tasks_per_family, seed=config.seed, policy=spec, policy_kwargs=None,
+                samples_per_task=config.samples_per_task, batch_size=config.batch_size,
+                holdout_fraction=config.holdout_fraction, retry=config.retry, faults=config.faults,
+                subagent=config.subagent)) as outs:
+            errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
+            error = errors[0] if errors else None
+            # The warehouse does not record where it lives (a moved or copied data dir is the same data),
+            # nor which cluster played it.
+            params = config.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
+            run_id = Run(params=params, retry_policy=config.retry, faults=config.faults,
+                         status="failed" if error else "completed", error=error).run_id
+            # the costly, invisible part of landing, while Prefect closes the subflow runs
+            staged = _stage_families(data_dir, families, outs, run_id, flow_run.id)
+        # every subflow run ended well: only now does anything land
+        landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id, staged)
+    finally:
+        for batch in staged:  # landed already, or never to land
+            batch.discard()
     run = Run(params=params, retry_policy=config.retry, faults=config.faults,
               started_at=started, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
               landed=landed, quarantined=quarantined, status="failed" if error else "completed", error=error,
@@ -374,18 +393,26 @@ def _family_runs(pipeline, families: list[str], data_dir: str, options: dict[str
             run.result()
 
 
+def _stage_families(data_dir: str, families: list[str], outs: list[dict[str, Any]], run_id: str,
+                    flow_run_id: str | None) -> list[Staged]:
+    return [stage.with_options(task_run_name=f"{family} · stage")(
+        data_dir, quote(out["tasks"]), quote(out["rejections"]), quote(out["rollouts"]), quote(out["scores"]),
+        run_id, str(flow_run_id) if flow_run_id else None).unquote() for family, out in zip(families, outs)]
+
+
 def _land_families(data_dir: str, families: list[str], outs: list[dict[str, Any]], run_id: str,
-                   flow_run_id: str | None) -> tuple[dict[str, int], list[Rollout], list[str]]:
-    """Each family's records landed in turn by this one process (a family whose retry policy said
-    fail lands what it completed): (rows landed per table, rollouts, quarantined batches)."""
+                   flow_run_id: str | None, staged: list[Staged]) -> tuple[dict[str, int], list[Rollout], list[str]]:
+    """Each family's records (`staged` by `_stage_families`) landed in turn by this one process (a
+    family whose retry policy said fail lands what it completed): (rows landed per table,
+    rollouts, quarantined batches)."""
     logger = get_run_logger()
     landed: dict[str, int] = {}
     rollouts: list[Rollout] = []
     quarantined: list[str] = []
-    for family, out in zip(families, outs):
+    for family, out, batch in zip(families, outs, staged):
         landing = land.with_options(task_run_name=f"{family} · land")(
             data_dir, quote(out["tasks"]), quote(out["rejections"]), quote(out["rollouts"]), quote(out["scores"]),
-            run_id, str(flow_run_id) if flow_run_id else None)
+            run_id, str(flow_run_id) if flow_run_id else None, quote(batch))
         for table, n in landing["counts"].items():
             landed[table] = landed.get(table, 0) + n
         if landing["quarantine"]:

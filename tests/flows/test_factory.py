@@ -201,3 +201,23 @@ def test_the_family_subflow_hands_over_what_it_returns(tmp_path):
         _handoff.reset(token)
     assert handoff.result(timeout=0) is out
     assert (len(out["tasks"]), len(out["rollouts"]), out["error"]) == (3, 6, None)
+
+
+def test_a_family_subflow_that_fails_after_its_hand_off_lands_nothing(tmp_path, monkeypatch):
+    """The factory stages while the subflow runs close, and lands only once all ended well: a run
+    that fails after handing its output over leaves no rows (and no run without its `runs` row)."""
+    import flows.factory as ff
+
+    hand_over = ff._hand_over
+
+    def then_fail(out):
+        hand_over(out)
+        raise RuntimeError("the subflow failed after its hand-off")
+
+    monkeypatch.setattr(ff, "_hand_over", then_fail)
+    with pytest.raises(RuntimeError, match="failed after its hand-off"):
+        factory(families=["inventory"], tasks_per_family=3, seed=0, data_dir=str(tmp_path))
+    with Warehouse(tmp_path, read_only=True) as wh:
+        assert {t: wh.count(t) for t in ("tasks", "rollouts", "steps", "runs")} == \
+            {"tasks": 0, "rollouts": 0, "steps": 0, "runs": 0}
+    assert [p for p in (tmp_path / "incoming").rglob("*") if p.is_file()] == []
