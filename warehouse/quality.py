@@ -342,16 +342,13 @@ def rows_hold(frame: pd.DataFrame, rules: dict[str, Any] | str) -> pd.Series:
         ok &= frame[c].notna()
     for c in rules["json"]:
         ok &= frame[c].isna() | valid_json(frame[c])
-    for c, regex in rules["regex"].items():  # each distinct value matched once (a batch has a few families)
-        values = frame[c]
-        try:
-            distinct = values.dropna().drop_duplicates()
-        except TypeError:  # an unhashable value
-            ok &= values.isna() | values.astype(str).str.contains(regex)
-            continue
-        bad = distinct[~distinct.astype(str).str.contains(regex)].tolist()  # the regex engine GX's would use
-        if bad:
-            ok &= values.isna() | ~values.isin(bad)
+    for c, regex in rules["regex"].items():  # each distinct text matched once (a batch has a few families)
+        # by text, as GX matches: values equal but printed apart (0.0 and -0.0) are matched apart
+        text = frame[c].dropna().astype(str)
+        distinct = text.drop_duplicates()
+        bad = distinct[~distinct.str.contains(regex)]  # the regex engine GX's would use
+        if len(bad):
+            ok &= ~text.isin(bad).reindex(frame.index, fill_value=False)
     for c, values in rules["sets"].items():
         ok &= frame[c].isna() | frame[c].isin(values)
     for c, (low, high, strict_low, strict_high) in rules["bounds"].items():

@@ -118,3 +118,21 @@ def test_the_one_pass_gate_checks_keys_ids_and_references_as_the_per_column_suit
             assert one, what  # (the per-column suite agrees: not a repeat)
         else:
             assert not one, what
+
+
+@pytest.mark.parametrize("a, b", [(0.0, -0.0), (10**20, 1e20)])
+def test_the_regex_rule_matches_texts_not_values(a, b, build, monkeypatch):
+    """Equal values that print apart (0.0 and -0.0) are one value to pandas but two texts to the
+    regex: the one-pass gate matches each text, as the per-column suite does."""
+    rows = valid_rows(build)["steps"]
+    rows = [dict(rows[0], task_family=a), dict(rows[1], task_family=b), *rows[2:]]
+    assert verdict("steps", rows, True, monkeypatch) == verdict("steps", rows, False, monkeypatch) is False
+
+
+def test_a_batch_with_a_family_of_no_text_is_quarantined_with_its_report(wh, build):
+    rows = valid_rows(build)
+    rows["steps"] = [dict(s, task_family=f) for s, f in zip(rows["steps"], [0.0, -0.0, 0.0])]
+    landing = wh.land_rows(rows)
+    assert not landing.ok
+    assert [f["expectation"] for f in landing.report.tables["steps"].failures] == \
+        ["expect_column_values_to_match_regex"]

@@ -210,13 +210,13 @@ def test_the_flow_says_so_loudly_when_a_batch_is_quarantined(tmp_path, prefect_h
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     import flows.factory as factory_module
-    from tasks.land import land_records
+    from tasks.land import stage_records
 
-    def land_corrupted(data_dir, tasks, rejections, rollouts, scores, **lineage):
+    def stage_corrupted(data_dir, tasks, rejections, rollouts, scores, **lineage):  # the factory stages, then lands
         bad = StepScore.model_construct(**{**scores[0].model_dump(), "score": 9.0})
-        return land_records(data_dir, tasks, rejections, rollouts, [bad, *scores[1:]], **lineage)
+        return stage_records(data_dir, tasks, rejections, rollouts, [bad, *scores[1:]], **lineage)
 
-    monkeypatch.setattr(factory_module, "land_records", land_corrupted)
+    monkeypatch.setattr(factory_module, "stage_records", stage_corrupted)
     report = factory_module.factory(families=["inventory"], tasks_per_family=4, seed=3, data_dir=str(tmp_path))
     (folder,) = report["quarantined"]
     assert json.loads((Path(folder) / "report.json").read_text())["failures"][0]["column"] == "score"
