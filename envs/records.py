@@ -14,10 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from envs.errors import InvalidTask
 
 
+# made once: json.dumps builds an encoder per call when given options (same text either way)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
 def content_hash(payload: Any, length: int = 16) -> str:
     """Stable hash of a JSON-serialisable payload (keys sorted, no whitespace)."""
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
+    return hashlib.sha256(_CANONICAL.encode(payload).encode()).hexdigest()[:length]
 
 
 FAMILY_NAME = r"^[a-z][a-z0-9_]*$"
