@@ -201,7 +201,8 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
 
 
 # Where a family subflow run by the factory puts its output as soon as it has it: Prefect then
-# closes the subflow run, joining its heartbeat thread (up to a second), while the factory lands.
+# closes the subflow run, joining its heartbeat thread (up to a second), while the factory stages
+# the family's rows (it registers them once every subflow run has ended well).
 _handoff: contextvars.ContextVar[Future | None] = contextvars.ContextVar("family_handoff", default=None)
 
 
