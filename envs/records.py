@@ -126,9 +126,23 @@ class TaskSpec(Record):
         return self
 
     def compute_id(self) -> str:
-        # The split is assigned later by the isolation stage and is not part of the content.
-        content = self.model_dump(mode="json", exclude={"task_id", "split"})
-        return "t-" + content_hash(content)
+        """"t-" and the content hash of the task without its id and split (the split is assigned
+        later by the isolation stage and is not part of the content). Remembered per process by the
+        digest of the content's JSON (pydantic's, exactly: the same text is the same content), so a
+        task made here and checked again at landing is hashed once; an edit in place is new text."""
+        try:
+            key = hashlib.sha256(self.model_dump_json(exclude=_NOT_CONTENT, warnings=False).encode()).digest()
+        except Exception:  # not serialisable as it is: the canonical dump below says why
+            key = None
+        known = _TASK_IDS.get(key) if key is not None else None
+        if known is not None:
+            return known
+        task_id = "t-" + content_hash(self.model_dump(mode="json", exclude=_NOT_CONTENT))
+        if key is not None:
+            if len(_TASK_IDS) >= _TASK_IDS_MAX:
+                _TASK_IDS.clear()
+            _TASK_IDS[key] = task_id
+        return task_id
 
 
 def check_task(task: TaskSpec | dict) -> TaskSpec:
@@ -165,6 +179,10 @@ def check_task(task: TaskSpec | dict) -> TaskSpec:
     return checked
 
 
+_NOT_CONTENT = {"task_id", "split"}
+# The SHA-256 of a task's content JSON -> its id (`TaskSpec.compute_id`); cleared when full.
+_TASK_IDS: dict[bytes, str] = {}
+_TASK_IDS_MAX = 65536
 # A checked task's JSON (round trip) -> the task `check_task` returned for it.
 _CHECKED_TASKS: dict[str, TaskSpec] = {}
 _CHECKED_TASKS_MAX = 4096

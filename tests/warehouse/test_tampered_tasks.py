@@ -39,6 +39,24 @@ def test_a_tampered_copy_of_a_landed_task_is_refused_not_skipped(wh, build):
     assert wh.load_tasks() == [task]
 
 
+def test_a_task_edited_in_place_after_its_id_was_remembered_is_refused(wh, build, monkeypatch):
+    """`compute_id` remembers ids by content: an edit inside a nested dict after the task was made
+    (its id hashed and remembered) is new content, hashed again, and refused at landing."""
+    from envs import records
+
+    task = build.task("inventory", 7)
+    original = task.task_id
+    assert task.compute_id() == original  # remembered: the same answer
+    task.initial_state["extra"] = "smuggled"  # in place: no validation, the old id stays
+    expected = task.compute_id()
+    monkeypatch.setattr(records, "_TASK_IDS", {})  # what the rule gives without anything remembered
+    assert expected == task.compute_id() != original
+    landing = wh.land(tasks=[task])
+    assert not landing.ok and wh.count("tasks") == 0
+    [failure] = landing.report.failures
+    assert failure["examples"] == [f"{original}: its content hashes to {expected}"]
+
+
 def test_a_row_that_is_no_task_is_refused(wh, build):
     row = _row(TABLES["tasks"], build.task("inventory", 4))
     row["allowed_tools"] = "lookup"  # not a list: no TaskSpec holds it
