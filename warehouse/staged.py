@@ -240,6 +240,15 @@ def _gate_and_write(data_dir: Path, parts: dict[str, Part], derived: list[tuple]
             _task_verdicts(parts, identity, task_rows)
         return staged  # rows that do not fit their columns: the writer's full path says why
     tables = {TABLES[name]: part for name, part in parts.items() if len(part)}
+    try:
+        return _write_while_gating(staged, parts, tables, gate, identity, task_rows)
+    except BaseException:
+        staged.discard()  # a check that raised (or an interrupt): nothing it wrote stays in incoming/
+        raise
+
+
+def _write_while_gating(staged: Staged, parts: dict[str, Part], tables: dict[Table, pa.Table], gate: bool,
+                        identity: dict[str, list[str]], task_rows) -> Staged:
     with ThreadPoolExecutor(1) as background:
         # The files are invisible until registered: write them while the content ids are checked and
         # the gates run (Parquet encoding and hashing release the GIL), and remove them if the gates

@@ -123,6 +123,18 @@ def test_a_batch_failing_its_gates_is_written_nowhere_and_goes_to_quarantine(wh,
     assert {name: wh.count(name) for name in TABLES} == dict.fromkeys(TABLES, 0)
 
 
+def test_a_check_that_raises_while_the_files_are_written_leaves_nothing_in_incoming(data_dir, build, monkeypatch):
+    from warehouse import quality
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the gates broke")
+
+    monkeypatch.setattr(quality, "validate_batch", broken)
+    with pytest.raises(RuntimeError, match="the gates broke"):
+        stage(data_dir, **batch(build, 9))
+    assert incoming(data_dir) == []
+
+
 def test_a_tampered_copy_of_a_task_after_its_original_goes_to_quarantine(wh, data_dir, build):
     task = build.task("inventory", 1)
     tampered = task.model_copy(update={"goal": "tampered goal"})  # keeps the original's id
