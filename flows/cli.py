@@ -357,6 +357,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     print(f"gymfoundry proxy: forwarding http://{args.host}:{args.port}/episodes/<name>/v1 to {args.upstream}, "
           f"recording in {args.data_dir}", file=sys.stderr)
     retries = {} if args.max_retries is None else {"max_retries": max(0, args.max_retries)}
+    if args.max_request_bytes is not None:
+        retries["max_request_bytes"] = args.max_request_bytes
     app = build_proxy(args.upstream, args.data_dir, api_key=key, timeout_s=args.request_timeout,
                       request_logprobs=args.request_logprobs, request_token_ids=args.request_token_ids, **retries)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -393,6 +395,8 @@ def add_harness_commands(sub) -> None:
                        help="ask the upstream for the sampled tokens' logprobs whatever the harness asked")
     proxy.add_argument("--request-token-ids", action="store_true",
                        help="ask a vLLM upstream for the sampled token ids (return_token_ids)")
+    proxy.add_argument("--max-request-bytes", type=int, default=None,
+                       help="refuse (413) a request body over this many bytes (default 32 MiB)")
     proxy.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     proxy.set_defaults(func=cmd_proxy)
 

@@ -41,6 +41,25 @@ from tasks.openai_policy import RETRIED_STATUS, sampled_ids
 
 MAX_RETRIES = PolicySpec.model_fields["max_retries"].default  # the factory's endpoint policy's own default
 RETRY_BACKOFF_S = 0.5
+MAX_REQUEST_BYTES = 32 * 2**20  # a chat request's body; a 128k-token context is a few MB
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body, read no further than `limit` bytes (a declared length over it is refused unread)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _retried(status: int) -> bool:
@@ -91,10 +110,12 @@ def merged(events: list[str]) -> Any:
 def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                 request_logprobs: bool = False, request_token_ids: bool = False, max_connections: int = 256,
                 max_retries: int = MAX_RETRIES, retry_backoff_s: float = RETRY_BACKOFF_S,
+                max_request_bytes: int = MAX_REQUEST_BYTES,
                 transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     """`request_logprobs` asks the upstream for the sampled tokens' logprobs, and `request_token_ids`
     a vLLM server for their ids (`return_token_ids`, `return_tokens_as_token_ids`), whatever the
-    harness asked: a harness rarely asks, and training needs them."""
+    harness asked: a harness rarely asks, and training needs them. A request body over
+    `max_request_bytes` is refused (413) without being read whole, and recorded as refused."""
     upstream = upstream.rstrip("/")
     where = redact(upstream)
     register_secret(api_key)
@@ -136,11 +157,15 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             return JSONResponse({"error": {"message": "name the episode: base URL /episodes/<name>/v1 or the "
                                                       f"{EPISODE_HEADER} header", "type": "invalid_request_error"}},
                                 status_code=404)
+        record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
         try:
-            body = await request.json()
+            body = json.loads(await _body(request, max_request_bytes))
+        except _TooLarge:
+            error = f"the request body is over the proxy's limit of {max_request_bytes} bytes"
+            calls.append(ModelCall(**record, status="refused", error=error))
+            return JSONResponse({"error": {"message": error, "type": "invalid_request_error"}}, status_code=413)
         except (ValueError, RecursionError):
             body = None
-        record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
         error = "the request is not a chat completion (a JSON object with messages)"
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             try:  # a request the proxy could not record is never forwarded: the harness's, said as such

@@ -316,3 +316,36 @@ def test_an_upstream_refusing_the_proxys_key_is_an_inference_fault_never_the_har
     rollout = hub.finish("keyless")
     hub.close()
     assert rollout.termination == Termination.inference_fault
+
+
+def test_a_request_body_over_the_limit_is_refused_unread_and_recorded(tmp_path):
+    """A harness that sends a huge body (declared, or streamed without a length) gets 413 and a
+    refused call on record; the upstream never sees it, and a request under the limit still passes."""
+    seen = []
+
+    def upstream_answer(body, headers):
+        seen.append(body)
+        return scripted_inventory(body, headers)
+
+    hub = EpisodeHub("inventory", tmp_path, tasks=1, seed=0, land=False)
+    small = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+    huge = json.dumps({**small, "messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+
+    def chunks():
+        for i in range(0, len(huge), 512):
+            yield huge[i:i + 512]
+
+    limit = len(json.dumps(small)) + 100
+    with OpenAIStub(respond=upstream_answer) as upstream, \
+            served(build_proxy(upstream.base_url, str(tmp_path), max_request_bytes=limit)) as px:
+        hub.goal("big")
+        url = f"{px}/episodes/big/v1/chat/completions"
+        declared = httpx.post(url, content=huge)
+        streamed = httpx.post(url, content=chunks())  # no Content-Length: read up to the limit, then refused
+        assert (declared.status_code, streamed.status_code) == (413, 413)
+        assert f"over the proxy's limit of {limit} bytes" in declared.json()["error"]["message"]
+        assert httpx.post(url, json=small).status_code == 200
+        calls = wait_for_calls(hub, "big", 3)
+    hub.close()
+    assert [c.status for c in calls] == ["refused", "refused", "ok"]
+    assert len(seen) == 1 and seen[0]["messages"] == small["messages"]
