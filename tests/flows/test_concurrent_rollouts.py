@@ -168,6 +168,63 @@ def test_a_lone_episode_holds_one_of_the_process_slots():
     assert outs == [[0], [2], [4], [6], [8], [10]] and policy.peak <= 3
 
 
+def test_a_batch_runs_with_the_collector_paused_and_restores_it_as_it_was():
+    """The engine pauses the cyclic collector for a batch (serial, concurrent, overlapping batches in
+    two threads, a play that raises) and puts it back as the caller had it, on or off."""
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    policy, seen = Counting(forkable=True), []
+
+    def play(agent, item):
+        seen.append(gc.isenabled())
+        if item == "boom":
+            raise ValueError("boom")
+        time.sleep(0.01)
+        return item
+
+    assert gc.isenabled()
+    assert run_concurrently(policy, [1, 2], play) == [1, 2]
+    assert run_concurrently(policy, [1, 2, 3, 4], play, concurrency=3) == [1, 2, 3, 4]
+    with ThreadPoolExecutor(2) as pool:  # overlapping batches: on again only after the last
+        assert list(pool.map(lambda n: run_concurrently(policy, list(range(n)), play), [5, 9])) == [
+            list(range(5)), list(range(9))]
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="boom"):
+        run_concurrently(policy, [1, "boom"], play)
+    assert gc.isenabled() and seen and not any(seen)
+    gc.disable()  # a caller that runs without the collector keeps it off
+    try:
+        assert run_concurrently(policy, [1], play) == [1]
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_episodes_and_their_scores_leave_no_reference_cycles():
+    """What makes pausing the collector for a batch free: nothing an episode or its scoring makes is
+    left for the collector (a batch's records are freed by reference counting alone)."""
+    import gc
+
+    from tasks.rollout import collect_rollouts
+    from tasks.score import score_rollouts
+
+    tasks = generate_tasks("inventory", 10, seed=5)
+    policy = make_policy("scripted", "inventory", mistake_rate=0.5)
+    score_rollouts(collect_rollouts(tasks[:2], policy, 1, 0), tasks[:2])  # caches and lazy imports filled
+    gc.collect()
+    gc.disable()
+    try:
+        rollouts = collect_rollouts(tasks, policy, 2, 1)
+        assert not gc.isenabled()  # the caller's choice is kept
+        scores = score_rollouts(rollouts, tasks)
+        assert len(rollouts) == 20 and scores
+        del rollouts, scores
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 @pytest.mark.usefixtures("prefect_harness")
 def test_cli_evaluate_runs_held_out_episodes_concurrently_from_a_spec(tmp_path, capsys):
     data_dir = str(tmp_path / "data")
