@@ -25,10 +25,17 @@ LOOKUPS = frozenset({"find_items", "get_stock"})
 
 def held(state: dict[str, Any]) -> Counter:
     """Units held by our active reservations, per sku."""
-    out: Counter = Counter()
+    return Counter(_held(state))
+
+
+def _held(state: dict[str, Any]) -> dict[str, Any]:
+    """`held(state)` as a plain dict (the same keys, order and values; a Counter costs more to fill
+    and to read): what the checks and the potential read, several times per episode."""
+    out: dict[str, Any] = {}
     for r in state.get("reservations", []):
         if r["active"]:
-            out[r["sku"]] += r["quantity"]
+            sku = r["sku"]
+            out[sku] = out.get(sku, 0) + r["quantity"]
     return out
 
 
@@ -44,7 +51,7 @@ class InventoryVerifier(ReplayVerifier):
         if final_state is None:
             final_state = self.final_state(task, calls)
         expected = checks.expected_reservations
-        have = held(final_state)
+        have = _held(final_state)
         reasons: list[str] = []
 
         completed_reasons = _completion(checks, final_state, have)
@@ -101,11 +108,11 @@ class InventoryVerifier(ReplayVerifier):
         starts, variant_initials = [], []
         snapshot = pickle.dumps(initial, protocol=pickle.HIGHEST_PROTOCOL)
         for variant in checks.variants:
-            for copies in (starts, variant_initials):  # two copies of the variant, made the same way
-                start = pickle.loads(snapshot)  # copy_state(initial): a pickle round trip
-                for sku, stock in variant.stock.items():
-                    start["catalog"][sku]["stock"] = stock
-                copies.append(start)
+            start = pickle.loads(snapshot)  # copy_state(initial): a pickle round trip, which the replay changes
+            for sku, stock in variant.stock.items():
+                start["catalog"][sku]["stock"] = stock
+            starts.append(start)
+            variant_initials.append(_variant_view(initial, variant.stock))
         # The invariants read no event log, and a lookup changes nothing else: only the other calls
         # are replayed on the variants (about half an episode's calls are lookups).
         changing = [None if call is not None and call.name in LOOKUPS else call for call in calls]
@@ -119,19 +126,38 @@ class InventoryVerifier(ReplayVerifier):
         """Φ in [0, 1] over the hidden state; 1.0 only after a correct submit, 0.0 after a wrong one."""
         checks = self.facts(task)
         expected = checks.expected_reservations
-        have = held(state)
+        have = _held(state)
         if state["submitted"]:
-            correct = state["status"] == checks.expected_status and dict(have) == expected
+            correct = state["status"] == checks.expected_status and have == expected
             return 1.0 if correct else 0.0
         if not checks.approved:
             return 0.5 if state["auth"]["status"] == "denied" else 0.0
-        covered = sum(min(have[sku], q) / q for sku, q in expected.items()) / len(expected)
+        covered = sum(min(have.get(sku, 0), q) / q for sku, q in expected.items()) / len(expected)
         wrong = sum(max(0, n - expected.get(sku, 0)) for sku, n in have.items()) / sum(expected.values())
         phi = 0.2 * (state["auth"]["status"] == "approved") + 0.7 * covered - 0.7 * wrong
         return round(min(0.9, max(0.0, phi)), 6)
 
 
-def _completion(checks: InventoryFacts, state: dict, have: Counter) -> list[str]:
+def _targets_only(expected: dict, initial: dict, catalog: dict) -> bool:
+    """True only where `invariant_check`'s sorted walk finds no non-target item's stock changed
+    (the same test item by item; anything that raises is left to the walk)."""
+    try:
+        return all(sku in expected or catalog.get(sku, {}).get("stock") == item["stock"] for sku, item in initial.items())
+    except Exception:
+        return False
+
+
+def _variant_view(initial: dict[str, Any], stock: dict[str, int]) -> dict[str, Any]:
+    """`initial` with the variant's target stocks, for reading only: what a copy of `initial` with
+    those stocks set holds (the same keys in the same order), sharing every container it does not
+    change with `initial`, which nothing changes while the check reads both."""
+    catalog = dict(initial["catalog"])
+    for sku, units in stock.items():
+        catalog[sku] = {**catalog[sku], "stock": units}
+    return {**initial, "catalog": catalog}
+
+
+def _completion(checks: InventoryFacts, state: dict, have: dict) -> list[str]:
     reasons = []
     if state["auth"]["status"] is None:
         reasons.append("authorisation was never requested")
@@ -140,20 +166,38 @@ def _completion(checks: InventoryFacts, state: dict, have: Counter) -> list[str]
     elif state["status"] != checks.expected_status:
         reasons.append(f"submitted status {state['status']!r}, expected {checks.expected_status!r}")
     for sku, qty in sorted(checks.expected_reservations.items()):
-        if have[sku] < qty:
-            reasons.append(f"{sku} held {have[sku]} units, goal {qty}")
+        if have.get(sku, 0) < qty:
+            reasons.append(f"{sku} held {have.get(sku, 0)} units, goal {qty}")
     return reasons
 
 
-def _regression(initial: dict, state: dict, have: Counter) -> list[str]:
+def _regression(initial: dict, state: dict, have: dict) -> list[str]:
     reasons = []
     if state["holds"] != initial["holds"]:
         reasons.append("other orders' holds changed")
+    try:
+        if _all_conserved(initial["catalog"], state["catalog"], have):
+            return reasons
+    except Exception:  # not an inventory catalog: the walk below says so, as it always did
+        pass
     for sku, item in sorted(initial["catalog"].items()):
         now = state["catalog"].get(sku, {}).get("stock")
-        if now is None or now + have[sku] != item["stock"] or now < 0:
-            reasons.append(f"{sku} stock not conserved: {item['stock']} -> {now} with {have[sku]} held by us")
+        if now is None or now + have.get(sku, 0) != item["stock"] or now < 0:
+            reasons.append(f"{sku} stock not conserved: {item['stock']} -> {now} with {have.get(sku, 0)} held by us")
     return reasons
+
+
+def _all_conserved(initial: dict, catalog: dict, have: dict) -> bool:
+    """True only where `_regression`'s sorted walk of the catalog finds nothing: a plain item
+    whose int stock plus what we hold is what it started with, for every item (any other value
+    is left to the walk, which says what it says of it)."""
+    for sku, item in initial.items():
+        now = catalog.get(sku)
+        now = now.get("stock") if type(now) is dict else None
+        start, ours = item.get("stock") if type(item) is dict else None, have.get(sku, 0)
+        if not (type(now) is int and type(start) is int and type(ours) is int and now >= 0 and now + ours == start):
+            return False
+    return True
 
 
 def _violations(state: dict) -> list[str]:
@@ -174,14 +218,15 @@ def invariant_check(checks: InventoryFacts, initial: dict, state: dict) -> Check
     """The final hidden state: exact expected reservations, stock conserved, non-target items
     and other orders' holds unchanged, submitted status matching the authorisation decision."""
     expected = checks.expected_reservations
-    have = held(state)
+    have = _held(state)
     reasons = []
-    if dict(have) != expected:
+    if have != expected:
         reasons.append(f"reservations {dict(sorted(have.items()))} != expected {dict(sorted(expected.items()))}")
     reasons += _regression(initial, state, have)
-    for sku, item in sorted(initial["catalog"].items()):
-        if sku not in expected and state["catalog"].get(sku, {}).get("stock") != item["stock"]:
-            reasons.append(f"non-target {sku} stock changed")
+    if not _targets_only(expected, initial["catalog"], state["catalog"]):
+        for sku, item in sorted(initial["catalog"].items()):
+            if sku not in expected and state["catalog"].get(sku, {}).get("stock") != item["stock"]:
+                reasons.append(f"non-target {sku} stock changed")
     decision = "approved" if checks.approved else "denied"
     if state["auth"]["status"] != decision:
         reasons.append(f"authorisation status {state['auth']['status']!r}, the service decides {decision!r}")
