@@ -2,8 +2,9 @@
 
 The tables are the warehouse's analysis views (warehouse/views.py) read as they are, filtered to
 the families (and datasets) asked for; the charts draw those tables, and the reward chart the
-step scores behind `reward_by_layer`. Charts are PNG bytes from a `matplotlib.figure.Figure` on
-its own Agg canvas, never pyplot, so flows drawing in threads share no figure state.
+step scores behind `reward_by_layer` (their box-plot statistics, summed up in SQL). Charts are PNG
+bytes from a `matplotlib.figure.Figure` on its own Agg canvas, never pyplot, so flows drawing in
+threads share no figure state.
 
 Images reach the Prefect UI as image artifacts whose URL is a `data:image/png;base64,...` URI:
 the UI's image artifact is `<img src=artifact.data>`, so it shows with no network, and the server
@@ -13,11 +14,15 @@ stores the URI like any other artifact data (no size rule for artifacts in Prefe
 from __future__ import annotations
 
 import base64
+import contextvars
 import html
 import io
 import json
 import logging
 import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -81,12 +86,40 @@ def dataset_composition(wh: Warehouse, families: list[str] | None = None,
                  params)
 
 
-def step_scores(wh: Warehouse, families: list[str] | None = None) -> list[dict[str, Any]]:
-    """The scored step rewards (task_family, layer, scorer_version, score) the reward chart draws."""
+def reward_boxes(wh: Warehouse, families: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per family and PRM layer with scored steps (in that order): the box the reward chart draws,
+    matplotlib's box-plot statistics of the step scores (`steps`, `mean`, `q1`, `med`, `q3`,
+    whiskers `whislo`/`whishi` at 1.5 IQR, `fliers`). DuckDB sums up how many steps have each
+    distinct score, matplotlib's `boxplot_stats` reads the statistics off those, and the fliers
+    come back in the order `boxplot` lists them (low ones first, each side in step order), so the
+    chart is the one the scores themselves draw, without pulling every step into Python."""
+    import numpy as np
+    from matplotlib.cbook import boxplot_stats
+
     where, params = _where("task_family", families)
     where = (where + " AND " if where else "WHERE ") + "score IS NOT NULL"
-    return _rows(wh, f"SELECT task_family, layer, scorer_version, score FROM step_scores {where} "
-                     "ORDER BY task_family, layer, scorer_version, rollout_id, step_index", params)
+    counted: dict[tuple[str, str], tuple[list[float], list[int]]] = {}
+    for r in wh.sql(f"SELECT task_family, layer, score, count(*) AS n FROM step_scores {where} "
+                    "GROUP BY ALL ORDER BY ALL", params).to_pylist():
+        scores, ns = counted.setdefault((r["task_family"], r["layer"]), ([], []))
+        scores.append(r["score"])
+        ns.append(r["n"])
+    boxes = {}
+    for (family, layer), (scores, ns) in counted.items():
+        stats = boxplot_stats(np.repeat(scores, ns))[0]
+        boxes[family, layer] = {"task_family": family, "layer": layer, "steps": sum(ns),
+                                **{k: float(stats[k]) for k in ("mean", "q1", "med", "q3", "whislo", "whishi")},
+                                "fliers": []}
+    if boxes:
+        bounds = [{"task_family": b["task_family"], "layer": b["layer"], "lo": b["whislo"], "hi": b["whishi"]}
+                  for b in boxes.values()]
+        for r in wh.sql("SELECT s.task_family, s.layer, s.score FROM step_scores s "
+                        "JOIN (SELECT unnest(?, recursive := true)) b USING (task_family, layer) "
+                        "WHERE s.score < b.lo OR s.score > b.hi "
+                        "ORDER BY s.task_family, s.layer, s.score > b.hi, s.scorer_version, s.rollout_id, s.step_index",
+                        [bounds]).to_pylist():
+            boxes[r["task_family"], r["layer"]]["fliers"].append(r["score"])
+    return list(boxes.values())
 
 
 _TRAINING_COLUMNS = """run_id, method, dataset_id, families, status,
@@ -122,7 +155,7 @@ def training_curves(wh: Warehouse, run_ids: list[str]) -> dict[str, dict[str, An
 def read_report(data_dir: str | os.PathLike, families: list[str] | None = None,
                 dataset_ids: list[str] | None = None) -> dict[str, Any]:
     """Everything the artifacts and the HTML report show, from one read-only connection:
-    the `TITLES` tables, plus `step_scores`, `curves` (per training run) and `counts` (per table)."""
+    the `TITLES` tables, plus `reward_boxes`, `curves` (per training run) and `counts` (per table)."""
     with Warehouse(data_dir, read_only=True) as wh:
         runs = training_runs(wh, families)
         return {"success_by_level": success_by_level(wh, families),
@@ -130,7 +163,7 @@ def read_report(data_dir: str | os.PathLike, families: list[str] | None = None,
                 "reward_by_layer": reward_by_layer(wh, families),
                 "dataset_composition": dataset_composition(wh, families, dataset_ids),
                 "training_runs": runs,
-                "step_scores": step_scores(wh, families),
+                "reward_boxes": reward_boxes(wh, families),
                 "curves": training_curves(wh, [r["run_id"] for r in runs]),
                 "counts": {t: wh.count(t) for t in COUNTED}}
 
@@ -173,15 +206,12 @@ def success_chart(rows: list[dict[str, Any]]) -> bytes | None:
     return _png(fig)
 
 
-def reward_chart(scores: list[dict[str, Any]]) -> bytes | None:
-    """Box plot of step scores, one box per family and PRM layer (rows of `step_scores`)."""
-    groups: dict[str, list[float]] = {}
-    for s in scores:
-        groups.setdefault(f"{s['task_family']}\n{s['layer']}", []).append(s["score"])
-    if not groups:
+def reward_chart(boxes: list[dict[str, Any]]) -> bytes | None:
+    """Box plot of step scores (mean marked), one box per family and PRM layer (`reward_boxes`)."""
+    if not boxes:
         return None
     fig, (ax,) = _figure()
-    ax.boxplot(list(groups.values()), tick_labels=list(groups), showmeans=True)
+    ax.bxp([{**b, "label": f"{b['task_family']}\n{b['layer']}"} for b in boxes], showmeans=True)
     ax.set(title="Step reward distribution by layer", xlabel="family / layer", ylabel="step score")
     ax.tick_params(axis="x", labelsize="small")
     return _png(fig)
@@ -220,7 +250,7 @@ def training_chart(curves: dict[str, dict[str, Any]]) -> bytes | None:
 def charts(data: dict[str, Any]) -> dict[str, bytes]:
     """The charts of `read_report`'s data that have something to draw: name -> PNG bytes."""
     drawn = {"success-by-level": success_chart(data["success_by_level"]),
-             "reward-by-layer": reward_chart(data["step_scores"]),
+             "reward-by-layer": reward_chart(data["reward_boxes"]),
              "training": training_chart(data["curves"])}
     return {name: png for name, png in drawn.items() if png is not None}
 
@@ -264,13 +294,39 @@ def publish_run_artifacts(data_dir: str | os.PathLike, families: list[str], run_
     `reward-by-layer-chart`, `training-chart` (each when it has data), for `families`.
     Returns artifact key -> artifact id. Outside a run it creates nothing and returns {}: Prefect
     would attach the artifacts to no run (and start a temporary server to hold them)."""
+    with publishing_run_artifacts(data_dir, families, run_id, dataset_ids) as published:
+        pass
+    return published.result()
+
+
+@contextmanager
+def publishing_run_artifacts(data_dir: str | os.PathLike, families: list[str], run_id: str | None = None,
+                             dataset_ids: list[str] | None = None) -> Iterator[Future]:
+    """`publish_run_artifacts` beside the body of the `with`: the warehouse is read on entering
+    (the body may then write it: DuckDB lets one process either read a catalog or write it), the
+    charts are drawn and the artifacts created in a thread of this run's context while the body
+    runs, and leaving waits for them, so they exist before the run ends. Yields a future of
+    artifact key -> artifact id. A failure to publish is raised on leaving (after a body that
+    raised, it is logged and the body's error goes on)."""
+    published: Future = Future()
     if not _in_run():
         log.warning("publish_run_artifacts: not inside a Prefect flow or task run; no artifacts created")
-        return {}
+        published.set_result({})
+        yield published
+        return
     data = read_report(data_dir, families, dataset_ids)
     tables = {name: data[name] for name in TITLES if name != "training_runs" or data[name]}
     about = f"Factory run {run_id}" if run_id else "Factory run"
-    return _publish(tables, charts(data), about)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="artifacts") as pool:
+        published = pool.submit(contextvars.copy_context().run, lambda: _publish(tables, charts(data), about))
+        try:
+            yield published
+        except BaseException:
+            wait([published])
+            if published.exception() is not None:
+                log.error("publishing the run's artifacts failed too", exc_info=published.exception())
+            raise
+    published.result()  # raises what publishing raised
 
 
 def publish_training_artifacts(data_dir: str | os.PathLike, run_id: str) -> dict[str, str]:

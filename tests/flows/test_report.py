@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from matplotlib.cbook import boxplot_stats
 from matplotlib.image import imread
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -14,8 +15,10 @@ from prefect.context import get_run_context
 
 from envs.records import TrainingRun
 from flows.factory import factory
-from flows.report import (PNG_SIGNATURE, TITLES, charts, publish_run_artifacts, publish_training_artifacts,
-                          read_report, reward_chart, success_chart, training_chart, write_html_report)
+from flows import report as report_module
+from flows.report import (PNG_SIGNATURE, TITLES, _figure, _png, charts, publish_run_artifacts,
+                          publish_training_artifacts, publishing_run_artifacts, read_report, reward_boxes, reward_chart,
+                          success_chart, training_chart, write_html_report)
 from flows.report_cli import add_report_command
 from warehouse import TABLES, Warehouse
 
@@ -61,7 +64,9 @@ def test_tables_are_the_views_of_the_families(run_dir):
     assert sum(r["rollouts"] for r in data["success_by_level"]) == sum(r["rollouts"] for r in data["failure_classes"]) \
         == rollouts == data["counts"]["rollouts"] > 0
     assert {"rules", "combined"} <= {r["layer"] for r in data["reward_by_layer"]}
-    assert len(data["step_scores"]) == sql(data_dir, "select count(score) as n from step_scores")[0]["n"]
+    assert sum(b["steps"] for b in data["reward_boxes"]) == sql(data_dir, "select count(score) as n from step_scores")[0]["n"]
+    assert [(b["task_family"], b["layer"]) for b in data["reward_boxes"]] == [("inventory", "combined"),
+                                                                             ("inventory", "rules")]
     datasets = {d["dataset_id"] for d in report["datasets"].values()}
     assert {r["dataset_id"] for r in data["dataset_composition"]} == datasets
     assert [(r["run_id"], r["method"], r["steps"], r["final_loss"], r["heldout_success"])
@@ -70,7 +75,7 @@ def test_tables_are_the_views_of_the_families(run_dir):
     assert data["curves"] == {sft_run.run_id: {"loss": [tuple(p) for p in LOSS], "heldout": {1: 0.5, 2: 0.0}},
                               dpo_run.run_id: {"loss": [(1, 0.75), (2, 0.5)], "heldout": {}}}
     other = read_report(data_dir, ["coding"])
-    assert all(other[name] == [] for name in TITLES) and other["step_scores"] == [] and other["curves"] == {}
+    assert all(other[name] == [] for name in TITLES) and other["reward_boxes"] == [] and other["curves"] == {}
     sft = report["datasets"]["sft"]["dataset_id"]
     only = read_report(data_dir, ["inventory"], dataset_ids=[sft])["dataset_composition"]
     assert only == [r for r in data["dataset_composition"] if r["dataset_id"] == sft] and only
@@ -91,6 +96,41 @@ def test_charts_are_deterministic_pngs_of_the_set_size(run_dir):
     assert success_chart([]) is None and reward_chart([]) is None and training_chart({}) is None
     assert training_chart({"r": {"loss": [], "heldout": {}}}) is None
     assert_png(training_chart({"r": {"loss": [], "heldout": {1: 1.0}}}))  # evaluated, no loss logged
+
+
+def scores_by_box(data_dir):
+    """Every scored step reward, per family and layer, in step order: what the chart drew from before."""
+    groups = {}
+    for r in sql(data_dir, "select task_family, layer, score from step_scores where score is not null "
+                           "order by task_family, layer, scorer_version, rollout_id, step_index"):
+        groups.setdefault((r["task_family"], r["layer"]), []).append(r["score"])
+    return groups
+
+
+def test_reward_boxes_are_the_statistics_of_every_step_score(run_dir):
+    data_dir, _, _ = run_dir
+    groups = scores_by_box(data_dir)
+    with Warehouse(data_dir, read_only=True) as wh:
+        boxes = reward_boxes(wh, ["inventory"])
+        assert reward_boxes(wh, ["coding"]) == []
+    assert [(b["task_family"], b["layer"]) for b in boxes] == list(groups)
+    for box, scores in zip(boxes, groups.values()):
+        expected = boxplot_stats(scores)[0]  # what ax.boxplot computed from the scores themselves
+        assert box["steps"] == len(scores)
+        assert [box[k] for k in ("q1", "med", "q3", "whislo", "whishi")] == \
+            [expected[k] for k in ("q1", "med", "q3", "whislo", "whishi")]
+        assert box["fliers"] == list(expected["fliers"]) and box["fliers"]  # same values, same order
+        assert box["mean"] == pytest.approx(expected["mean"], rel=1e-12, abs=0)  # summed in another order
+
+
+def test_reward_chart_is_the_box_plot_of_every_step_score(run_dir):
+    data_dir, _, _ = run_dir
+    groups = scores_by_box(data_dir)
+    fig, (ax,) = _figure()  # the chart as it was drawn from every step score
+    ax.boxplot(list(groups.values()), tick_labels=[f"{f}\n{layer}" for f, layer in groups], showmeans=True)
+    ax.set(title="Step reward distribution by layer", xlabel="family / layer", ylabel="step score")
+    ax.tick_params(axis="x", labelsize="small")
+    assert reward_chart(read_report(data_dir, ["inventory"])["reward_boxes"]) == _png(fig)
 
 
 def test_html_report_is_self_contained(run_dir, tmp_path):
@@ -174,3 +214,51 @@ def test_the_docs_python_snippet_runs(run_dir, tmp_path, monkeypatch):
     scope = {}
     exec(snippet, scope)
     assert scope["path"] == Path("report.html") and (tmp_path / "report.html").read_text().count("<img ") == 3
+
+
+def test_a_factory_run_publishes_its_artifacts_before_it_ends(run_dir):
+    data_dir, report, _ = run_dir
+    (flow_run_id,) = {r["flow_run_id"] for r in sql(data_dir, "select distinct flow_run_id from rollouts")}
+    found = {a.key: a for a in read_artifacts(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))}
+    assert {"factory-report", "success-by-level", "failure-classes", "reward-by-layer",
+            "dataset-composition", "success-by-level-chart", "reward-by-layer-chart"} == set(found)
+    png = base64.b64decode(found["reward-by-layer-chart"].data.split(",", 1)[1])
+    assert png == reward_chart(read_report(data_dir, ["inventory"])["reward_boxes"])
+    assert {r["dataset_id"] for r in json.loads(found["dataset-composition"].data)} == \
+        {d["dataset_id"] for d in report["datasets"].values()}
+
+
+def test_a_failure_to_publish_fails_the_factory_run(tmp_path, monkeypatch):
+    def broken(data):
+        raise RuntimeError("the chart broke")
+
+    monkeypatch.setattr(report_module, "charts", broken)
+    state = factory(families=["inventory"], tasks_per_family=4, seed=5, data_dir=str(tmp_path), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(RuntimeError, match="the chart broke"):
+        state.result()
+    # the run itself was recorded before: what it landed stays
+    assert sql(tmp_path, "select status from runs") == [{"status": "completed"}]
+
+
+def test_publishing_beside_a_body_that_raises_keeps_the_body_error(run_dir, monkeypatch, caplog):
+    data_dir, _, _ = run_dir
+    monkeypatch.setattr(report_module, "charts", lambda data: (_ for _ in ()).throw(RuntimeError("chart broke")))
+
+    @flow
+    def tiny():
+        with publishing_run_artifacts(data_dir, ["inventory"]):
+            raise ValueError("body broke")
+
+    with pytest.raises(ValueError, match="body broke"):
+        tiny()
+    assert "publishing the run's artifacts failed too" in caplog.text and "chart broke" in caplog.text
+
+    @flow
+    def quiet():
+        with publishing_run_artifacts(data_dir, ["inventory"]) as published:
+            pass
+        return published
+
+    with pytest.raises(RuntimeError, match="chart broke"):
+        quiet()
