@@ -15,7 +15,7 @@ import importlib
 import math
 import os
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ import envs  # noqa: F401  registers the built-in environments
 from envs.records import (FaultConfig, ParallelismReward, PolicySpec, RetryPolicy, Rollout, Run, StepScore,
                           TaskRejection, TaskSpec)
 from flows.config import FactoryConfig, flow_parameters
-from flows.report import publish_run_artifacts
+from flows.report import publish_run_artifacts, publishing_run_artifacts
 from tasks import assemble as assemble_stage
 from tasks import progress
 from tasks.generate import generate_tasks
@@ -48,8 +48,10 @@ from warehouse import Staged
 
 
 @task(name="generate", task_run_name="generate", cache_policy=NO_CACHE, persist_result=False)
-def generate(family: str, n: int, seed: int) -> list[TaskSpec]:
-    return generate_tasks(family, n, seed)
+def generate(family: str, n: int, seed: int) -> quote:
+    """The family's task specs, `quote()`d (Prefect links every item of a returned list to the task
+    run's state, one entry per record)."""
+    return quote(generate_tasks(family, n, seed))
 
 
 @task(name="validate", task_run_name="validate", cache_policy=NO_CACHE, persist_result=False)
@@ -103,11 +105,12 @@ def rollout_batch(batch: Batch, policy: PolicySpec | str, policy_kwargs: dict[st
 
 
 @task(name="score", task_run_name="score", cache_policy=NO_CACHE, persist_result=False)
-def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None = None) -> list[StepScore]:
+def score(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | None = None) -> quote:
     """All PRM layers: rules, the judge where GYMFOUNDRY_JUDGE_* configures one, and the family's
-    current calibrator under `data_dir`."""
+    current calibrator under `data_dir`; `quote()`d, as `generate`'s (one score per step and layer:
+    tens of thousands of records, about 0.2 s of Prefect's linking at 1,000 tasks)."""
     assert_no_leaks(rollouts, {t.task_id: t for t in tasks})
-    return score_rollouts(rollouts, tasks, data_dir)
+    return quote(score_rollouts(rollouts, tasks, data_dir))
 
 
 @task(name="stage", task_run_name="stage", cache_policy=NO_CACHE, persist_result=False)
@@ -178,7 +181,7 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
     # a loaded 2-core machine, tests/benchmarks/bench_factory.py).
     with TagsContext(current_tags=TagsContext.get().current_tags - {f"family:{family}"}):
         named = lambda t, stage: t.with_options(task_run_name=f"{family} · {stage}")  # noqa: E731
-        generated = named(generate, "generate")(family, tasks_per_family, seed)
+        generated = named(generate, "generate")(family, tasks_per_family, seed).unquote()
         valid, invalid = named(validate, "validate")(quote(generated))
         isolated, leaked = named(isolate, "isolate")(quote(valid), data_dir, holdout_fraction)
         size = batch_size_for(len(isolated), runner_workers(), batch_size)
@@ -192,7 +195,7 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
         rollouts, error = batch_rollouts(
             futures, lambda done: update_progress_artifact(meter, 100.0 * done / len(batches)))
         progress.finish(family)
-        scores = named(score, "score")(quote(rollouts), quote(isolated), data_dir) if rollouts else []
+        scores = named(score, "score")(quote(rollouts), quote(isolated), data_dir).unquote() if rollouts else []
         out = {"tasks": isolated, "rejections": invalid + leaked, "rollouts": rollouts, "scores": scores,
                "error": error}
         _hand_over(out)
@@ -343,26 +346,33 @@ def factory(**params: Any) -> dict[str, Any]:
     policy_id, policy_version = policies.pop() if len(policies) == 1 else (None, None)
     datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id,
                         config.parallelism_reward)
-    run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    record_run(data_dir, run)
-    if quarantined:
-        logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
-    for kind, dataset in datasets.items():
-        if dataset["rows"]:
-            announce_dataset(kind, dataset, data_dir, run.run_id)
-    report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets,
-              "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
-              "quarantined": quarantined}
-    if config.train_after:
-        from flows.training import train
+    dataset_ids = [d["dataset_id"] for d in datasets.values()]
+    # The report's artifacts read the warehouse now and are drawn and created while the run is
+    # recorded (they show nothing of `runs`); they exist before the run ends, and a failure to
+    # publish them fails it. A run that trains publishes them after training: its training-runs
+    # table lists the run it trained.
+    with nullcontext() if config.train_after else publishing_run_artifacts(data_dir, families, run.run_id,
+                                                                             dataset_ids):
+        run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        record_run(data_dir, run)
+        if quarantined:
+            logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
+        for kind, dataset in datasets.items():
+            if dataset["rows"]:
+                announce_dataset(kind, dataset, data_dir, run.run_id)
+        report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets,
+                  "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
+                  "quarantined": quarantined}
+        if config.train_after:
+            from flows.training import train
 
-        method = config.train_after
-        dataset_id = datasets[method]["dataset_id"] if method in datasets else None
-        report["training"] = train(dataset=dataset_id, method=method, data_dir=data_dir,
-                                   hyperparameters=config.train_hyperparameters)
-    create_markdown_artifact(key="factory-report", markdown=render_report(report),
-                             description="Factory run: landed rows, datasets and outcomes")
-    publish_run_artifacts(data_dir, families, run.run_id, [d["dataset_id"] for d in datasets.values()])
+            method = config.train_after
+            dataset_id = datasets[method]["dataset_id"] if method in datasets else None
+            report["training"] = train(dataset=dataset_id, method=method, data_dir=data_dir,
+                                       hyperparameters=config.train_hyperparameters)
+            publish_run_artifacts(data_dir, families, run.run_id, dataset_ids)
+        create_markdown_artifact(key="factory-report", markdown=render_report(report),
+                                 description="Factory run: landed rows, datasets and outcomes")
     return report
 
 
