@@ -13,11 +13,12 @@ one after another, and its batches in one process take turns, each playing all o
 before the next starts.
 Results come back in the order of the items, whatever order the episodes finished in.
 
-A batch of episodes runs with Python's cyclic garbage collector paused (`collector_paused`): an
-episode leaves no reference cycles behind (tests/flows/test_concurrent_rollouts.py counts them),
-so a collection during the batch finds nothing to free, yet each full one scans every record
-alive in the process, and one took as long as a quarter of the batch. The collector runs again,
-as it was, once the last paused batch in the process ends."""
+A batch played one episode at a time runs with Python's cyclic garbage collector paused
+(`collector_paused`): an episode leaves no reference cycles behind (tests/flows/
+test_concurrent_rollouts.py counts them), so a collection during the batch finds nothing of it to
+free, yet each full one scans every record alive in the process, and one took as long as a quarter
+of the batch. The collector runs again, as it was, once the last paused batch in the process ends.
+Episodes in flight side by side (an endpoint's) wait, and run with the collector as it is."""
 
 from __future__ import annotations
 
@@ -105,18 +106,16 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
     Once `stop` is set, items not yet started are not played (their result is None). An
     exception raised by a `play` sets it; the first (in item order) is raised here once the
     episodes in flight have ended."""
-    with collector_paused():
-        return _run(policy, items, play, stop or threading.Event(), concurrency or concurrency_of(policy))
-
-
-def _run(policy: Policy, items: Sequence[Item], play: Callable[[Policy, Item], Result], stop: threading.Event,
-         n: int) -> list[Result | None]:
+    n = concurrency or concurrency_of(policy)
+    stop = stop or threading.Event()
     limit = slots(policy, n)
     if n <= 1 or len(items) <= 1:
         # One slot for all of them: the batches of a serial policy in one process take turns
         # whole (one episode in flight, as max_concurrency 1 says; episodes in threads side by
         # side would only fight over the interpreter lock), and a lone episode holds one of N.
-        with _holding(limit):
+        # CPU-bound play: the collector is paused for the batch (episodes in flight side by side
+        # wait on an endpoint, where its passes cost nothing worth saving).
+        with _holding(limit), collector_paused():
             return [None if stop.is_set() else play(policy, item) for item in items]
     agents: queue.SimpleQueue[Policy] = queue.SimpleQueue()
 
