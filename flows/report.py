@@ -303,11 +303,11 @@ def publish_run_artifacts(data_dir: str | os.PathLike, families: list[str], run_
 def publishing_run_artifacts(data_dir: str | os.PathLike, families: list[str], run_id: str | None = None,
                              dataset_ids: list[str] | None = None) -> Iterator[Future]:
     """`publish_run_artifacts` beside the body of the `with`: the warehouse is read on entering
-    (the body may then write it: DuckDB lets one process either read a catalog or write it), the
-    charts are drawn and the artifacts created in a thread of this run's context while the body
-    runs, and leaving waits for them, so they exist before the run ends. Yields a future of
-    artifact key -> artifact id. A failure to publish is raised on leaving (after a body that
-    raised, it is logged and the body's error goes on)."""
+    (the body may then write it: DuckDB lets one process either read a catalog or write it); while
+    the body runs, one thread of this run's context creates the table artifacts and another draws
+    the charts and creates theirs; leaving waits for both, so the artifacts exist before the run
+    ends. Yields a future of artifact key -> artifact id, done on leaving. A failure to publish is
+    raised on leaving (after a body that raised, it is logged and the body's error goes on)."""
     published: Future = Future()
     if not _in_run():
         log.warning("publish_run_artifacts: not inside a Prefect flow or task run; no artifacts created")
@@ -317,16 +317,23 @@ def publishing_run_artifacts(data_dir: str | os.PathLike, families: list[str], r
     data = read_report(data_dir, families, dataset_ids)
     tables = {name: data[name] for name in TITLES if name != "training_runs" or data[name]}
     about = f"Factory run {run_id}" if run_id else "Factory run"
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="artifacts") as pool:
-        published = pool.submit(contextvars.copy_context().run, lambda: _publish(tables, charts(data), about))
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="artifacts") as pool:
+        # a context is entered by one thread at a time: a copy each
+        parts = [pool.submit(contextvars.copy_context().run, _publish, tables, {}, about),
+                 pool.submit(contextvars.copy_context().run, lambda: _publish({}, charts(data), about))]
         try:
             yield published
         except BaseException:
-            wait([published])
-            if published.exception() is not None:
-                log.error("publishing the run's artifacts failed too", exc_info=published.exception())
+            wait(parts)
+            for part in parts:
+                if part.exception() is not None:
+                    log.error("publishing the run's artifacts failed too", exc_info=part.exception())
             raise
-    published.result()  # raises what publishing raised
+    failed = [part.exception() for part in parts if part.exception() is not None]
+    if failed:
+        published.set_exception(failed[0])
+        raise failed[0]
+    published.set_result({key: id_ for part in parts for key, id_ in part.result().items()})
 
 
 def publish_training_artifacts(data_dir: str | os.PathLike, run_id: str) -> dict[str, str]:
