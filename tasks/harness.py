@@ -75,7 +75,7 @@ class CallLog:
         """The order of a new call of `episode` in this process (the proxy numbers at arrival)."""
         with self._lock:
             if episode not in self._next:  # a restarted proxy continues an episode's numbering
-                self._next[episode] = len(self.read(episode))
+                self._next[episode] = max((c.index for c in self.read(episode)), default=-1) + 1
             self._next[episode] += 1
             return self._next[episode] - 1
 

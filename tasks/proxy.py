@@ -116,6 +116,8 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
     a vLLM server for their ids (`return_token_ids`, `return_tokens_as_token_ids`), whatever the
     harness asked: a harness rarely asks, and training needs them. A request body over
     `max_request_bytes` is refused (413) without being read whole, and recorded as refused."""
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes must be a positive number of bytes, not {max_request_bytes}")
     upstream = upstream.rstrip("/")
     where = redact(upstream)
     register_secret(api_key)
@@ -157,13 +159,17 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             return JSONResponse({"error": {"message": "name the episode: base URL /episodes/<name>/v1 or the "
                                                       f"{EPISODE_HEADER} header", "type": "invalid_request_error"}},
                                 status_code=404)
-        record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
         try:
-            body = json.loads(await _body(request, max_request_bytes))
+            text, error = await _body(request, max_request_bytes), None
         except _TooLarge:
-            error = f"the request body is over the proxy's limit of {max_request_bytes} bytes"
+            text, error = b"", f"the request body is over the proxy's limit of {max_request_bytes} bytes"
+        # numbered once the body is in (a harness that hangs up while sending it made no call)
+        record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
+        if error is not None:
             calls.append(ModelCall(**record, status="refused", error=error))
             return JSONResponse({"error": {"message": error, "type": "invalid_request_error"}}, status_code=413)
+        try:
+            body = json.loads(text)
         except (ValueError, RecursionError):
             body = None
         error = "the request is not a chat completion (a JSON object with messages)"

@@ -335,6 +335,8 @@ def test_a_request_body_over_the_limit_is_refused_unread_and_recorded(tmp_path):
         for i in range(0, len(huge), 512):
             yield huge[i:i + 512]
 
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        build_proxy("http://127.0.0.1:9", str(tmp_path), max_request_bytes=0)
     limit = len(json.dumps(small)) + 100
     with OpenAIStub(respond=upstream_answer) as upstream, \
             served(build_proxy(upstream.base_url, str(tmp_path), max_request_bytes=limit)) as px:
@@ -349,3 +351,46 @@ def test_a_request_body_over_the_limit_is_refused_unread_and_recorded(tmp_path):
     hub.close()
     assert [c.status for c in calls] == ["refused", "refused", "ok"]
     assert len(seen) == 1 and seen[0]["messages"] == small["messages"]
+
+
+def test_a_harness_hanging_up_mid_body_spends_no_call_number_and_a_restart_continues_after_the_last(tmp_path):
+    """The proxy numbers a call once its body is in: a client that disconnects while sending made no
+    call. A restarted proxy numbers after the highest index on record (a gap left by a crash is
+    never filled with a second call of the same number)."""
+    from tasks.harness import CallLog
+
+    path = "/episodes/ep/v1/chat/completions"
+
+    async def post(app, parts: list[bytes], hang_up: bool = False) -> list:
+        messages = [{"type": "http.request", "body": p, "more_body": True} for p in parts]
+        if hang_up:
+            messages.append({"type": "http.disconnect"})
+        else:
+            messages[-1]["more_body"] = False
+        sent = []
+
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+                 "headers": [(b"content-type", b"application/json")], "client": ("c", 1), "server": ("s", 80)}
+        try:
+            await app(scope, receive, send)
+        except Exception as exc:  # Starlette's ClientDisconnect reaches the server, which drops the connection
+            return [type(exc).__name__]
+        return [m["status"] for m in sent if m["type"] == "http.response.start"]
+
+    app = build_proxy("http://127.0.0.1:9", str(tmp_path))
+    assert anyio.run(post, app, [b'{"messages": ['], True) == ["ClientDisconnect"]
+    assert anyio.run(post, app, [b"not json"]) == [400]
+    log = CallLog(str(tmp_path))
+    assert [c.index for c in log.read("ep")] == [0]
+    gap = log.read("ep")[0].model_copy(update={"index": 5})  # what a proxy that crashed mid-way left
+    log.append(gap)
+    restarted = build_proxy("http://127.0.0.1:9", str(tmp_path))
+    assert anyio.run(post, restarted, [b"still not json"]) == [400]
+    assert [c.index for c in CallLog(str(tmp_path)).read("ep")] == [0, 5, 6]
