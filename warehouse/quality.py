@@ -186,6 +186,16 @@ def tampered(table: Table, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row, verdict in zip(rows, verdicts) if verdict != FOUND]
 
 
+FINITE = "finite:"  # the helper column of a float column holding NaN or an infinity
+
+
+def finite_verdict(value: Any) -> str:
+    """FOUND for a null or a finite number; else the value as text (what the report shows)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return FOUND
+
+
 def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set[tuple]],
                    identity: list[str] | None = None) -> TableResult:
     """Validate one table's rows; `found` holds, per reference, the referenced keys that exist;
@@ -198,6 +208,8 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
         column = f"id:{table.content_id}"
         frame[column] = identity
         checks.append((column, "rule", f"{table.content_id} is the hash of the content"))
+    for column in [c for c in frame.columns if c.startswith(FINITE)]:  # made by staged.frame
+        checks.append((column, "rule", f"{column.removeprefix(FINITE)} is a finite number"))
     for ref in table.references:
         column = f"ref:{ref.table}"
         exists = found.get(ref, set())

@@ -329,15 +329,30 @@ def as_rows(part: Part) -> list[dict[str, Any]]:
 
 
 def frame(table: Table, part: Part) -> pd.DataFrame:
-    """What the gates validate (great-expectations takes pandas)."""
+    """What the gates validate (great-expectations takes pandas). pandas holds a float's NaN and a
+    null alike, so a float column holding NaN or an infinity (which no record may: `allow_inf_nan`
+    is off) gets a `finite:<column>` helper column saying which rows (see quality.validate_table)."""
     if isinstance(part, pa.Table):
         # A list column reaches the gates as its length (null where the list is: not-null is the only
         # rule on a list, see quality.validate_table), counted here in Arrow.
+        finite = {}
         for i, name in enumerate(part.column_names):
-            if pa.types.is_list(part.schema.field(i).type):
+            kind = part.schema.field(i).type
+            if pa.types.is_list(kind):
                 part = part.set_column(i, name, pc.list_value_length(part[name]))
-        return part.to_pandas()
-    return pd.DataFrame(part, columns=[c.name for c in table.columns])
+            elif pa.types.is_floating(kind) and pc.any(pc.invert(pc.is_finite(part[name]))).as_py():
+                finite[name] = [quality.finite_verdict(v) for v in part[name].to_pylist()]
+        out = part.to_pandas()
+    else:
+        out = pd.DataFrame(part, columns=[c.name for c in table.columns])
+        finite = {}
+        for column in table.columns:
+            values = [row.get(column.name) for row in part]
+            if pa.types.is_floating(column.type) and any(quality.finite_verdict(v) != quality.FOUND for v in values):
+                finite[column.name] = [quality.finite_verdict(v) for v in values]
+    for name, verdicts in finite.items():
+        out[f"{quality.FINITE}{name}"] = verdicts
+    return out
 
 
 def to_arrow(table: Table, part: Part) -> pa.Table:

@@ -397,7 +397,7 @@ class Warehouse:
                 return quality.TableResult(table.name, 0, True)
             found = {ref: self._found_references(table, ref) for ref in table.references}
             identity = quality.identity_verdicts(table, data.to_pylist()) if table.content_id else None
-            return quality.validate_table(table, data.to_pandas(), found, identity)
+            return quality.validate_table(table, frame(table, data), found, identity)
         except (duckdb.Error, DamagedWarehouse) as exc:
             return quality.TableResult(table.name, 0, False, [quality.error_failure(table.name, exc)])
 

@@ -136,3 +136,46 @@ def test_a_batch_with_a_family_of_no_text_is_quarantined_with_its_report(wh, bui
     assert not landing.ok
     assert [f["expectation"] for f in landing.report.tables["steps"].failures] == \
         ["expect_column_values_to_match_regex"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_float_that_is_no_finite_number_is_refused_where_pandas_would_take_it_for_null(wh, build, value):
+    """pandas holds NaN and null alike, so a nullable float's NaN passed every rule; no record holds
+    NaN or an infinity (`allow_inf_nan` is off). Records made without validation (Arrow path) and
+    row dicts (the row-by-row path) are both refused, the report naming the column and the value."""
+    from envs.records import StepScore
+
+    task = build.task("inventory", 5)
+    rollout = build.rollout(task)
+    scores = [build.score(rollout, i) for i in range(3)]
+    bad = StepScore.model_construct(**{**scores[1].model_dump(), "score": value})
+    landing = wh.land(tasks=[task], rollouts=[rollout], scores=[scores[0], bad, scores[2]])
+    assert not landing.ok and wh.count("step_scores") == 0
+    failed = [(f["column"], f["examples"]) for f in landing.report.failures]
+    # NaN broke no other rule (the score is nullable): this is what let it land; an infinity is out of bounds too
+    assert ("finite:score", [str(value)]) in failed
+    if value != value:
+        assert failed == [("finite:score", ["nan"])]
+    rows = valid_rows(build)
+    rows["step_scores"][1]["score"] = value
+    rows["steps"][1]["latency_s"] = value  # not nullable: NaN fails not-null as well
+    landing = wh.land_rows(rows)
+    assert not landing.ok and wh.count("steps") == 0
+    failed = [(f["column"], f["examples"]) for f in landing.report.failures]
+    assert ("finite:score", [str(value)]) in failed and ("finite:latency_s", [str(value)]) in failed
+    assert wh.land(tasks=[task], rollouts=[rollout], scores=scores).counts["step_scores"] == 3  # the good ones land
+
+
+def test_check_finds_a_nan_that_reached_a_table_around_the_gates(wh, data_dir, build):
+    from warehouse import catalog
+    from warehouse.lake import write_batch
+
+    task = build.task("inventory", 6)
+    rollout = build.rollout(task)
+    wh.land(tasks=[task], rollouts=[rollout])
+    row = _row(TABLES["step_scores"], build.score(rollout, 0), task_family="inventory")
+    row["score"] = float("nan")
+    batch = write_batch(data_dir, TABLES["step_scores"], "inventory", [row])
+    catalog.register(wh.con, wh.data_dir, [batch], "2026-01-01 00:00:00")
+    report = wh.check()
+    assert [(f["table"], f["column"], f["examples"]) for f in report.failures] == [("step_scores", "finite:score", ["nan"])]
