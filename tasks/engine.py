@@ -11,18 +11,10 @@ per worker process: every batch of one run in one process draws from the same N 
 A policy that cannot fork (a custom policy without `fork`), or whose N is 1, plays its episodes
 one after another, and its batches in one process take turns, each playing all of its episodes
 before the next starts.
-Results come back in the order of the items, whatever order the episodes finished in.
-
-A batch played one episode at a time runs with Python's cyclic garbage collector paused
-(`collector_paused`): an episode leaves no reference cycles behind (tests/flows/
-test_concurrent_rollouts.py counts them), so a collection during the batch finds nothing of it to
-free, yet each full one scans every record alive in the process, and one took as long as a quarter
-of the batch. The collector runs again, as it was, once the last paused batch in the process ends.
-Episodes in flight side by side (an endpoint's) wait, and run with the collector as it is."""
+Results come back in the order of the items, whatever order the episodes finished in."""
 
 from __future__ import annotations
 
-import gc
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -59,29 +51,6 @@ def slots(policy: Policy, n: int) -> threading.BoundedSemaphore:
 
 _held = threading.local()  # the slots this thread holds
 
-_PAUSE_LOCK = threading.Lock()
-_paused = {"batches": 0, "was_enabled": True}  # batches in progress that paused the collector
-
-
-@contextmanager
-def collector_paused():
-    """Run the block with the cyclic garbage collector paused; batches in other threads that
-    overlap count, so the collector runs again (if it ran before the first) once the last ends.
-    For work that makes no reference cycles worth collecting (rollouts, their scores): the
-    collector's passes over the process's live records are saved, nothing is left unfreed."""
-    with _PAUSE_LOCK:
-        if _paused["batches"] == 0:
-            _paused["was_enabled"] = gc.isenabled()
-        _paused["batches"] += 1
-        gc.disable()
-    try:
-        yield
-    finally:
-        with _PAUSE_LOCK:
-            _paused["batches"] -= 1
-            if _paused["batches"] == 0 and _paused["was_enabled"]:
-                gc.enable()
-
 
 @contextmanager
 def _holding(limit: threading.BoundedSemaphore):
@@ -113,9 +82,7 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
         # One slot for all of them: the batches of a serial policy in one process take turns
         # whole (one episode in flight, as max_concurrency 1 says; episodes in threads side by
         # side would only fight over the interpreter lock), and a lone episode holds one of N.
-        # CPU-bound play: the collector is paused for the batch (episodes in flight side by side
-        # wait on an endpoint, where its passes cost nothing worth saving).
-        with _holding(limit), collector_paused():
+        with _holding(limit):
             return [None if stop.is_set() else play(policy, item) for item in items]
     agents: queue.SimpleQueue[Policy] = queue.SimpleQueue()
 

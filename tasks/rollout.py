@@ -16,7 +16,6 @@ from envs.registry import load, make, spec, verifier_for
 from envs.secrets import redact
 from envs.wrappers import run_watched, standard_stack
 from tasks.classify import classify
-from tasks.engine import collector_paused
 from tasks.policies import Policy, PolicyOutput
 from verifiers.base import ReplayVerifier
 from verifiers.endpoint import ContextLengthExceeded, EndpointError
@@ -230,11 +229,7 @@ def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str 
 
 
 def collect_rollouts(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int) -> list[Rollout]:
-    """Every (task, sample)'s episode, one after another, with the garbage collector paused for the
-    batch as the engine pauses it (tasks.engine.collector_paused)."""
-    with collector_paused():
-        return [run_episode(task, policy, rollout_seed(seed, task, k))
-                for task in tasks for k in range(samples_per_task)]
+    return [run_episode(task, policy, rollout_seed(seed, task, k)) for task in tasks for k in range(samples_per_task)]
 
 
 def _where(exc: Exception) -> str:

@@ -19,7 +19,6 @@ import polars as pl
 from envs.profile import DomainProfile
 from envs.records import Rollout, StepScore, TaskSpec
 from envs.registry import family_env_id, verifier_for
-from tasks.engine import collector_paused
 from tasks.generate import family_env_class
 from verifiers.calibration import Calibrator, current_calibrators
 from verifiers.judge import Judge, JudgeCache, JudgeSettings, JudgeStats
@@ -55,9 +54,7 @@ def score_steps(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | 
                 calibrators: dict[str, Calibrator] | None = None, use_calibrators: bool = True) -> ScoringRun:
     """Score all steps of `rollouts`. `profiles` override the families' built-in profiles (e.g. a
     YAML with other weights); `calibrators` default to each family's current one under
-    `data_dir` (none with `use_calibrators=False`). The rule layer and the combination run with the
-    garbage collector paused, as a batch of episodes does (tasks.engine.collector_paused): they
-    make no reference cycles; the judge (network, threads) runs with it."""
+    `data_dir` (none with `use_calibrators=False`)."""
     families = sorted({r.family for r in rollouts})
     profiles = family_profiles(families, profiles)
     by_id = {t.task_id: t for t in tasks}
@@ -66,14 +63,12 @@ def score_steps(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | 
         verifier = family_verifier(family)
         if verifier is not None and hasattr(verifier, "potentials"):
             potentials[family] = verifier.potentials
-    with collector_paused():
-        rule_scores = score_rules(rollouts, by_id, profiles, potentials)
+    rule_scores = score_rules(rollouts, by_id, profiles, potentials)
     judge_scores, stats = Judge(judge or JudgeSettings.from_env(), judge_cache(data_dir)).score(rollouts, by_id, profiles)
     if calibrators is None:
         calibrators = current_calibrators(data_dir, families) if use_calibrators else {}
     family_of = {r.rollout_id: r.family for r in rollouts}
-    with collector_paused():
-        combined = combine(rule_scores, judge_scores, profiles, family_of, calibrators)
+    combined = combine(rule_scores, judge_scores, profiles, family_of, calibrators)
     landed_judge = [s for s in judge_scores if s.status != "error"]
     return ScoringRun(scores=rule_scores + landed_judge + combined, judge=stats,
                       calibrators={f: c.version for f, c in calibrators.items() if f in families},
