@@ -347,19 +347,19 @@ def factory(**params: Any) -> dict[str, Any]:
     datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id,
                         config.parallelism_reward)
     dataset_ids = [d["dataset_id"] for d in datasets.values()]
-    # The report's artifacts read the warehouse now and are drawn and created while the run is
-    # recorded (they show nothing of `runs`); they exist before the run ends, and a failure to
-    # publish them fails it. A run that trains publishes them after training: its training-runs
-    # table lists the run it trained.
+    run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record_run(data_dir, run)
+    if quarantined:
+        logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
+    for kind, dataset in datasets.items():
+        if dataset["rows"]:
+            announce_dataset(kind, dataset, data_dir, run.run_id)
+    # Recorded and announced whatever the report does next. Its artifacts read the warehouse now and
+    # are drawn and created while the summary and the markdown report are made; they exist before the
+    # run ends, and a failure to publish them fails it. A run that trains publishes them after
+    # training: its training-runs table lists the run it trained.
     with nullcontext() if config.train_after else publishing_run_artifacts(data_dir, families, run.run_id,
                                                                              dataset_ids):
-        run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        record_run(data_dir, run)
-        if quarantined:
-            logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
-        for kind, dataset in datasets.items():
-            if dataset["rows"]:
-                announce_dataset(kind, dataset, data_dir, run.run_id)
         report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets,
                   "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
                   "quarantined": quarantined}

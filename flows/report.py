@@ -92,12 +92,14 @@ def reward_boxes(wh: Warehouse, families: list[str] | None = None) -> list[dict[
     whiskers `whislo`/`whishi` at 1.5 IQR, `fliers`). DuckDB sums up how many steps have each
     distinct score, matplotlib's `boxplot_stats` reads the statistics off those, and the fliers
     come back in the order `boxplot` lists them (low ones first, each side in step order), so the
-    chart is the one the scores themselves draw, without pulling every step into Python."""
+    chart is the one the scores themselves draw, without pulling every step into Python. A score
+    that is no finite number (the gates refuse one; `Warehouse.check` reports one landed around
+    them) is left out of both."""
     import numpy as np
     from matplotlib.cbook import boxplot_stats
 
     where, params = _where("task_family", families)
-    where = (where + " AND " if where else "WHERE ") + "score IS NOT NULL"
+    where = (where + " AND " if where else "WHERE ") + "score IS NOT NULL AND isfinite(score)"
     counted: dict[tuple[str, str], tuple[list[float], list[int]]] = {}
     for r in wh.sql(f"SELECT task_family, layer, score, count(*) AS n FROM step_scores {where} "
                     "GROUP BY ALL ORDER BY ALL", params).to_pylist():
@@ -115,7 +117,7 @@ def reward_boxes(wh: Warehouse, families: list[str] | None = None) -> list[dict[
                   for b in boxes.values()]
         for r in wh.sql("SELECT s.task_family, s.layer, s.score FROM step_scores s "
                         "JOIN (SELECT unnest(?, recursive := true)) b USING (task_family, layer) "
-                        "WHERE s.score < b.lo OR s.score > b.hi "
+                        "WHERE (s.score < b.lo OR s.score > b.hi) AND isfinite(s.score) "
                         "ORDER BY s.task_family, s.layer, s.score > b.hi, s.scorer_version, s.rollout_id, s.step_index",
                         [bounds]).to_pylist():
             boxes[r["task_family"], r["layer"]]["fliers"].append(r["score"])

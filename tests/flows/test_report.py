@@ -123,6 +123,29 @@ def test_reward_boxes_are_the_statistics_of_every_step_score(run_dir):
         assert box["mean"] == pytest.approx(expected["mean"], rel=1e-12, abs=0)  # summed in another order
 
 
+def test_a_score_that_is_no_finite_number_changes_no_box(run_dir, tmp_path):
+    """NaN and infinities reached `step_scores` around the gates: DuckDB orders NaN above every number,
+    so a NaN whisker made every score a flier. They are left out of the boxes and the fliers."""
+    import shutil
+
+    from warehouse import catalog
+    from warehouse.lake import write_batch
+    from warehouse.store import _row
+
+    data_dir, _, _ = run_dir
+    copy = tmp_path / "copy"
+    shutil.copytree(data_dir, copy)
+    with Warehouse(copy) as wh:
+        expected, before = reward_boxes(wh, ["inventory"]), wh.count("step_scores")
+        template = wh.sql("select * from step_scores where layer = 'rules' limit 1").to_pylist()[0]
+        rows = [{**template, "scorer_version": f"odd-{i}", "score": v}
+                for i, v in enumerate([float("nan"), float("inf"), float("-inf")])]
+        batch = write_batch(copy, TABLES["step_scores"], "inventory", rows)
+        catalog.register(wh.con, wh.data_dir, [batch], "2026-01-01 00:00:00")
+        assert wh.count("step_scores") == before + 3
+        assert reward_boxes(wh, ["inventory"]) == expected
+
+
 def test_reward_chart_is_the_box_plot_of_every_step_score(run_dir):
     data_dir, _, _ = run_dir
     groups = scores_by_box(data_dir)
@@ -228,17 +251,25 @@ def test_a_factory_run_publishes_its_artifacts_before_it_ends(run_dir):
         {d["dataset_id"] for d in report["datasets"].values()}
 
 
-def test_a_failure_to_publish_fails_the_factory_run(tmp_path, monkeypatch):
-    def broken(data):
-        raise RuntimeError("the chart broke")
+@pytest.mark.parametrize("where", ["charts", "read_report"])
+def test_a_failure_to_publish_fails_the_factory_run(tmp_path, monkeypatch, where):
+    """Drawing or reading the report fails: the flow run fails, but the run was recorded and its
+    datasets announced before (a failing read lost both: review finding)."""
+    import flows.factory as factory_module
 
-    monkeypatch.setattr(report_module, "charts", broken)
+    def broken(*args, **kwargs):
+        raise RuntimeError("the report broke")
+
+    announced = []
+    monkeypatch.setattr(report_module, where, broken)
+    monkeypatch.setattr(factory_module, "announce_dataset", lambda kind, *args: announced.append(kind))
     state = factory(families=["inventory"], tasks_per_family=4, seed=5, data_dir=str(tmp_path), return_state=True)
     assert state.is_failed()
-    with pytest.raises(RuntimeError, match="the chart broke"):
+    with pytest.raises(RuntimeError, match="the report broke"):
         state.result()
     # the run itself was recorded before: what it landed stays
     assert sql(tmp_path, "select status from runs") == [{"status": "completed"}]
+    assert sorted(announced) == ["dpo", "grpo", "sft"]
 
 
 def test_publishing_beside_a_body_that_raises_keeps_the_body_error(run_dir, monkeypatch, caplog):
