@@ -144,9 +144,11 @@ def _field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
 
 @cache
 def _enum_fields(model: type[BaseModel]) -> frozenset[str]:
+    """Fields that may hold an Enum member Arrow does not take as its value. A `str` Enum's member is
+    a str whose text is its value (Arrow takes it as it is); any other Enum's member is not."""
     def has_enum(annotation: Any) -> bool:
         if isinstance(annotation, type) and issubclass(annotation, Enum):
-            return True
+            return not issubclass(annotation, str)
         return any(has_enum(a) for a in get_args(annotation))
 
     return frozenset(name for name, info in model.model_fields.items() if has_enum(info.annotation))

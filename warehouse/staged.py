@@ -303,6 +303,8 @@ def first_of_each_key(table: Table, part: Part) -> list[int]:
         keys = pl.from_arrow(part.select(list(table.key)))
         if not isinstance(keys, pl.DataFrame):
             keys = keys.to_frame()
+        if not keys.is_duplicated().any():  # the common case, cheaper to find than the first of each
+            return list(range(part.num_rows))
         return keys.with_row_index("_row").unique(subset=list(table.key), keep="first",
                                                   maintain_order=True)["_row"].to_list()
     return list(range(len(part)))  # rows that fit no columns: the writer's full path keeps the first of each key

@@ -124,3 +124,46 @@ def test_steps_take_their_rollouts_id_and_family_as_rows_where_a_rollout_holds_n
     assert [row["rollout_id"] for row in staged.parts["steps"]] == [good.rollout_id] * len(good.steps) + \
            [7] * len(odd.steps)
     staged.discard()
+
+
+def test_enum_members_reach_arrow_as_their_values_whether_or_not_they_are_text():
+    """A `str` Enum's member goes to Arrow as it is (its text is its value); any other Enum's member
+    is converted to its value first. Both give the value `to_row` gives."""
+    from enum import Enum
+
+    from pydantic import BaseModel
+
+    from warehouse.schema import to_arrays, to_row
+
+    class Colour(str, Enum):
+        red = "r"
+
+    class Shape(Enum):
+        round = "o"
+
+    class Thing(BaseModel):
+        colour: Colour
+        shape: Shape
+        maybe: Colour | None = None
+
+    things = [Thing(colour="r", shape="o"), Thing(colour="r", shape="o", maybe="r")]
+    arrays = to_arrays(Thing, things)
+    assert {k: v.to_pylist() for k, v in arrays.items()} == \
+        {"colour": ["r", "r"], "shape": ["o", "o"], "maybe": [None, "r"]}
+    assert [to_row(t) for t in things] == [dict(zip(arrays, values)) for values in zip(*(
+        a.to_pylist() for a in arrays.values()))]
+
+
+def test_the_first_row_of_each_key_whether_or_not_a_key_repeats(build):
+    """Keys that never repeat keep every row; otherwise the first of each, nulls and NaN alike equal."""
+    import pyarrow as pa
+
+    from warehouse.staged import first_of_each_key
+
+    table = TABLES["step_scores"]
+    scores = [build.score(build.rollout(build.task("inventory", 1)), i) for i in range(3)]
+    part = table.arrow(scores, task_family="inventory")
+    assert first_of_each_key(table, part) == [0, 1, 2]
+    assert first_of_each_key(table, pa.concat_tables([part, part.slice(1, 1), part])) == [0, 1, 2]
+    keys = pa.table({"rollout_id": ["a", None, None, "a"], "index": [1.0, float("nan"), float("nan"), 2.0]})
+    assert first_of_each_key(TABLES["steps"], keys) == [0, 1, 3]
