@@ -43,6 +43,9 @@ class InventoryVerifier(ReplayVerifier):
     verifier_id = "inventory-outcome"
     version = "1"
     family = "inventory"
+    # `verify` only reads the final state (tests/verifiers/test_inventory_final_state.py): the env
+    # hands it its live state at the episode's end instead of a copy (envs.base.ToolEnv._final_state).
+    reads_final_state_only = True
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
         calls = calls_of(steps)
@@ -63,7 +66,7 @@ class InventoryVerifier(ReplayVerifier):
 
         report_checks = {
             "observation": _observation_check(checks, steps),
-            "invariants": invariant_check(checks, initial, final_state),
+            "invariants": invariant_check(checks, initial, final_state, have, regression_reasons),
             "hidden_variation": self._variation_check(task, checks, initial, calls),
         }
         verdicts = {
@@ -214,15 +217,18 @@ def _violations(state: dict) -> list[str]:
     return reasons
 
 
-def invariant_check(checks: InventoryFacts, initial: dict, state: dict) -> CheckResult:
+def invariant_check(checks: InventoryFacts, initial: dict, state: dict, have: dict | None = None,
+                    regression: list[str] | None = None) -> CheckResult:
     """The final hidden state: exact expected reservations, stock conserved, non-target items
-    and other orders' holds unchanged, submitted status matching the authorisation decision."""
+    and other orders' holds unchanged, submitted status matching the authorisation decision.
+    `have` and `regression`: `_held(state)` and `_regression(initial, state, have)` where the
+    caller has them already (`verify` reads the same final state for its own verdicts)."""
     expected = checks.expected_reservations
-    have = _held(state)
+    have = _held(state) if have is None else have
     reasons = []
     if have != expected:
         reasons.append(f"reservations {dict(sorted(have.items()))} != expected {dict(sorted(expected.items()))}")
-    reasons += _regression(initial, state, have)
+    reasons += _regression(initial, state, have) if regression is None else regression
     if not _targets_only(expected, initial["catalog"], state["catalog"]):
         for sku, item in sorted(initial["catalog"].items()):
             if sku not in expected and state["catalog"].get(sku, {}).get("stock") != item["stock"]:
