@@ -66,6 +66,10 @@ STEP_SCHEMA = {"rollout_id": pl.String, "family": pl.String, "step_index": pl.In
                "agent_text": pl.String}  # agent_text(step): what the injection patterns read
 # Joins observations into one text per rollout; never inside a JSON-rendered value.
 SEPARATOR = "\x00"
+# The rule table's plans run on polars' in-memory engine: "auto" picks the streaming engine, whose
+# start-up cost more than a batch's few hundred rows (~10.6 -> ~6.8 ms per call); the same frame
+# (tests/verifiers/test_rules_engine.py).
+ENGINE = "in-memory"
 
 # -- prompt injection -------------------------------------------------------------------------
 # Text addressed to whoever grades the step rather than to the task. Deliberately narrow: each
@@ -252,7 +256,7 @@ def score_table(table: pl.DataFrame, profiles: dict[str, DomainProfile]) -> pl.D
         .cum_sum().over("rollout_key"))
     frame = frame.with_columns(
         repeated=pl.col("is_read") & ~pl.struct("rollout_key", "epoch", "is_read", "tool", "args").is_first_distinct()
-    ).collect()
+    ).collect(engine=ENGINE)
     weights = pl.DataFrame(
         [{"family": fam, **{f"w_{c}": float(p.score_weights.rules.get(c, 0.0)) for c in COMPONENTS}}
          for fam, p in profiles.items()],
@@ -282,7 +286,7 @@ def _scored(frame: pl.DataFrame, profiles: dict[str, DomainProfile], weights: pl
               .join(weights.lazy(), on="family", how="left"))
     total = sum(pl.col(f"w_{c}") * pl.col(c) for c in COMPONENTS)
     return scored.with_columns(score=total.clip(-1.0, 1.0)).sort("row").select(
-        "rollout_id", "family", "step_index", "error", "tool", *COMPONENTS, "score").collect()
+        "rollout_id", "family", "step_index", "error", "tool", *COMPONENTS, "score").collect(engine=ENGINE)
 
 
 def _injected_rows(frame: pl.DataFrame) -> pl.Series:
