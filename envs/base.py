@@ -136,7 +136,7 @@ class ToolEnv(AgentEnv):
     def event_args(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
         """The arguments as the event log keeps them (a family may shorten large ones): a copy,
         so the log never shares a container with the call (flat arguments need only a new dict)."""
-        if all(type(v) in _SCALARS for v in args.values()):
+        if _SCALARS.issuperset(map(type, args.values())):  # every value's exact type a scalar
             return dict(args)
         return copy_state(args)
 
@@ -441,7 +441,10 @@ def accepts(schema: Any) -> Callable[[dict[str, Any]], bool] | None:
             or schema.get("type") != "object" or schema.get("additionalProperties") is not False):
         return None
     properties = schema.get("properties", {})
-    required = list(schema.get("required", []))
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(type(r) is str for r in required):
+        return None
+    required = frozenset(required)
     checks = {}
     for name, prop in properties.items():
         if not isinstance(prop, dict) or set(prop) - _FAST_KEYS:
@@ -454,7 +457,7 @@ def accepts(schema: Any) -> Callable[[dict[str, Any]], bool] | None:
         checks[name] = _scalar_check(kind, prop)
 
     def check(arguments: dict[str, Any]) -> bool:
-        if type(arguments) is not dict or not all(r in arguments for r in required):
+        if type(arguments) is not dict or not arguments.keys() >= required:
             return False
         for key, value in arguments.items():
             ok = checks.get(key)

@@ -12,6 +12,7 @@ import pickle
 from collections import Counter
 from typing import Any
 
+from envs.family import family
 from envs.inventory.facts import InventoryFacts
 from envs.inventory.world import InventoryEnv, Refusal
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
@@ -50,7 +51,8 @@ class InventoryVerifier(ReplayVerifier):
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
         calls = calls_of(steps)
         checks = self.facts(task)
-        initial = self.initial_state(task)
+        snapshot = self._initial_pickle(task)
+        initial = pickle.loads(snapshot) if snapshot is not None else self.initial_state(task)
         if final_state is None:
             final_state = self.final_state(task, calls)
         expected = checks.expected_reservations
@@ -67,7 +69,7 @@ class InventoryVerifier(ReplayVerifier):
         report_checks = {
             "observation": _observation_check(checks, steps),
             "invariants": invariant_check(checks, initial, final_state, have, regression_reasons),
-            "hidden_variation": self._variation_check(task, checks, initial, calls),
+            "hidden_variation": self._variation_check(task, checks, initial, calls, snapshot),
         }
         verdicts = {
             "completed": not completed_reasons,
@@ -102,14 +104,24 @@ class InventoryVerifier(ReplayVerifier):
         *work, submit = task.hidden.reference
         return [*work, ToolCall(name="reserve", arguments={"sku": extra, "quantity": 1, "auth_token": token}), submit]
 
+    def _initial_pickle(self, task: TaskSpec) -> bytes | None:
+        """The pickle the world loads `initial_state(task)` from (InventoryEnv.initial_pickle), where
+        this verifier's initial state is the world's own; else None."""
+        if (type(self).initial_state is not ReplayVerifier.initial_state
+                or type(self).new_env is not ReplayVerifier.new_env or family(self.family).env is not InventoryEnv):
+            return None
+        return InventoryEnv.initial_pickle(task)
+
     def _variation_check(self, task: TaskSpec, checks: InventoryFacts, initial: dict[str, Any],
-                         calls: list[ToolCall | None]) -> CheckResult:
+                         calls: list[ToolCall | None], snapshot: bytes | None = None) -> CheckResult:
         """The calls replayed on each variant of the initial snapshot (its target stocks changed),
         all variants in one pass. A variant's initial state is the task's with those stocks:
         what `initial_state` makes of the changed snapshot (it copies the snapshot and adds the
-        empty reservations, events and status)."""
+        empty reservations, events and status). `snapshot`: a pickle of `initial` (the one it was
+        loaded from), else made here."""
         starts, variant_initials = [], []
-        snapshot = pickle.dumps(initial, protocol=pickle.HIGHEST_PROTOCOL)
+        if snapshot is None:
+            snapshot = pickle.dumps(initial, protocol=pickle.HIGHEST_PROTOCOL)
         for variant in checks.variants:
             start = pickle.loads(snapshot)  # copy_state(initial): a pickle round trip, which the replay changes
             for sku, stock in variant.stock.items():

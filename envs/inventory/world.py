@@ -44,22 +44,15 @@ class InventoryEnv(ToolEnv):
         Both depend on the snapshot's content only: made once per content (its exact pickle, which
         tells every type and key order apart) and copied from there (an episode, its verifier's
         check and each sample of the task start from the same snapshot)."""
-        try:
-            key = pickle.dumps(task.initial_state, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # not plain data: checked (and refused) below, never remembered
-            key = None
-        made = _INITIALS.get(key) if key is not None else None
-        if made is not None:
-            return pickle.loads(made)
-        _check_world(task)
-        state = copy_state(task.initial_state)  # JSON data: a pickle round trip copies it in C
-        state["auth"] = {**state["auth"], "status": None}
-        state.update(reservations=[], events=[], submitted=False, status=None, note=None)
-        if key is not None:
-            if len(_INITIALS) >= _INITIALS_MAX:
-                _INITIALS.clear()
-            _INITIALS[key] = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-        return state
+        made, state = _initial(task)
+        return pickle.loads(made) if state is None else state
+
+    @staticmethod
+    def initial_pickle(task: TaskSpec) -> bytes | None:
+        """The pickle `initial_state(task)` is loaded from (each load a fresh copy of the initial
+        state: a verifier that needs several copies loads them from it instead of pickling one),
+        or None where the snapshot is not plain data (nothing is remembered)."""
+        return _initial(task)[0]
 
     def is_finished(self, state: dict[str, Any]) -> bool:
         return bool(state["submitted"])
@@ -143,6 +136,32 @@ class InventoryEnv(ToolEnv):
 # The pickle of a checked snapshot (`task.initial_state`) -> the pickle of the initial state made of it.
 _INITIALS: dict[bytes, bytes] = {}
 _INITIALS_MAX = 4096
+
+
+def _key(task: TaskSpec) -> bytes | None:
+    try:
+        return pickle.dumps(task.initial_state, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # not plain data: checked (and refused) by `_initial`, never remembered
+        return None
+
+
+def _initial(task: TaskSpec) -> tuple[bytes | None, dict[str, Any] | None]:
+    """(the remembered pickle of the task's initial state, None), or on a first sight (its pickle
+    or None if it is not remembered, the state just made)."""
+    key = _key(task)
+    made = _INITIALS.get(key) if key is not None else None
+    if made is not None:
+        return made, None
+    _check_world(task)
+    state = copy_state(task.initial_state)  # JSON data: a pickle round trip copies it in C
+    state["auth"] = {**state["auth"], "status": None}
+    state.update(reservations=[], events=[], submitted=False, status=None, note=None)
+    if key is None:
+        return None, state
+    if len(_INITIALS) >= _INITIALS_MAX:
+        _INITIALS.clear()
+    made = _INITIALS[key] = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    return made, state
 
 
 def _item(state: dict[str, Any], sku: str) -> dict[str, Any]:
