@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def view_sql(table: Table, files: list[str], temporary: bool, data_dir: Path) ->
     kind = "TEMP VIEW" if temporary else "VIEW"
     # Checked here because DuckDB reads every footer to bind the view: one bad file would fail the
     # whole catalog's opening (and abort the transaction the view is built in).
-    footers = {f: footer(data_dir / f) for f in files}
+    footers = {f: _known_footer(data_dir / f) for f in files}
     damaged = [f"{f} {problem}" for f, (problem, _) in footers.items() if problem]
     present = {name for _, names in footers.values() for name in names}
     named = [(data_dir / f).as_posix() if temporary else f for f in files]
@@ -118,6 +119,36 @@ def footer(file: Path) -> tuple[str | None, set[str]]:
         return None, set(pq.read_schema(file).names)
     except (OSError, ValueError) as exc:
         return f"is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})", set()
+
+
+# A readable file's columns by what `os.stat` says of it (path, inode, size, modification time): a
+# view's rebuild after each landing reads only the new files' footers, not every registered one's
+# again. A file rewritten, replaced or removed since has another key (or none) and is read again.
+# A file modified in the last FRESH_S seconds is not remembered: the file system's clock is coarse,
+# and a rewrite within one of its ticks could keep the size and the time (DuckDB's own Parquet
+# metadata cache, `METADATA_CACHE`, guards its entries the same way).
+_FOOTERS: dict[tuple[str, int, int, int], set[str]] = {}
+_FOOTERS_MAX = 65536
+FRESH_S = 2.0
+METADATA_CACHE = "SET parquet_metadata_cache = true"  # binding a view reads every file's footer
+
+
+def _known_footer(file: Path) -> tuple[str | None, set[str]]:
+    """`footer(file)`, remembered for a file read before and unchanged since."""
+    try:
+        stat = file.stat()
+    except OSError:
+        return footer(file)
+    key = (str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    names = _FOOTERS.get(key)
+    if names is not None:
+        return None, names
+    problem, names = footer(file)
+    if problem is None and stat.st_mtime_ns < time.time_ns() - FRESH_S * 1e9:
+        if len(_FOOTERS) >= _FOOTERS_MAX:
+            _FOOTERS.clear()
+        _FOOTERS[key] = names
+    return problem, names
 
 
 def footer_problem(file: Path) -> str | None:

@@ -297,3 +297,38 @@ def test_check_never_crashes_without_a_report(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert main(["warehouse", "check", "--data-dir", str(broken), "--report", str(out)]) == 1
     assert json.loads(out.read_text())["success"] is False
+
+
+def test_a_remembered_footer_is_read_again_once_its_file_changes(data_dir, build, monkeypatch):
+    """A view's rebuild reads only footers it has not seen unchanged (path, inode, size, time) and
+    older than `catalog.FRESH_S`; a file damaged since is read again and confined as before."""
+    monkeypatch.setattr(catalog, "FRESH_S", 3600.0)  # "just now" however slow this machine is
+    monkeypatch.setattr(catalog, "_FOOTERS", {})
+    land_all(data_dir, build)
+    files = len(list((data_dir / "lake").rglob("*.parquet")))
+    read = []
+    footer = catalog.footer
+    monkeypatch.setattr(catalog, "footer", lambda file: read.append(file.name) or footer(file))
+    Warehouse(data_dir).close()
+    Warehouse(data_dir).close()
+    assert len(read) == 4 * files  # written just now: read for the stored views and the writer's, each time
+    past = os.stat(lake_file(data_dir, "steps")).st_mtime - 7200
+    for file in (data_dir / "lake").rglob("*.parquet"):
+        os.utime(file, (past, past))
+    read.clear()
+    Warehouse(data_dir).close()  # remembers them all
+    seen = len(read)
+    Warehouse(data_dir).close()
+    assert seen == files and len(read) == seen  # none read again
+
+    victim = lake_file(data_dir, "steps")
+    relative = victim.relative_to(data_dir).as_posix()
+    os.chmod(victim, 0o644)
+    victim.write_bytes(b"PAR1" + b"\0" * (victim.stat().st_size - 4))  # the same size, written now
+    with Warehouse(data_dir) as wh:  # a writer builds the stored views and its own
+        assert read[seen:] == [victim.name] * 2  # only the changed file read again
+        with pytest.raises(DamagedWarehouse, match=f"{relative}.*warehouse repair"):
+            wh.sql("select count(*) from steps")
+    with Warehouse(data_dir) as wh:  # written just now: not remembered, so read each time
+        assert read[seen:] == [victim.name] * 4
+        assert wh.count("tasks") == 4
