@@ -26,6 +26,7 @@ import math
 from envs.profile import DomainProfile
 from envs.records import StepScore, construct, content_hash
 from verifiers.calibration import Calibrator
+from verifiers.rules import round6
 
 PRM_VERSION = "2"  # 2: the judge is withheld from an injection onwards
 JUDGE_FLOOR = -1.0
@@ -106,10 +107,10 @@ def combine(rule_scores: list[StepScore], judge_scores: list[StepScore], profile
                                      scorer_id=f"calibrator:{family}", scorer_version=calibrator.version,
                                      score=reward, components={"raw": round(raw, 6)}))
                 components = {**components, "calibrated": reward}
-            components["raw"] = round(raw, 6)
+            components["raw"] = round6(raw)
             out.append(_score_row({"rollout_id": rules.rollout_id, "step_index": rules.step_index, "layer": "combined",
                                    "scorer_id": "prm", "scorer_version": f"{version}|cal:{cal_label}", "status": "ok",
-                                   "score": round(float(reward), 6), "components": components, "rationale": None}))
+                                   "score": round6(float(reward)), "components": components, "rationale": None}))
     return out
 
 

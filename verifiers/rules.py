@@ -374,12 +374,19 @@ def score_rules(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: d
     # column by column (a Python list each), then zipped: far cheaper than polars' row iteration
     for rollout_id, family, step_index, *values in zip(*(s.to_list() for s in columns.iter_columns())):
         ok = all(type(v) is float and math.isfinite(v) for v in values)  # a null or a non-finite: validated
-        values = [round(v, 6) for v in values]
+        values = [round6(v) for v in values]
         row = {"rollout_id": rollout_id, "step_index": step_index, "layer": "rules", "scorer_id": "rules",
                "scorer_version": versions[family], "status": "ok", "score": values[-1],
                "components": dict(zip(COMPONENTS, values[:-1])), "rationale": None}
         scores.append(construct(StepScore, row) if ok else StepScore(**row))
     return scores
+
+
+def round6(value: Any) -> Any:
+    """`round(value, 6)`: a float with an integral value (most components: 0.0, -1.0) is its own
+    rounding, sign of zero included, and is returned as it is (Python's round of a float goes
+    through a decimal string, costlier than the rest of a score row); anything else is rounded."""
+    return value if type(value) is float and value.is_integer() else round(value, 6)
 
 
 def _potentials(rollout: Rollout, tasks: dict[str, TaskSpec], potentials: dict[str, PotentialFn]) -> list[float]:
