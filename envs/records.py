@@ -216,8 +216,9 @@ class Step(Record):
 
 
 _TEXT = (str, type(None))
-# Record class -> (field names in order, the defaults of fields without a factory, the factories).
-_SHAPES: dict[type, tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]] = {}
+# Record class -> (field names in order, the defaults of fields without a factory, the factories, the
+# names as a set, the fields without a default, every field with its default, the class's __new__).
+_SHAPES: dict[type, tuple[Any, ...]] = {}
 
 
 def construct(cls: type[BaseModel], fields: dict[str, Any]) -> Any:
@@ -237,11 +238,15 @@ def construct(cls: type[BaseModel], fields: dict[str, Any]) -> Any:
         # Every field in order, defaults filled in: a record given all the fields without a
         # default (required or made by a factory) is this dict updated with its fields.
         template = {k: defaults.get(k) for k in names}
+        # object.__new__ where the class has no __new__ of its own (it is what cls.__new__ finds)
+        new = _NEW if cls.__new__ is object.__new__ else cls.__new__
         shape = _SHAPES[cls] = (names, defaults, factories, frozenset(names),
-                                frozenset(k for k in names if k not in defaults), template)
-    names, defaults, factories, name_set, needed, template = shape
+                                frozenset(k for k in names if k not in defaults), template, new)
+    names, defaults, factories, name_set, needed, template, new = shape
     keys = fields.keys()
-    if needed <= keys and keys <= name_set:  # the common case: one dict copy, in field order
+    # the common case: every field given (as many keys, all of them fields), or every field
+    # without a default and nothing else; one dict copy, in field order
+    if (len(keys) == len(names) and name_set.issuperset(keys)) or (needed <= keys and keys <= name_set):
         values = template.copy()
         values.update(fields)
         fields_set = set(keys)
@@ -255,12 +260,19 @@ def construct(cls: type[BaseModel], fields: dict[str, Any]) -> Any:
             elif name in factories:
                 values[name] = factories[name]()
         fields_set = set(fields) & name_set
-    record = cls.__new__(cls)
+    record = new(cls)
     object.__setattr__(record, "__dict__", values)
-    object.__setattr__(record, "__pydantic_fields_set__", fields_set)
-    object.__setattr__(record, "__pydantic_extra__", None)
-    object.__setattr__(record, "__pydantic_private__", None)
+    _SET_FIELDS_SET(record, fields_set)  # BaseModel's slots, set through their descriptors
+    _SET_EXTRA(record, None)
+    _SET_PRIVATE(record, None)
     return record
+
+
+_NEW = object.__new__
+# What object.__setattr__(record, "<slot>", value) finds and calls for each of BaseModel's slots
+_SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
+_SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def make_step(**fields: Any) -> Step:

@@ -151,11 +151,20 @@ def test_a_call_whose_stored_form_is_over_the_size_limit_is_refused_in_a_replay_
     (ToolCall, {"name": "a"}),  # the factory's default made per record
     (StepScore, {"rollout_id": "r", "step_index": 0, "layer": "rules", "scorer_id": "s", "scorer_version": "1",
                  "status": "ok", "score": 0.5, "components": {"a": 1.0}, "rationale": None}),
+    # every field, out of order: the record's fields in its own order
+    (StepScore, {"rationale": None, "components": {"a": 1.0}, "score": 0.5, "status": "ok", "scorer_version": "1",
+                 "scorer_id": "s", "layer": "rules", "step_index": 0, "rollout_id": "r"}),
+    # as many keys as fields, one of them no field: not the every-field path
+    (StepScore, {"rollout_id": "r", "step_index": 0, "layer": "rules", "scorer_id": "s", "scorer_version": "1",
+                 "status": "ok", "score": 0.5, "components": {"a": 1.0}, "not_a_field": None}),
+    (StepScore, {"rollout_id": "r", "step_index": 0, "layer": "rules", "scorer_id": "s", "scorer_version": "1"}),
 ])
 def test_construct_makes_what_model_construct_makes(cls, fields):
     made, reference = construct(cls, dict(fields)), cls.model_construct(**fields)
     assert list(made.__dict__.items()) == list(reference.__dict__.items())
     assert made.model_fields_set == reference.model_fields_set
+    assert type(made) is cls and made.__pydantic_extra__ is None and made.__pydantic_private__ is None
+    assert type(made.__pydantic_fields_set__) is set and made.__pydantic_fields_set__ is not made.__dict__
     if cls is ToolCall and "arguments" not in fields:
         assert construct(cls, dict(fields)).arguments is not made.arguments
 
