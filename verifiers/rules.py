@@ -219,19 +219,26 @@ _ARGS_JSON = json.JSONEncoder(sort_keys=True, default=str).encode
 def step_table(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
                potentials: dict[str, PotentialFn]) -> pl.DataFrame:
     """The rules' input, one row per step: plain columns, arguments and results as JSON text."""
-    columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
+    rows = []
     for rollout in rollouts:
         profile = profiles[rollout.family]
+        categories: dict[str, str | None] = {}  # tool name -> its category's value, this rollout's profile's
         phi = _potentials(rollout, tasks, potentials)
         for i, step in enumerate(rollout.steps):
             call = step.tool_call
-            category = profile.category(call.name) if call else None
-            values = (rollout.rollout_id, rollout.family, step.index, i, step.error, call.name if call else None,
-                      _ARGS_JSON(call.arguments) if call else None,
-                      category.value if category else None, step.observation, step.result, phi[i], phi[i + 1],
-                      agent_text(step))
-            for name, value in zip(STEP_SCHEMA, values):
-                columns[name].append(value)
+            category = None
+            if call:
+                name = call.name
+                if name in categories:
+                    category = categories[name]
+                else:
+                    found = profile.category(name)
+                    category = categories[name] = found.value if found else None
+            rows.append((rollout.rollout_id, rollout.family, step.index, i, step.error, call.name if call else None,
+                         _ARGS_JSON(call.arguments) if call else None, category, step.observation, step.result,
+                         phi[i], phi[i + 1], agent_text(step)))
+    # one list per column, in STEP_SCHEMA's order (rows transposed in one pass)
+    columns = dict(zip(STEP_SCHEMA, map(list, zip(*rows)))) if rows else {name: [] for name in STEP_SCHEMA}
     return pl.DataFrame(columns, schema=STEP_SCHEMA)
 
 

@@ -1,7 +1,8 @@
 """The rule table runs its plans on polars' in-memory engine (verifiers.rules.ENGINE) instead of
 the default ("auto": the streaming engine): the same frame, row for row and type for type, on
 played episodes, synthetic batches with invalid, refused and faulted calls, arguments that do not
-parse as declared (the per-path fallback), injections and an empty table."""
+parse as declared (the per-path fallback), injections and an empty table. Its input, built row by
+row (verifiers.rules.step_table), equals the one built column by column as before."""
 
 from __future__ import annotations
 
@@ -95,3 +96,47 @@ def test_the_hostile_tables_reach_the_fallback_and_the_injection_flag(monkeypatc
     frame = rules.score_table(table, PROFILES)
     assert calls == [True, False]  # the parsed plan failed on the nested argument: the per-path one ran
     assert frame["injection_attempt"].min() == -1.0 and frame.height == table.height
+
+
+def old_step_table(rollouts, tasks, profiles, potentials):
+    """verifiers.rules.step_table as it was: column by column, the category looked up per step."""
+    columns = {name: [] for name in rules.STEP_SCHEMA}
+    for rollout in rollouts:
+        profile = profiles[rollout.family]
+        phi = rules._potentials(rollout, tasks, potentials)
+        for i, step in enumerate(rollout.steps):
+            call = step.tool_call
+            category = profile.category(call.name) if call else None
+            values = (rollout.rollout_id, rollout.family, step.index, i, step.error, call.name if call else None,
+                      rules._ARGS_JSON(call.arguments) if call else None,
+                      category.value if category else None, step.observation, step.result, phi[i], phi[i + 1],
+                      rules.agent_text(step))
+            for name, value in zip(rules.STEP_SCHEMA, values):
+                columns[name].append(value)
+    return pl.DataFrame(columns, schema=rules.STEP_SCHEMA)
+
+
+def test_the_step_table_equals_the_one_built_column_by_column():
+    rollouts, tasks = [], {}
+    for seed in range(5):
+        for level in (1, 2, 4, 5):
+            task = generate_task(seed, level)
+            tasks[task.task_id] = task
+            env = InventoryEnv()
+            ts = env.reset(task)
+            policy = ScriptedInventoryPolicy(mistake_rate=0.6)
+            policy.reset(seed)
+            # unknown tools, unparseable text and a call without arguments among the policy's own
+            actions = ['{"name": "teleport", "arguments": {"to": "x"}}', "no call here", '{"name": "get_stock"}']
+            while not ts.done and len(env.steps) < 30:
+                ts = env.step(actions.pop() if actions and len(env.steps) % 2 else policy.act(ts.observation))
+            rollouts.append(Rollout(task_id=task.task_id, family="inventory", env_id=task.env_id, env_version="0",
+                                    policy_id="test", policy_version="1", seed=seed, steps=env.steps,
+                                    termination=Termination.failure))
+    rollouts.append(rollouts[0].model_copy(update={"steps": [], "seed": 99}))
+    for batch in (rollouts, rollouts[:1], rollouts[-1:], []):
+        ours = rules.step_table(batch, tasks, PROFILES, POTENTIALS)
+        old = old_step_table(batch, tasks, PROFILES, POTENTIALS)
+        assert ours.schema == old.schema and ours.equals(old) and ours.to_dicts() == old.to_dicts()
+    table = rules.step_table(rollouts, tasks, PROFILES, POTENTIALS)
+    assert table["category"].null_count() > table["tool"].null_count() > 0  # unknown tools and no calls met
