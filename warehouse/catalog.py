@@ -11,9 +11,9 @@ A table with a registered file missing gets a view that fails with a message nam
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,30 +121,44 @@ def footer(file: Path) -> tuple[str | None, set[str]]:
         return f"is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})", set()
 
 
-# A readable file's columns by what `os.stat` says of it (path, inode, size, modification time): a
-# view's rebuild after each landing reads only the new files' footers, not every registered one's
-# again. A file rewritten, replaced or removed since has another key (or none) and is read again.
-# A file modified in the last FRESH_S seconds is not remembered: the file system's clock is coarse,
-# and a rewrite within one of its ticks could keep the size and the time (DuckDB's own Parquet
-# metadata cache, `METADATA_CACHE`, guards its entries the same way).
-_FOOTERS: dict[tuple[str, int, int, int], set[str]] = {}
+# A readable file's columns by its path and the SHA-256 of its footer (the bytes a view's binding
+# reads): a view's rebuild after each landing parses only new or changed footers, not every
+# registered file's again. Reading a footer's bytes costs far less than parsing them; a footer
+# changed in any way (a rewrite, a flipped bit, whatever its size and times) is parsed again.
+_FOOTERS: dict[tuple[str, bytes], set[str]] = {}
 _FOOTERS_MAX = 65536
-FRESH_S = 2.0
-METADATA_CACHE = "SET parquet_metadata_cache = true"  # binding a view reads every file's footer
+
+
+def _footer_digest(file: Path) -> bytes | None:
+    """The SHA-256 of a Parquet file's footer (its metadata, length and closing magic), None where
+    the file has no such footer (`footer` says what is wrong with it)."""
+    try:
+        with open(file, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return None
+            f.seek(size - 8)
+            tail = f.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or length > size - 12:
+                return None
+            f.seek(size - 8 - length)
+            return hashlib.sha256(f.read(length) + tail).digest()
+    except OSError:
+        return None
 
 
 def _known_footer(file: Path) -> tuple[str | None, set[str]]:
-    """`footer(file)`, remembered for a file read before and unchanged since."""
-    try:
-        stat = file.stat()
-    except OSError:
+    """`footer(file)`, remembered for a footer parsed before with the same bytes."""
+    digest = _footer_digest(file)
+    if digest is None:
         return footer(file)
-    key = (str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    key = (str(file), digest)
     names = _FOOTERS.get(key)
     if names is not None:
         return None, names
     problem, names = footer(file)
-    if problem is None and stat.st_mtime_ns < time.time_ns() - FRESH_S * 1e9:
+    if problem is None:
         if len(_FOOTERS) >= _FOOTERS_MAX:
             _FOOTERS.clear()
         _FOOTERS[key] = names

@@ -123,7 +123,7 @@ def to_arrays(model: type[BaseModel], records: Sequence[BaseModel],
             # pydantic's JSON is UTF-8 bytes: Arrow checks and takes them as text, no str per value
             out[column.name] = pa.array(values, pa.binary()).cast(pa.string())
             continue
-        if column.name in enums:
+        if column.name in enums and not all(map(_text_is_value, set(map(type, values)))):
             values = [v.value if isinstance(v, Enum) else v for v in values]
         check_lists(column, values)
         out[column.name] = pa.array(values, column.type)
@@ -143,12 +143,22 @@ def _field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
 
 
 @cache
+def _text_is_value(kind: type) -> bool:
+    """Does Arrow take a value of this type as what `to_row` writes? A `str` Enum's member is taken as
+    its text, which is its value unless the Enum made it otherwise (a `__new__` storing a label as
+    the text); any other Enum's member is no text at all."""
+    if issubclass(kind, Enum):
+        return issubclass(kind, str) and all(str.__str__(m) == m.value for m in kind)
+    return True
+
+
+@cache
 def _enum_fields(model: type[BaseModel]) -> frozenset[str]:
-    """Fields that may hold an Enum member Arrow does not take as its value. A `str` Enum's member is
-    a str whose text is its value (Arrow takes it as it is); any other Enum's member is not."""
+    """Fields declared to hold an Enum: their values' types are looked at (`_text_is_value`), since
+    `model_copy` may have put another Enum's member there."""
     def has_enum(annotation: Any) -> bool:
         if isinstance(annotation, type) and issubclass(annotation, Enum):
-            return not issubclass(annotation, str)
+            return True
         return any(has_enum(a) for a in get_args(annotation))
 
     return frozenset(name for name, info in model.model_fields.items() if has_enum(info.annotation))

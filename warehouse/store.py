@@ -108,7 +108,6 @@ class Warehouse:
                             "copied it into storage version %s (the old file is kept as %s)",
                             self.data_dir, catalog.STORAGE_VERSION, backup.name)
             self.con = _connect(path, False, lock_timeout_s)
-            self.con.execute(catalog.METADATA_CACHE)
             catalog.bind(self.con, self.data_dir)
             self.con.execute("BEGIN TRANSACTION")
             self.con.execute(catalog.MANIFEST_DDL)
@@ -646,7 +645,6 @@ def confine(con: duckdb.DuckDBPyConnection, data_dir: Path) -> None:
         files = [data_dir / e.path for e in catalog.entries(con)]
         con.execute("SET allowed_paths = ?", [sorted({str(f) for f in files} | {os.path.realpath(f) for f in files})])
         con.execute("SET enable_external_access = false")
-        con.execute(catalog.METADATA_CACHE)
         con.execute("SET lock_configuration = true")
 
 

@@ -146,12 +146,30 @@ def test_enum_members_reach_arrow_as_their_values_whether_or_not_they_are_text()
         shape: Shape
         maybe: Colour | None = None
 
-    things = [Thing(colour="r", shape="o"), Thing(colour="r", shape="o", maybe="r")]
-    arrays = to_arrays(Thing, things)
-    assert {k: v.to_pylist() for k, v in arrays.items()} == \
-        {"colour": ["r", "r"], "shape": ["o", "o"], "maybe": [None, "r"]}
-    assert [to_row(t) for t in things] == [dict(zip(arrays, values)) for values in zip(*(
-        a.to_pylist() for a in arrays.values()))]
+    class Level(str, Enum):  # a member's text is its label, its value a code
+        def __new__(cls, code: str, label: str):
+            member = str.__new__(cls, label)
+            member._value_ = code
+            return member
+
+        low = ("l", "Low")
+
+    class Ranked(BaseModel):
+        level: Level
+        colour: Colour
+
+    def same(model, records, want):
+        arrays = to_arrays(model, records)
+        assert {k: v.to_pylist() for k, v in arrays.items()} == want
+        assert [to_row(r, ) for r in records] == [dict(zip(arrays, values)) for values in zip(*(
+            a.to_pylist() for a in arrays.values()))]
+
+    same(Thing, [Thing(colour="r", shape="o"), Thing(colour="r", shape="o", maybe="r")],
+         {"colour": ["r", "r"], "shape": ["o", "o"], "maybe": [None, "r"]})
+    same(Ranked, [Ranked(level="l", colour="r")], {"level": ["l"], "colour": ["r"]})
+    # model_copy does not validate: another Enum's member where a Colour belongs is still its value
+    copied = Ranked(level="l", colour="r").model_copy(update={"colour": Level.low})
+    assert to_arrays(Ranked, [copied])["colour"].to_pylist() == ["l"]
 
 
 def test_the_first_row_of_each_key_whether_or_not_a_key_repeats(build):
