@@ -63,7 +63,7 @@ PotentialFn = Callable[[TaskSpec, list[Step]], list[float]]
 STEP_SCHEMA = {"rollout_id": pl.String, "family": pl.String, "step_index": pl.Int64, "order": pl.Int64,
                "error": pl.String, "tool": pl.String, "args": pl.String, "category": pl.String,
                "observation": pl.String, "result": pl.String, "phi_before": pl.Float64, "phi_after": pl.Float64,
-               "agent_text": pl.String}  # agent_text(step): what the injection patterns read
+               "agent_text": pl.String}  # agent_texts: what the injection patterns read (None: nothing they match)
 # Joins observations into one text per rollout; never inside a JSON-rendered value.
 SEPARATOR = "\x00"
 # The rule table's plans run on polars' in-memory engine: "auto" picks the streaming engine, whose
@@ -196,6 +196,29 @@ def agent_text(step: Step) -> str:
     return reading_text("\n".join(parts))
 
 
+def agent_texts(steps: list[Step]) -> list[str | None]:
+    """`agent_text` of each step where the injection patterns could match it, None where they cannot.
+
+    They cannot where the step's raw text (its reasoning, raw action, argument strings and result,
+    joined) is ASCII, its result holds no backslash, and no word of INJECTION_WORDS is in it. Then
+    every string `agent_text` joins is one of those parts or, decoded from an escape-free result,
+    a piece of one; `reading_text` leaves ASCII as it is; and no word spans a line break: no word
+    INJECTION needs is in `agent_text` either. The raw texts are screened in one vectorised pass
+    (the INJECTION_HINT engine `_injected_rows` runs); `agent_text` (a JSON decode and walk per
+    step, ~10 µs) runs only on the rest."""
+    raws, plain = [], []
+    for step in steps:
+        parts = [step.thought or "", step.action_text or ""]
+        if step.tool_call is not None:
+            parts.extend(_strings(step.tool_call.arguments))
+        parts.append(step.result)
+        raw = "\n".join(parts)
+        raws.append(raw)
+        plain.append(raw.isascii() and "\\" not in step.result)
+    hinted = pl.Series(raws, dtype=pl.String).str.contains(INJECTION_HINT).to_list()
+    return [agent_text(step) if hint or not ok else None for step, hint, ok in zip(steps, hinted, plain)]
+
+
 def rules_version(profile: DomainProfile) -> str:
     """The rule layer's version for one family: the code's version and its weights, so a
     re-score under other weights lands beside the old scores instead of being skipped."""
@@ -219,7 +242,7 @@ _ARGS_JSON = json.JSONEncoder(sort_keys=True, default=str).encode
 def step_table(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: dict[str, DomainProfile],
                potentials: dict[str, PotentialFn]) -> pl.DataFrame:
     """The rules' input, one row per step: plain columns, arguments and results as JSON text."""
-    rows = []
+    rows, steps = [], []
     for rollout in rollouts:
         profile = profiles[rollout.family]
         categories: dict[str, str | None] = {}  # tool name -> its category's value, this rollout's profile's
@@ -236,9 +259,11 @@ def step_table(rollouts: list[Rollout], tasks: dict[str, TaskSpec], profiles: di
                     category = categories[name] = found.value if found else None
             rows.append((rollout.rollout_id, rollout.family, step.index, i, step.error, call.name if call else None,
                          _ARGS_JSON(call.arguments) if call else None, category, step.observation, step.result,
-                         phi[i], phi[i + 1], agent_text(step)))
-    # one list per column, in STEP_SCHEMA's order (rows transposed in one pass)
+                         phi[i], phi[i + 1]))
+        steps += rollout.steps
+    # one list per column, in STEP_SCHEMA's order (rows transposed in one pass), agent_text last
     columns = dict(zip(STEP_SCHEMA, map(list, zip(*rows)))) if rows else {name: [] for name in STEP_SCHEMA}
+    columns["agent_text"] = agent_texts(steps)
     return pl.DataFrame(columns, schema=STEP_SCHEMA)
 
 
