@@ -19,6 +19,7 @@ import polars as pl
 from envs.profile import DomainProfile
 from envs.records import Rollout, StepScore, TaskSpec
 from envs.registry import family_env_id, verifier_for
+from tasks.collector import frozen_before
 from tasks.generate import family_env_class
 from verifiers.calibration import Calibrator, current_calibrators
 from verifiers.judge import Judge, JudgeCache, JudgeSettings, JudgeStats
@@ -49,6 +50,7 @@ class ScoringRun:
     judge_failed: list[StepScore] = field(default_factory=list)  # not landed: retried by the next re-score
 
 
+@frozen_before()  # what exists before is out of the garbage collector's sight while it runs
 def score_steps(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str | Path | None = None,
                 judge: JudgeSettings | None = None, profiles: dict[str, DomainProfile] | None = None,
                 calibrators: dict[str, Calibrator] | None = None, use_calibrators: bool = True) -> ScoringRun:

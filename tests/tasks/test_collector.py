@@ -1,0 +1,110 @@
+"""tasks.collector.frozen_before: what exists before a batch is out of the garbage collector's sight
+during it and back after it; cycles the batch makes are still collected during it; nested and
+concurrent batches share one freeze; a process's own freeze is left alone; the stages use it."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+
+from tasks import collector
+from tasks.collector import frozen_before
+
+
+class Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the collector frees it
+
+
+@pytest.fixture(autouse=True)
+def unfrozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    assert collector._batches == 0
+
+
+def test_what_existed_is_frozen_during_the_batch_and_back_after():
+    before = Node()
+    with frozen_before():
+        assert gc.get_freeze_count() > 0
+        assert gc.is_tracked(before)
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_cycle_the_batch_makes_is_collected_during_the_batch():
+    with frozen_before():
+        gone = weakref.ref(Node())
+        assert gone() is not None
+        gc.collect()
+        assert gone() is None
+
+
+def test_a_cycle_that_became_garbage_during_the_batch_is_collected_after_it():
+    node = Node()
+    gone = weakref.ref(node)
+    with frozen_before():
+        del node
+        gc.collect()
+        assert gone() is not None  # frozen: out of sight
+    gc.collect()
+    assert gone() is None
+
+
+def test_nested_batches_share_one_freeze_and_an_error_lifts_it():
+    with frozen_before():
+        with frozen_before():
+            frozen = gc.get_freeze_count()
+        assert gc.get_freeze_count() == frozen > 0  # the inner end does not lift it
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError):
+        with frozen_before():
+            raise RuntimeError("boom")
+    assert gc.get_freeze_count() == 0 and collector._batches == 0
+
+
+def test_batches_side_by_side_in_threads_share_one_freeze():
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with frozen_before():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with frozen_before():
+            second_in.set()
+            first_out.wait(5)
+            seen["after the first ended"] = gc.get_freeze_count()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen["after the first ended"] > 0 and gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_itself_keeps_its_freeze_as_it_was():
+    Node()
+    gc.freeze()
+    theirs = gc.get_freeze_count()
+    with frozen_before():
+        made = [Node() for _ in range(10)]
+        assert gc.get_freeze_count() == theirs  # nothing frozen from here
+    assert gc.get_freeze_count() == theirs and made
+
+
+def test_the_scoring_stage_runs_in_a_batch(monkeypatch):
+    from tasks import score
+
+    inside = []
+    monkeypatch.setattr(score, "score_rules", lambda *a: inside.append(gc.get_freeze_count()) or [])
+    assert score.score_steps([], []).scores == []
+    assert inside and inside[0] > 0 and gc.get_freeze_count() == 0
