@@ -12,7 +12,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, ClassVar
 
 from envs.base import AgentEnv, render_error
@@ -77,7 +77,7 @@ class TimeLimit(Wrapper):
         self._limits = (max_steps, step_timeout_s, episode_timeout_s)
         self._over = False
         self._worker: StepWorker | None = None  # taken from the idle ones at the first step
-        self._watch: EpisodeWatch | None = None  # set by `run_watched` for its episode
+        self._watch: _Lane | None = None  # set by `play_watched` for its episode in progress
 
     def reset(self, task=None, seed=None) -> TimeStep:
         ts = self.env.reset(task=task, seed=seed)
@@ -107,7 +107,7 @@ class TimeLimit(Wrapper):
             return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
                         {"error": {"kind": TIMEOUT, "message": reason}})
         watch = self._watch
-        if watch is not None and watch.thread is threading.current_thread():
+        if watch is not None:  # a watched episode: the step runs here (Abandoned if its thread was)
             return self._after(watch.run_step(self.env.step, action, timeout))
         if self._worker is None:
             self._worker = StepWorker.take()
@@ -134,111 +134,193 @@ class TimeLimit(Wrapper):
         return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
                     {"error": {"kind": TIMEOUT, "message": reason}})
 
-    def earliest_deadline(self, now: float) -> float:
-        """No step that starts after `now` can overrun before this time (inf before `reset`)."""
-        if not hasattr(self, "deadline"):
-            return math.inf
-        remaining = self.deadline - now
-        return now + (min(self.step_timeout_s, remaining) if remaining > 0 else self.step_timeout_s)
-
 
 class Abandoned(BaseException):
     """Raised in a watched episode's thread by a step that returns after its watcher abandoned it:
-    the stack has already ended the episode with a timeout, so nothing more of this thread's
-    episode may run or be recorded. A BaseException, so no `except Exception` of the episode's
-    loop takes it for the env's or the policy's error."""
-
-
-class EpisodeWatch:
-    """The deadline of the step in progress in one watched episode (see `run_watched`)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
-        self.thread: threading.Thread | None = None  # the thread that plays the episode
-        self.step: tuple[float, float] | None = None  # (deadline, timeout) of the step in progress
-        self.wake_at = math.inf  # when the watcher looks next (it sleeps until then)
-        self.finished = False
-        self.abandoned = False
-
-    def run_step(self, step: Callable[[Any], TimeStep], action: Any, timeout: float) -> TimeStep:
-        """`step(action)` in this thread, in an empty `contextvars` context (as in a thread of its
-        own), under the watcher's eye: `Abandoned` if the watcher gave up on it meanwhile."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            if self.abandoned:
-                raise Abandoned()
-            self.step = (deadline, timeout)
-            if deadline < self.wake_at:  # the watcher sleeps past this deadline (the first step)
-                self.cond.notify()
-        try:
-            ts = contextvars.Context().run(step, action)
-        except BaseException:
-            if self._end_step():
-                raise Abandoned() from None
-            raise
-        if self._end_step():
-            raise Abandoned()
-        return ts
-
-    def _end_step(self) -> bool:
-        """Leave the step; whether the watcher abandoned it."""
-        with self.cond:
-            self.step = None
-            return self.abandoned
+    the stack has already ended the episode with a timeout (and the plays left go on in another
+    thread), so nothing more of this thread's work may run or be recorded. A BaseException, so no
+    `except Exception` of the episode's loop takes it for the env's or the policy's error."""
 
 
 def run_watched(env: AgentEnv, loop: Callable[[], Any]) -> tuple[bool, Any]:
     """Run `loop()` (one episode of `env`: the policy's turns and the stack's `step` calls) with the
     time limit enforced during each step as `TimeLimit` enforces it, without handing every step to
-    another thread: the whole loop runs in a `StepWorker` thread, steps included, while the calling
-    thread sleeps until the deadline of the step in progress (woken only at the loop's end, or
-    when a step's deadline comes before the time it meant to look next, i.e. once an episode).
-    (True, loop()'s value) when it ends (what it raised is raised here); (False, ts) when a step
-    overran its deadline: that step is abandoned while it runs, the stack has ended the episode
-    as `TimeLimit` does (`Recorder` recorded the timeout step) and `ts` is what `step` returned.
-    The loop runs in a copy of the caller's `contextvars` context, each step in an empty one.
-    `env` is `TimeLimit(...)` or `Recorder(TimeLimit(...))` (the standard stack); any other stack
-    runs `loop()` in this thread (its TimeLimit, if any, hands each step over)."""
-    recorder = env if type(env) is Recorder else None
-    limit = recorder.env if recorder is not None else env
-    if type(limit) is not TimeLimit:
+    another thread: one play of `play_watched`. (True, loop()'s value) when it ends (what it raised
+    is raised here); (False, ts) when a step overran its deadline: that step is abandoned while it
+    runs, the stack has ended the episode as `TimeLimit` does (`Recorder` recorded the timeout
+    step) and `ts` is what `step` returned. `env` is `TimeLimit(...)` or `Recorder(TimeLimit(...))`
+    (the standard stack); any other stack runs `loop()` in this thread (its TimeLimit, if any,
+    hands each step over)."""
+    if type(env.env if type(env) is Recorder else env) is not TimeLimit:
         return True, loop()
-    watch = limit._watch = EpisodeWatch()
-    context = contextvars.copy_context()
 
-    def play() -> Any:
-        watch.thread = threading.current_thread()
+    def play():
+        return (yield env, loop)
+
+    return play_watched([play])[0]
+
+
+def play_watched(plays: Iterable[Callable[[], Any]]) -> list[Any]:
+    """Each `play()`'s result, in order, the plays run one after another in one `StepWorker` thread
+    while this thread sleeps until the deadline of the step in progress. A play that returns a
+    generator is played: each `(env, loop)` it yields is one episode whose loop runs at once in
+    that thread, steps inline, its time limit enforced as `run_watched` says, and the generator
+    gets back (True, loop()'s value), or what the loop raised thrown in, or (False, ts) when a step
+    overran: the episode has ended with the stack's timeout step, its thread is abandoned while
+    the step runs (`Abandoned` there if it ever returns), and the play, then the plays left, go on
+    in a fresh thread. What the generator returns is the play's result. The first error a play
+    raises is raised here; the plays after it do not run. So a batch of episodes costs one
+    hand-off to another thread, not one each (the wake-ups cost more than a short episode's steps).
+
+    The plays run in a copy of this thread's `contextvars` context (a copy of that copy after an
+    overrun), each loop in a copy of the one its play runs in, each step in an empty one. The
+    watcher wakes only at the end, when a step's deadline comes before the time it meant to look
+    next (once a batch, or for a step with a shorter limit), and at that time."""
+    lane = _Lane(plays)
+    return lane.watch()
+
+
+class _Lane:
+    """The state `play_watched` shares between the watching thread and the playing one."""
+
+    def __init__(self, plays: Iterable[Callable[[], Any]]):
+        self.lock = threading.Lock()  # taken directly by each step (cheaper than the condition's)
+        self.cond = threading.Condition(self.lock)
+        self.plays = iter(plays)
+        self.context = contextvars.copy_context()
+        self.results: list[Any] = []
+        self.shift = 0  # the number of the thread allowed to play (one more on each abandonment)
+        self.thread: int | None = None  # the ident of the thread playing now; None once abandoned
+        self.play: Generator | None = None  # the play whose episode is in progress
+        self.episode: tuple[TimeLimit, Recorder | None] | None = None  # that episode's stack
+        self.step: tuple[float, float] | None = None  # (deadline, timeout) of the step in progress
+        self.timeout = math.inf  # the time limit of the last step that started
+        self.wake_at = math.inf  # when the watcher looks next (it sleeps until then)
+        self.done = False
+        self.error: BaseException | None = None
+
+    def watch(self) -> list[Any]:
+        """In the calling thread: start the plays, watch their steps until they are all played."""
+        worker, job = self._start(None, None)
         try:
-            return context.run(loop)
-        finally:
-            with watch.cond:
-                watch.finished = True
-                watch.cond.notify()
+            while True:
+                with self.cond:
+                    while not self.done:
+                        now = time.monotonic()
+                        if self.step is not None and now >= self.step[0]:
+                            break
+                        # between steps: the next one's deadline, if its limit is the last one's
+                        self.wake_at = self.step[0] if self.step is not None else now + self.timeout
+                        self.cond.wait(min(max(self.wake_at - now, 0.0), threading.TIMEOUT_MAX))
+                    if self.done:
+                        break
+                    timeout = self.step[1]
+                    self._abandon()
+                worker.abandon()  # its thread ends when the abandoned step returns, if ever
+                limit, recorder = self.episode
+                ts = limit.overran(timeout)
+                worker, job = self._start(self.play, (False, recorder.finish(ts) if recorder is not None else ts))
+        except BaseException:  # interrupted while watching: the playing thread stops at its next step
+            with self.cond:
+                self._abandon()
+            worker.abandon()
+            raise
+        StepWorker.result(job)
+        StepWorker.release(worker)
+        if self.error is not None:
+            raise self.error
+        return self.results
 
-    worker = StepWorker.take()
-    job = worker.submit(play)
-    try:
-        with watch.cond:
-            while not watch.finished:
-                now = time.monotonic()
-                if watch.step is not None and now >= watch.step[0]:
-                    watch.abandoned = True
-                    break
-                watch.wake_at = watch.step[0] if watch.step is not None else limit.earliest_deadline(now)
-                watch.cond.wait(min(max(watch.wake_at - now, 0.0), threading.TIMEOUT_MAX))
-    except BaseException:  # interrupted while watching: the episode's thread stops at its next step
-        with watch.cond:
-            watch.abandoned = True
-        worker.abandon()
-        raise
-    if watch.abandoned:
-        worker.abandon()  # its thread ends when the abandoned step returns, if ever
-        ts = limit.overran(watch.step[1])
-        return False, (recorder.finish(ts) if recorder is not None else ts)
-    limit._watch = None
-    value = worker.result(job)
-    StepWorker.release(worker)
-    return True, value
+    def _abandon(self) -> None:
+        """(Holding the lock.) The thread playing now plays nothing more."""
+        self.shift += 1
+        self.thread = self.step = None
+
+    def _start(self, play: Generator | None, value: Any) -> tuple[StepWorker, tuple]:
+        """A fresh thread playing on: `play` resumed with `value` (if any), then the plays left."""
+        if self.shift:
+            self.context = self.context.copy()  # the abandoned thread is still in the old one
+        worker, context, shift = StepWorker.take(), self.context, self.shift
+        return worker, worker.submit(lambda: context.run(self._play_on, shift, play, value))
+
+    def _play_on(self, shift: int, play: Generator | None, value: Any) -> None:
+        me = threading.get_ident()
+        with self.cond:
+            if self.shift != shift:
+                return
+            self.thread = me
+        error: BaseException | None = None
+        try:
+            while self.thread == me:
+                if play is None:
+                    start = next(self.plays, None)
+                    if start is None:
+                        break
+                    out = start()
+                    if not isinstance(out, Generator):
+                        self.results.append(out)
+                        continue
+                    play, value = out, None
+                try:
+                    env, loop = play.throw(error) if error is not None else play.send(value)
+                except StopIteration as end:
+                    self.results.append(end.value)
+                    play = None
+                    continue
+                finally:
+                    error = None
+                try:
+                    value = self._episode(play, env, loop)
+                except BaseException as exc:  # thrown into the play (unless this thread was abandoned)
+                    error = exc
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            with self.cond:
+                if self.thread == me:
+                    self.done = True
+                    self.cond.notify()
+
+    def _episode(self, play: Generator, env: AgentEnv, loop: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run one episode's loop here, its steps watched (through its TimeLimit's `_watch`)."""
+        recorder = env if type(env) is Recorder else None
+        limit = recorder.env if recorder is not None else env
+        if type(limit) is not TimeLimit:
+            return True, loop()
+        self.play, self.episode, limit._watch = play, (limit, recorder), self
+        try:
+            return True, contextvars.copy_context().run(loop)
+        finally:
+            limit._watch = None
+
+    def run_step(self, step: Callable[[Any], TimeStep], action: Any, timeout: float) -> TimeStep:
+        """`step(action)` in this thread, in an empty `contextvars` context (as in a thread of its
+        own), under the watcher's eye: `Abandoned` if the watcher gave up on this thread meanwhile."""
+        me = threading.get_ident()
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            if self.thread != me:
+                raise Abandoned()
+            self.step, self.timeout = (deadline, timeout), timeout
+            if deadline < self.wake_at:  # the watcher sleeps past this deadline (a batch's first step)
+                self.cond.notify()
+        try:
+            ts = contextvars.Context().run(step, action)
+        except BaseException:
+            if self._end_step(me):
+                raise Abandoned() from None
+            raise
+        if self._end_step(me):
+            raise Abandoned()
+        return ts
+
+    def _end_step(self, me: int) -> bool:
+        """Leave the step; whether the watcher abandoned this thread meanwhile."""
+        with self.lock:
+            if self.thread != me:
+                return True
+            self.step = None
+            return False
 
 
 class StepWorker:

@@ -10,19 +10,23 @@ per worker process: every batch of one run in one process draws from the same N 
 
 A policy that cannot fork (a custom policy without `fork`), or whose N is 1, plays its episodes
 one after another, and its batches in one process take turns, each playing all of its episodes
-before the next starts.
+before the next starts. A serial batch is played in one thread, watched by the caller's for the
+step time limit (envs.wrappers.play_watched: one hand-off per batch, not per episode).
 Results come back in the order of the items, whatever order the episodes finished in."""
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from typing import TypeVar
 
 from envs.records import PolicySpec
+from envs.wrappers import play_watched
 from tasks.policies import Policy
 
 Item = TypeVar("Item")
@@ -49,23 +53,25 @@ def slots(policy: Policy, n: int) -> threading.BoundedSemaphore:
         return _SLOTS.setdefault(key, threading.BoundedSemaphore(n))
 
 
-_held = threading.local()  # the slots this thread holds
+# The slots held by the serial batch this code runs in: a context variable, so that the thread
+# that plays a batch's items (which runs in a copy of the caller's context) sees them too.
+_held: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("held_slots", default=frozenset())
 
 
 @contextmanager
 def _holding(limit: threading.BoundedSemaphore):
-    """Hold one of `limit`'s slots, or go on with the one this thread holds already (a play that
-    plays episodes of the same policy through the engine must not wait for itself)."""
-    held = _held.__dict__.setdefault("slots", set())
+    """Hold one of `limit`'s slots, or go on with the one held already by the batch this code runs
+    in (a play that plays episodes of the same policy through the engine must not wait for itself)."""
+    held = _held.get()
     if id(limit) in held:
         yield
         return
     with limit:
-        held.add(id(limit))
+        token = _held.set(held | {id(limit)})
         try:
             yield
         finally:
-            held.discard(id(limit))
+            _held.reset(token)
 
 
 def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Policy, Item], Result],
@@ -73,8 +79,12 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
     """`play(agent, item)` for every item, up to `concurrency` (default: `concurrency_of(policy)`)
     at once, each with an agent of its own (a fork of `policy`; `policy` itself when serial).
     Once `stop` is set, items not yet started are not played (their result is None). An
-    exception raised by a `play` sets it; the first (in item order) is raised here once the
-    episodes in flight have ended."""
+    exception raised by a `play` sets it (when concurrent); the first (in item order) is raised
+    here once the episodes in flight have ended (when serial: at once, and the items after it
+    are not played). A `play` may be a generator function (a play of envs.wrappers.play_watched,
+    its episodes yielded as `(env, loop)`): serial items are played one after another in one
+    thread watched by this one (one hand-off per batch), a concurrent item in a thread of its own
+    watched by the pool's."""
     n = concurrency or concurrency_of(policy)
     stop = stop or threading.Event()
     limit = slots(policy, n)
@@ -83,7 +93,7 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
         # whole (one episode in flight, as max_concurrency 1 says; episodes in threads side by
         # side would only fight over the interpreter lock), and a lone episode holds one of N.
         with _holding(limit):
-            return [None if stop.is_set() else play(policy, item) for item in items]
+            return play_watched([partial(_unless, stop, play, policy, item) for item in items])
     agents: queue.SimpleQueue[Policy] = queue.SimpleQueue()
 
     def one(item: Item) -> Result | None:
@@ -96,7 +106,8 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
                     agent = agents.get_nowait()
                 except queue.Empty:
                     agent = policy.fork()
-                return play(agent, item)
+                out = play(agent, item)
+                return play_watched([lambda: out])[0] if isinstance(out, Generator) else out
             except BaseException:
                 stop.set()  # an error ends the run: nothing further starts
                 raise
@@ -111,3 +122,8 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
         if error is not None:
             raise error
     return [f.result() for f in futures]
+
+
+def _unless(stop: threading.Event, play: Callable[[Policy, Item], Result], agent: Policy, item: Item) -> Result | None:
+    """`play(agent, item)`, or None once `stop` is set."""
+    return None if stop.is_set() else play(agent, item)

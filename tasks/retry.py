@@ -16,14 +16,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, TaskSpec
 from tasks import progress
 from tasks.engine import run_concurrently
 from tasks.policies import Policy
-from tasks.rollout import rollout_seed, run_episode
+from tasks.rollout import episode, rollout_seed
 
 
 class RetryExhausted(RuntimeError):
@@ -42,14 +42,15 @@ def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task
     (tasks/engine.py), in (task, sample, attempt) order whatever order they finished in."""
     stop = threading.Event()
 
-    def attempts(agent: Policy, job: tuple[TaskSpec, int]) -> tuple[list[Rollout], str | None]:
+    def attempts(agent: Policy, job: tuple[TaskSpec, int]) -> Generator[tuple, Any, tuple[list[Rollout], str | None]]:
+        """The job's attempts, a play (its episodes are played by the engine's thread: tasks/engine.py)."""
         task, sample = job
         episode_seed = rollout_seed(seed, task, sample)
         played = []
         for attempt in range(retry.max_retries + 1):
             if attempt:
                 sleep(retry.delay_s(attempt))
-            rollout = run_episode(task, agent, episode_seed, attempt, faults, subagent=subagent)
+            rollout = yield from episode(task, agent, episode_seed, attempt, faults, subagent=subagent)
             played.append(rollout)
             if rollout.termination not in retry.retry_on:
                 progress.advance(task.family)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Generator
 from contextlib import nullcontext
+from functools import partial
+from typing import Any
 
 from envs.errors import EnvFault, InvalidTask
 from envs.faults import FaultInjection
@@ -14,7 +17,7 @@ from envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig
                           TaskSpec, content_hash)
 from envs.registry import load, make, spec, verifier_for
 from envs.secrets import redact
-from envs.wrappers import run_watched, standard_stack
+from envs.wrappers import play_watched, standard_stack
 from tasks.classify import classify
 from tasks.policies import Policy, PolicyOutput
 from verifiers.base import ReplayVerifier
@@ -55,7 +58,16 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     never hit is exactly the fault-free episode. `limits` replaces the task's budget in the
     runtime (an evaluation's cap); the task itself is never edited (reset refuses that).
     `subagent` names the frozen policy a delegating env (envs/delegation.py) hands its sub-tasks
-    to; other envs ignore it."""
+    to; other envs ignore it. The episode is `episode(...)` played alone (`play_watched`)."""
+    return play_watched([lambda: episode(task, policy, seed, attempt, faults, limits, subagent)])[0]
+
+
+def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults: FaultConfig | None = None,
+            limits: Budget | None = None, subagent: PolicySpec | None = None) -> Generator[tuple, Any, Rollout]:
+    """`run_episode` as a play of envs.wrappers.play_watched (which plays a batch of them in one
+    thread): it yields the episode's stack and loop once, to be run watched (a step over its time
+    limit is abandoned at its deadline, and the episode ends there with the stack's timeout step),
+    and returns the rollout."""
     faults = faults if faults is not None and faults.rate > 0 else None
     base = make(task.env_id, **delegation_options(task.env_id, subagent))
     if faults is not None:
@@ -63,7 +75,10 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
     env = standard_stack(base, limits=limits)
     started = time.perf_counter()
     try:  # the env (a coding sandbox) is closed whatever is raised
-        played = _play(env, task, policy, seed)
+        played = _Played()
+        finished, ts = yield env, lambda: _loop(env, task, policy, seed, played)
+        if not finished:
+            played.ts = ts
         ts, policy_error, env_error, env_bug, inference = (played.ts, played.policy_error, played.env_error,
                                                            played.env_bug, played.inference)
         steps = list(getattr(env, "steps", []))
@@ -145,22 +160,12 @@ def sub_rollout(parent_id: str, stage: int, index: int, episode) -> Rollout:
                    parent_rollout_id=parent_id, stage=stage, stage_index=index)
 
 
-def _play(env, task: TaskSpec, policy: Policy, seed: int):
-    """Run the episode; what it reached (`_Played`): the last time step, policy error, env fault,
-    env bug, each None or the reason, and `inference`, which maps "fault" (the policy's endpoint failed: an EndpointError, raised by
-    its HTTP layer) or "context" (the endpoint refused a context too long) to the reason. The
-    loop runs watched (envs.wrappers.run_watched): a step over its time limit is abandoned at
-    its deadline, and the episode ends there with the stack's timeout step."""
-    played = _Played()
-    finished, ts = run_watched(env, lambda: _loop(env, task, policy, seed, played))
-    if not finished:
-        played.ts = ts
-    return played
-
-
 class _Played:
-    """What an episode's loop has reached (the watcher reads it once the loop ended or overran),
-    and the verifier's live record of its progress potentials (verifiers.base.LiveProgress)."""
+    """What an episode's loop has reached: the last time step, policy error, env fault, env bug,
+    each None or the reason, and `inference`, which maps "fault" (the policy's endpoint failed: an
+    EndpointError, raised by its HTTP layer) or "context" (the endpoint refused a context too long)
+    to the reason (read once the loop ended or overran); and the verifier's live record of its
+    progress potentials (verifiers.base.LiveProgress)."""
 
     def __init__(self) -> None:
         self.ts = self.policy_error = self.env_error = self.env_bug = None
@@ -229,7 +234,9 @@ def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str 
 
 
 def collect_rollouts(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int) -> list[Rollout]:
-    return [run_episode(task, policy, rollout_seed(seed, task, k)) for task in tasks for k in range(samples_per_task)]
+    """`run_episode` of every (task, sample), one after another, played in one thread (`play_watched`)."""
+    return play_watched([partial(episode, task, policy, rollout_seed(seed, task, k))
+                         for task in tasks for k in range(samples_per_task)])
 
 
 def _where(exc: Exception) -> str:

@@ -1,0 +1,313 @@
+"""A batch of episodes played in one thread (envs.wrappers.play_watched: collect_rollouts, the
+engine's serial path, the retry loop's attempts) keeps every guarantee of one episode watched
+alone: a step over its limit is cut off at its deadline and recorded as its episode's timeout
+step, the play and the plays after it go on in a fresh thread and play exactly what each would
+have played alone, and nothing the abandoned thread does afterwards reaches anything; errors,
+results, `stop` and `contextvars` behave as the plain loop over the items did."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+import time
+from functools import partial
+
+import pytest
+
+from envs.records import Budget, RetryPolicy, TaskSpec, Termination
+from envs.registry import register
+from envs.wrappers import Recorder, StepWorker, TimeLimit, _Lane, play_watched
+from tasks.engine import run_concurrently
+from tasks.retry import collect_with_retries
+from tasks.rollout import collect_rollouts, episode, run_episode
+from tests.envs.counter_env import CounterEnv
+
+ENV_ID = "gymfoundry/counter-v0"
+LIMITS = Budget(step_timeout_s=0.3)
+HANG_S = 1.2
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_play_watched", default="unset")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _counter_registered():
+    register(ENV_ID, CounterEnv)
+
+
+def call(name: str, **arguments) -> str:
+    return json.dumps({"name": name, "arguments": arguments})
+
+
+class Script:
+    """Plays by the task's target (read from the goal, "Reach N."): for target 3, one unit then a
+    step that hangs `HANG_S` seconds, else the target at once and finish. Records (target, thread)
+    of every turn."""
+
+    policy_id, version = "test-script", "1"
+
+    def __init__(self) -> None:
+        self.turns: list[tuple[int, threading.Thread]] = []
+        self.script: list[str] | None = None
+
+    def reset(self, seed=None) -> None:
+        self.script = None
+
+    def act(self, observation: str) -> str:
+        if self.script is None:
+            self.target = int(observation.split()[1].rstrip("."))
+            self.script = ([call("add", n=1), call("sleep", seconds=HANG_S), call("add", n=1)] if self.target == 3
+                           else [call("add", n=self.target), call("finish")])
+        self.turns.append((self.target, threading.current_thread()))
+        return self.script.pop(0)
+
+
+def played(rollout) -> dict:
+    """The rollout without its clocks."""
+    return rollout.model_dump(mode="json", exclude={"cost": {"wall_time_s"}, "steps": {"__all__": {"latency_s"}}})
+
+
+def test_a_step_over_its_limit_mid_batch_ends_its_episode_and_the_rest_play_on_in_a_fresh_thread():
+    tasks = [CounterEnv.generate_task(seed) for seed in range(6)]  # targets 1..6; target 3 hangs
+    policy = Script()
+    started = time.monotonic()
+    batch = play_watched([partial(episode, task, policy, 7, limits=LIMITS) for task in tasks])
+    assert time.monotonic() - started < HANG_S - 0.2  # cut off at 0.3 s, not waited for
+    assert [r.task_id for r in batch] == [t.task_id for t in tasks]
+    assert [[s.error for s in r.steps] for r in batch] == [[None, None]] * 2 + [[None, "timeout"]] + [[None, None]] * 3
+    assert [r.termination.value for r in batch] == ["verifier_error"] * 2 + ["timeout"] + ["verifier_error"] * 3
+    assert batch[2].termination_reason == "step time limit of 0.3s reached during the step"
+    assert 0.25 < batch[2].steps[-1].latency_s < HANG_S
+    threads = [thread for _, thread in policy.turns]
+    assert [target for target, _ in policy.turns] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    assert len(set(threads[:6])) == 1 and len(set(threads[6:])) == 1 and threads[0] is not threads[6]
+    assert threading.current_thread() not in threads
+    hung = threads[4]
+    # each episode played alone gives exactly the same rollouts
+    assert [played(r) for r in batch] == [played(run_episode(t, Script(), 7, limits=LIMITS)) for t in tasks]
+    hung.join(HANG_S + 2)  # the hung step returns in its abandoned thread, which then ends ...
+    assert not hung.is_alive()
+    # ... having played and recorded nothing more
+    assert len(policy.turns) == 12 and len(batch[2].steps) == 2 and batch[2].cost.steps == 2
+
+
+def test_collect_rollouts_plays_its_batch_after_one_hand_off(monkeypatch):
+    submitted = []
+    submit = StepWorker.submit
+    monkeypatch.setattr(StepWorker, "submit", lambda self, fn: submitted.append(fn) or submit(self, fn))
+    tasks = [CounterEnv.generate_task(seed) for seed in (0, 1, 3)]
+    rollouts = collect_rollouts(tasks, Script(), 2, 5)
+    assert len(submitted) == 1
+    assert [r.task_id for r in rollouts] == [t.task_id for t in tasks for _ in range(2)]
+    assert [played(r) for r in rollouts] == [played(run_episode(t, Script(), r.seed)) for t, r in
+                                             zip([t for t in tasks for _ in range(2)], rollouts)]
+
+
+def test_the_retry_loop_goes_on_in_the_fresh_thread_after_each_overrun():
+    def short(seed):
+        task = CounterEnv.generate_task(seed)
+        return TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "budget": {"step_timeout_s": 0.3}})
+
+    tasks = [short(seed) for seed in (1, 2, 4)]  # the second hangs at every attempt
+    retry = RetryPolicy(max_retries=1, backoff_s=0, retry_on=[Termination.timeout])
+    policy = Script()
+    rollouts = collect_with_retries(tasks, policy, 1, 3, retry)
+    assert [(r.task_id, r.attempt, r.termination.value) for r in rollouts] == [
+        (tasks[0].task_id, 0, "verifier_error"), (tasks[1].task_id, 0, "timeout"), (tasks[1].task_id, 1, "timeout"),
+        (tasks[2].task_id, 0, "verifier_error")]
+    threads = [thread for _, thread in policy.turns]
+    assert [target for target, _ in policy.turns] == [2, 2, 3, 3, 3, 3, 5, 5]
+    assert threads[2] is not threads[4] and threads[4] is not threads[6] and threads[0] is threads[2]
+    alone = [run_episode(tasks[1], Script(), r.seed, attempt=r.attempt) for r in rollouts[1:3]]
+    assert [played(r) for r in rollouts[1:3]] == [played(r) for r in alone]
+
+
+def test_an_abandoned_step_that_returns_while_its_play_goes_on_touches_nothing():
+    """The hung step of a job's first attempt returns while its retry still plays (in another
+    thread): the abandoned thread must not resume the job, nor record or play anything."""
+
+    class HangsOnce(Script):
+        def act(self, observation):
+            if self.script is None and "Reach 3." in observation and any(t == 3 for t, _ in self.turns):
+                self.target, self.script = 3, [call("add", n=1)] + [call("sleep", seconds=0.2)] * 5 + [call("finish")]
+            elif self.script is None and "Reach 3." in observation:
+                self.target, self.script = 3, [call("add", n=1), call("sleep", seconds=0.8)]
+            return super().act(observation)
+
+    task = TaskSpec.model_validate({**CounterEnv.generate_task(2).model_dump(exclude={"task_id"}),
+                                    "budget": {"step_timeout_s": 0.3}})
+    policy = HangsOnce()
+    rollouts = collect_with_retries([task], policy, 1, 3, RetryPolicy(max_retries=1, backoff_s=0,
+                                                                      retry_on=[Termination.timeout]))
+    assert [(r.attempt, r.termination.value, [s.error for s in r.steps]) for r in rollouts] == [
+        (0, "timeout", [None, "timeout"]), (1, "verifier_error", [None] * 7)]
+    threads = [thread for _, thread in policy.turns]
+    assert len(threads) == 9 and threads[1] is threads[0] and set(threads[2:]) == {threads[2]} != {threads[0]}
+    time.sleep(0.2)
+    assert len(policy.turns) == 9 and not threads[0].is_alive()
+
+
+def test_what_a_loop_raises_is_thrown_into_its_play_and_a_plays_error_ends_the_batch():
+    env = Recorder(TimeLimit(CounterEnv()))
+    ran = []
+
+    def catching():
+        try:
+            yield env, lambda: 1 / 0
+        except ZeroDivisionError:
+            return "caught"
+
+    def uncaught():
+        yield env, lambda: {}["missing"]
+        ran.append("after the loop")
+
+    def later():
+        ran.append("later")
+        return "later"
+
+    assert play_watched([catching, lambda: 5, catching, later]) == ["caught", 5, "caught", "later"]
+    ran.clear()
+    with pytest.raises(KeyError, match="missing"):
+        play_watched([catching, uncaught, later])
+    assert ran == []  # neither the rest of the failing play nor a later one ran
+
+
+def test_contextvars_plays_share_a_copy_of_the_callers_loops_a_copy_of_theirs_steps_none():
+    class Seeing(CounterEnv):
+        def step(self, action):
+            seen.append(("step", VAR.get()))
+            VAR.set("set by a step")
+            return super().step(action)
+
+    seen: list[tuple] = []
+    task = CounterEnv.generate_task(0)
+
+    def play(n):
+        env = Recorder(TimeLimit(Seeing()))
+        seen.append(("play", n, VAR.get()))
+
+        def loop():
+            seen.append(("loop", n, VAR.get()))
+            VAR.set(f"set by loop {n}")
+            env.reset(task=task)
+            env.step(call("read"))
+            seen.append(("loop after its step", n, VAR.get()))
+
+        yield env, loop
+        seen.append(("after", n, VAR.get()))
+        VAR.set(f"set by play {n}")
+
+    token = VAR.set("caller")
+    try:
+        play_watched([partial(play, 1), partial(play, 2)])
+        assert seen == [("play", 1, "caller"), ("loop", 1, "caller"), ("step", "unset"),
+                        ("loop after its step", 1, "set by loop 1"), ("after", 1, "caller"),
+                        ("play", 2, "set by play 1"), ("loop", 2, "set by play 1"), ("step", "unset"),
+                        ("loop after its step", 2, "set by loop 2"), ("after", 2, "set by play 1")]
+        assert VAR.get() == "caller"
+    finally:
+        VAR.reset(token)
+
+
+def test_after_an_overrun_the_play_goes_on_with_the_context_it_had():
+    seen = []
+
+    def play(task):
+        VAR.set(f"before {task.initial_state['target']}")
+        rollout = yield from episode(task, Script(), 1, limits=LIMITS)
+        seen.append((VAR.get(), rollout.termination.value, threading.current_thread()))
+
+    play_watched([partial(play, CounterEnv.generate_task(seed)) for seed in (2, 0)])
+    assert [s[:2] for s in seen] == [("before 3", "timeout"), ("before 1", "verifier_error")]
+    assert VAR.get() == "unset"
+
+
+def test_the_serial_engine_keeps_stop_order_and_errors():
+    class Serial:
+        policy_id, version = "test-serial-lane", "1"
+
+    stop = threading.Event()
+    env = Recorder(TimeLimit(CounterEnv()))
+
+    def play(agent, item):
+        value = yield env, lambda: item * 10
+        if item == 2:
+            stop.set()
+        return value
+
+    assert run_concurrently(Serial(), [1, 2, 3, 4], play, stop) == [(True, 10), (True, 20), None, None]
+
+    ran = []
+
+    def failing(agent, item):
+        ran.append(item)
+        yield env, lambda: item
+        if item == 2:
+            raise ValueError(f"item {item}")
+        return item
+
+    with pytest.raises(ValueError, match="item 2"):
+        run_concurrently(Serial(), [1, 2, 3], failing)
+    assert ran == [1, 2]
+
+
+def test_the_concurrent_engine_plays_each_item_watched_and_answers_in_item_order():
+    class Forking(Script):
+        def fork(self):
+            return Forking()
+
+    tasks = [CounterEnv.generate_task(seed) for seed in range(4)]  # the third hangs
+
+    def play(agent, task):
+        return (yield from episode(task, agent, 7, limits=LIMITS))
+
+    rollouts = run_concurrently(Forking(), tasks, play, concurrency=3)
+    assert [r.termination.value for r in rollouts] == ["verifier_error"] * 2 + ["timeout", "verifier_error"]
+    assert [played(r) for r in rollouts] == [played(run_episode(t, Script(), 7, limits=LIMITS)) for t in tasks]
+
+    def failing(agent, task):
+        rollout = yield from episode(task, agent, 7, limits=LIMITS)
+        if rollout.termination.value == "timeout" or task.goal == "Reach 4.":
+            raise ValueError(task.goal)
+        return rollout
+
+    with pytest.raises(ValueError, match="Reach 3."):
+        run_concurrently(Forking(), tasks, failing, concurrency=3)
+
+
+class InterruptedAtSecondWait(threading.Condition):
+    """A condition whose second wait raises KeyboardInterrupt (Ctrl-C while the caller watches)."""
+
+    waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        if self.waits == 2:
+            raise KeyboardInterrupt
+        return super().wait(timeout)
+
+
+def test_interrupted_while_watching_the_playing_thread_stops_at_its_next_step():
+    class Lane(_Lane):
+        def __init__(self, plays):
+            super().__init__(plays)
+            self.cond = InterruptedAtSecondWait(self.lock)
+
+    task = CounterEnv.generate_task(6)  # target 7
+    turns, ran = [], []
+
+    class Slow:
+        policy_id, version = "test-slow", "1"
+
+        def reset(self, seed=None):
+            pass
+
+        def act(self, observation):
+            turns.append(threading.current_thread())
+            return call("sleep", seconds=0.05)
+
+    lane = Lane([partial(episode, task, Slow(), 1), lambda: ran.append("later")])
+    with pytest.raises(KeyboardInterrupt):
+        lane.watch()
+    time.sleep(0.5)
+    assert 1 <= len(turns) <= 2 and ran == []  # it stopped at the step after the interrupt, if not at that one
+    assert not turns[0].is_alive()
