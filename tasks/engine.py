@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from envs.records import PolicySpec
 from envs.wrappers import play_watched
+from tasks.collector import frozen_before
 from tasks.policies import Policy
 
 Item = TypeVar("Item")
@@ -74,6 +75,7 @@ def _holding(limit: threading.BoundedSemaphore):
             _held.reset(token)
 
 
+@frozen_before()  # what exists before is out of the garbage collector's sight while it runs
 def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Policy, Item], Result],
                      stop: threading.Event | None = None, concurrency: int | None = None) -> list[Result | None]:
     """`play(agent, item)` for every item, up to `concurrency` (default: `concurrency_of(policy)`)

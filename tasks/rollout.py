@@ -19,6 +19,7 @@ from envs.registry import load, make, spec, verifier_for
 from envs.secrets import redact
 from envs.wrappers import play_watched, standard_stack
 from tasks.classify import classify
+from tasks.collector import frozen_before
 from tasks.policies import Policy, PolicyOutput
 from verifiers.base import ReplayVerifier
 from verifiers.endpoint import ContextLengthExceeded, EndpointError
@@ -233,6 +234,7 @@ def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str 
         return None, f"verifier raised {type(exc).__name__}: {exc}"
 
 
+@frozen_before()  # what exists before is out of the garbage collector's sight while it runs
 def collect_rollouts(tasks: list[TaskSpec], policy: Policy, samples_per_task: int, seed: int) -> list[Rollout]:
     """`run_episode` of every (task, sample), one after another, played in one thread (`play_watched`)."""
     return play_watched([partial(episode, task, policy, rollout_seed(seed, task, k))

@@ -8,6 +8,7 @@ results, `stop` and `contextvars` behave as the plain loop over the items did.""
 from __future__ import annotations
 
 import contextvars
+import gc
 import json
 import threading
 import time
@@ -34,6 +35,17 @@ def _counter_registered():
     register(ENV_ID, CounterEnv)
 
 
+HUNG: list[threading.Thread] = []  # threads that played a hanging step
+
+
+@pytest.fixture(autouse=True)
+def _hung_steps_return():
+    """Each test leaves no abandoned thread behind (whose end would free objects during a later test)."""
+    yield
+    while HUNG:
+        HUNG.pop().join(5)
+
+
 def call(name: str, **arguments) -> str:
     return json.dumps({"name": name, "arguments": arguments})
 
@@ -58,6 +70,8 @@ class Script:
             self.script = ([call("add", n=1), call("sleep", seconds=HANG_S), call("add", n=1)] if self.target == 3
                            else [call("add", n=self.target), call("finish")])
         self.turns.append((self.target, threading.current_thread()))
+        if "sleep" in self.script[0] and self.script[0] != call("sleep", seconds=0.2):
+            HUNG.append(threading.current_thread())
         return self.script.pop(0)
 
 
@@ -311,3 +325,22 @@ def test_interrupted_while_watching_the_playing_thread_stops_at_its_next_step():
     time.sleep(0.5)
     assert 1 <= len(turns) <= 2 and ran == []  # it stopped at the step after the interrupt, if not at that one
     assert not turns[0].is_alive()
+
+
+def test_rollout_batches_play_with_what_existed_before_out_of_the_collectors_sight():
+    """collect_rollouts and the engine run in tasks.collector.frozen_before (its own tests say what
+    that guarantees): the episodes, in their own thread, play with the freeze in place."""
+    frozen = []
+
+    class Looking(Script):
+        def act(self, observation):
+            frozen.append(gc.get_freeze_count())
+            return super().act(observation)
+
+    class Serial:
+        policy_id, version = "test-frozen", "1"
+
+    assert gc.get_freeze_count() == 0
+    collect_rollouts([CounterEnv.generate_task(0)], Looking(), 1, 0)
+    run_concurrently(Serial(), [1], lambda agent, item: frozen.append(gc.get_freeze_count()))
+    assert len(frozen) == 3 and all(n > 0 for n in frozen) and gc.get_freeze_count() == 0
