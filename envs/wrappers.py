@@ -169,8 +169,10 @@ def play_watched(plays: Iterable[Callable[[], Any]]) -> list[Any]:
     overran: the episode has ended with the stack's timeout step, its thread is abandoned while
     the step runs (`Abandoned` there if it ever returns), and the play, then the plays left, go on
     in a fresh thread. What the generator returns is the play's result. The first error a play
-    raises is raised here; the plays after it do not run. So a batch of episodes costs one
-    hand-off to another thread, not one each (the wake-ups cost more than a short episode's steps).
+    raises is raised here; the plays after it do not run. Interrupted while watching (Ctrl-C),
+    this thread closes the play whose episode is in progress (its env with it) and re-raises; the
+    playing thread stops at its next step. So a batch of episodes costs one hand-off to another
+    thread, not one each (the wake-ups cost more than a short episode's steps).
 
     The plays run in a copy of this thread's `contextvars` context (a copy of that copy after an
     overrun), each loop in a copy of the one its play runs in, each step in an empty one. The
@@ -224,12 +226,23 @@ class _Lane:
             with self.cond:
                 self._abandon()
             worker.abandon()
+            self._close_play()
             raise
         StepWorker.result(job)
         StepWorker.release(worker)
         if self.error is not None:
             raise self.error
         return self.results
+
+    def _close_play(self) -> None:
+        """Close the play whose episode is in progress, here and now (its `finally` blocks close its
+        env, as a plain loop interrupted there would), unless its code is running in the abandoned
+        thread at this moment (then it stops at its next step, its play closed when dropped)."""
+        if self.play is not None:
+            try:
+                self.play.close()
+            except ValueError:  # "generator already executing"
+                pass
 
     def _abandon(self) -> None:
         """(Holding the lock.) The thread playing now plays nothing more."""

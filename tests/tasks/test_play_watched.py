@@ -288,23 +288,27 @@ def test_the_concurrent_engine_plays_each_item_watched_and_answers_in_item_order
         run_concurrently(Forking(), tasks, failing, concurrency=3)
 
 
-class InterruptedAtSecondWait(threading.Condition):
-    """A condition whose second wait raises KeyboardInterrupt (Ctrl-C while the caller watches)."""
+class InterruptedOnceStarted(threading.Condition):
+    """A condition whose wait raises KeyboardInterrupt once `started` is set (Ctrl-C while the
+    caller watches an episode in progress); until then it waits 10 ms at a time."""
 
-    waits = 0
+    def __init__(self, lock, started: threading.Event):
+        super().__init__(lock)
+        self.started = started
 
     def wait(self, timeout=None):
-        self.waits += 1
-        if self.waits == 2:
+        if self.started.is_set():
             raise KeyboardInterrupt
-        return super().wait(timeout)
+        return super().wait(min(timeout, 0.01))
 
 
 def test_interrupted_while_watching_the_playing_thread_stops_at_its_next_step():
+    started = threading.Event()
+
     class Lane(_Lane):
         def __init__(self, plays):
             super().__init__(plays)
-            self.cond = InterruptedAtSecondWait(self.lock)
+            self.cond = InterruptedOnceStarted(self.lock, started)
 
     task = CounterEnv.generate_task(6)  # target 7
     turns, ran = [], []
@@ -317,14 +321,24 @@ def test_interrupted_while_watching_the_playing_thread_stops_at_its_next_step():
 
         def act(self, observation):
             turns.append(threading.current_thread())
+            started.set()
             return call("sleep", seconds=0.05)
 
-    lane = Lane([partial(episode, task, Slow(), 1), lambda: ran.append("later")])
+    closed = []
+
+    def play():
+        try:
+            return (yield from episode(task, Slow(), 1))
+        finally:
+            closed.append(threading.current_thread())
+
+    lane = Lane([play, lambda: ran.append("later")])
     with pytest.raises(KeyboardInterrupt):
         lane.watch()
+    assert closed == [threading.current_thread()]  # the play (and its env) closed at once, here
     time.sleep(0.5)
     assert 1 <= len(turns) <= 2 and ran == []  # it stopped at the step after the interrupt, if not at that one
-    assert not turns[0].is_alive()
+    assert not turns[0].is_alive() and closed == [threading.current_thread()]
 
 
 def test_rollout_batches_play_with_what_existed_before_out_of_the_collectors_sight():
