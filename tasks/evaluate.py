@@ -8,13 +8,14 @@ nothing about the model and is counted apart, as `excluded`."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Generator
 from math import comb
 from typing import Any
 
 from envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
 from tasks.engine import run_concurrently
 from tasks.policies import Policy
-from tasks.rollout import policy_params, rollout_seed, run_episode
+from tasks.rollout import episode, policy_params, rollout_seed
 
 HELDOUT_SPLITS = ("test", "val")
 SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may take
@@ -56,10 +57,11 @@ def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int =
 
 def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
                     slack_steps: int | None = SLACK_STEPS) -> list[Rollout]:
-    """Every (task, sample)'s episode, up to the policy's `max_concurrency` in flight (tasks/engine.py)."""
-    def play(agent: Policy, job: tuple[TaskSpec, int]) -> Rollout:
+    """Every (task, sample)'s episode, up to the policy's `max_concurrency` in flight (tasks/engine.py;
+    a serial policy's in one thread, watched)."""
+    def play(agent: Policy, job: tuple[TaskSpec, int]) -> Generator[tuple, Any, Rollout]:
         task, k = job
-        return run_episode(task, agent, rollout_seed(seed, task, k), limits=evaluation_budget(task, slack_steps))
+        return episode(task, agent, rollout_seed(seed, task, k), limits=evaluation_budget(task, slack_steps))
 
     return run_concurrently(policy, [(task, k) for task in tasks for k in range(samples_per_task)], play)
 

@@ -116,6 +116,21 @@ def test_collect_rollouts_plays_its_batch_after_one_hand_off(monkeypatch):
                                              zip([t for t in tasks for _ in range(2)], rollouts)]
 
 
+def test_an_evaluation_plays_its_batch_after_one_hand_off(monkeypatch):
+    from tasks.evaluate import SLACK_STEPS, evaluate_policy, evaluation_budget
+
+    submitted = []
+    submit = StepWorker.submit
+    monkeypatch.setattr(StepWorker, "submit", lambda self, fn: submitted.append(fn) or submit(self, fn))
+    tasks = [CounterEnv.generate_task(seed) for seed in (0, 1, 2)]
+    rollouts = evaluate_policy(tasks, Script(), seed=4, samples_per_task=2)
+    assert len(submitted) == 1
+    assert [r.task_id for r in rollouts] == [t.task_id for t in tasks for _ in range(2)]
+    assert [played(r) for r in rollouts] == [
+        played(run_episode(t, Script(), r.seed, limits=evaluation_budget(t, SLACK_STEPS)))
+        for t, r in zip([t for t in tasks for _ in range(2)], rollouts)]
+
+
 def test_the_retry_loop_goes_on_in_the_fresh_thread_after_each_overrun():
     def short(seed):
         task = CounterEnv.generate_task(seed)
