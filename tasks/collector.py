@@ -12,14 +12,20 @@ during the batch, unlike with the collector paused); what existed before and bec
 meanwhile is collected after the batch.
 
 The freeze is the process's: batches nested or running side by side in threads share one (the
-first to start makes it, the last to end lifts it). A process that froze objects itself (before
-forking workers, say: `gc.get_freeze_count()` is not 0 when the first batch starts) gets no
-freeze from here, and its own is left as it is.
+first to start makes it, the last to end lifts it). So while batches keep overlapping (families
+side by side), what existed before the first of them stays frozen, and a reference cycle among it
+that became garbage meanwhile is collected only once none runs; what the batches make is
+collected as ever. A process that froze objects itself (before forking workers, say:
+`gc.get_freeze_count()` is not 0 when the first batch starts) gets no freeze from here, and its
+own is left as it is; one that calls `gc.freeze()` while a batch runs has that freeze lifted with
+the batch's. A child forked during a batch starts with no batch and no freeze of ours. Wrap plain
+functions (a generator function's body would run after the `with` had ended).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,3 +53,17 @@ def frozen_before() -> Iterator[None]:
             if _batches == 0 and _ours:
                 gc.unfreeze()
                 _ours = False
+
+
+def _forked() -> None:
+    """In a child forked during a batch: none of the parent's batches runs here (the lock may have
+    been held by a thread the child does not have)."""
+    global _lock, _batches, _ours
+    _lock = threading.Lock()
+    _batches = 0
+    if _ours:
+        gc.unfreeze()
+        _ours = False
+
+
+os.register_at_fork(after_in_child=_forked)

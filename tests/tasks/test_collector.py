@@ -109,3 +109,22 @@ def test_the_scoring_stage_runs_in_a_batch(monkeypatch):
     monkeypatch.setattr(score, "score_rules", lambda *a: inside.append(gc.get_freeze_count()) or [])
     assert score.score_steps([], []).scores == []
     assert inside and inside[0] > 0 and gc.get_freeze_count() == 0
+
+
+def test_a_child_forked_during_a_batch_starts_with_no_batch_and_no_freeze():
+    import os
+
+    with frozen_before():
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave at once
+            try:
+                os.write(write, f"{collector._batches} {gc.get_freeze_count()}".encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        report = os.read(read, 100).decode()
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert gc.get_freeze_count() > 0  # the parent's batch goes on frozen
+    assert report == "0 0"
