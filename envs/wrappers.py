@@ -12,7 +12,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
+from functools import partial
 from typing import Any, ClassVar
 
 from envs.base import AgentEnv, render_error
@@ -151,13 +152,21 @@ def run_watched(env: AgentEnv, loop: Callable[[], Any]) -> tuple[bool, Any]:
     step) and `ts` is what `step` returned. `env` is `TimeLimit(...)` or `Recorder(TimeLimit(...))`
     (the standard stack); any other stack runs `loop()` in this thread (its TimeLimit, if any,
     hands each step over)."""
-    if type(env.env if type(env) is Recorder else env) is not TimeLimit:
+    if _watched(env)[0] is None:
         return True, loop()
 
     def play():
         return (yield env, loop)
 
     return play_watched([play])[0]
+
+
+def _watched(env: AgentEnv) -> tuple[TimeLimit | None, Recorder | None]:
+    """The TimeLimit and the Recorder (if any) of `TimeLimit(...)` or `Recorder(TimeLimit(...))`;
+    (None, None) for another stack."""
+    recorder = env if type(env) is Recorder else None
+    limit = recorder.env if recorder is not None else env
+    return (limit, recorder) if type(limit) is TimeLimit else (None, None)
 
 
 def play_watched(plays: Iterable[Callable[[], Any]]) -> list[Any]:
@@ -171,11 +180,15 @@ def play_watched(plays: Iterable[Callable[[], Any]]) -> list[Any]:
     in a fresh thread. What the generator returns is the play's result. The first error a play
     raises is raised here; the plays after it do not run. Interrupted while watching (Ctrl-C),
     this thread closes the play whose episode is in progress (its env with it) and re-raises; the
-    playing thread stops at its next step. So a batch of episodes costs one hand-off to another
-    thread, not one each (the wake-ups cost more than a short episode's steps).
+    playing thread stops at its next step, or, if it was running a play's own code (setting up its
+    next episode), closes that play as soon as the code yields, before the episode starts. So a
+    batch of episodes costs one hand-off to another thread, not one each (the wake-ups cost more
+    than a short episode's steps). Once this returns (or raises), a thread abandoned in a step
+    that has not returned holds only its own episode (its play, stack and loop), not the batch.
 
-    The plays run in a copy of this thread's `contextvars` context (a copy of that copy after an
-    overrun), each loop in a copy of the one its play runs in, each step in an empty one. The
+    The plays run in one copy of this thread's `contextvars` context (the same one, entered by
+    the fresh thread, after an overrun: a token a play set before an episode resets after it),
+    each loop in a copy of that context as the loop starts, each step in an empty one. The
     watcher wakes only at the end, when a step's deadline comes before the time it meant to look
     next (once a batch, or for a step with a shorter limit), and at that time."""
     lane = _Lane(plays)
@@ -183,18 +196,22 @@ def play_watched(plays: Iterable[Callable[[], Any]]) -> list[Any]:
 
 
 class _Lane:
-    """The state `play_watched` shares between the watching thread and the playing one."""
+    """The state `play_watched` shares between the watching thread and the playing ones. A playing
+    thread touches the batch (its plays, results, context) only under the lock while it still plays
+    (`thread`), and `watch` lets go of all of it when it ends, so that a thread abandoned in a hung
+    step, which holds this lane, holds nothing more of the batch than its own episode."""
 
     def __init__(self, plays: Iterable[Callable[[], Any]]):
         self.lock = threading.Lock()  # taken directly by each step (cheaper than the condition's)
         self.cond = threading.Condition(self.lock)
-        self.plays = iter(plays)
-        self.context = contextvars.copy_context()
-        self.results: list[Any] = []
+        self.plays: Iterator[Callable[[], Any]] | None = iter(plays)
+        self.context: contextvars.Context | None = contextvars.copy_context()  # the plays'
+        self.results: list[Any] | None = []
         self.shift = 0  # the number of the thread allowed to play (one more on each abandonment)
         self.thread: int | None = None  # the ident of the thread playing now; None once abandoned
-        self.play: Generator | None = None  # the play whose episode is in progress
-        self.episode: tuple[TimeLimit, Recorder | None] | None = None  # that episode's stack
+        self.play: Generator | None = None  # the play suspended at the episode in progress
+        self.episode: AgentEnv | None = None  # that episode's stack
+        self.sent: Any = None  # what a fresh thread resumes `play` with (after an overrun)
         self.step: tuple[float, float] | None = None  # (deadline, timeout) of the step in progress
         self.timeout = math.inf  # the time limit of the last step that started
         self.wake_at = math.inf  # when the watcher looks next (it sleeps until then)
@@ -203,8 +220,9 @@ class _Lane:
 
     def watch(self) -> list[Any]:
         """In the calling thread: start the plays, watch their steps until they are all played."""
-        worker, job = self._start(None, None)
-        try:
+        worker = StepWorker.take()
+        try:  # from the start: an interrupt as the thread starts is one while watching
+            job = worker.submit(partial(self._play_on, self.shift))
             while True:
                 with self.cond:
                     while not self.done:
@@ -219,90 +237,118 @@ class _Lane:
                     timeout = self.step[1]
                     self._abandon()
                 worker.abandon()  # its thread ends when the abandoned step returns, if ever
-                limit, recorder = self.episode
+                limit, recorder = _watched(self.episode)
                 ts = limit.overran(timeout)
-                worker, job = self._start(self.play, (False, recorder.finish(ts) if recorder is not None else ts))
+                self.sent = (False, recorder.finish(ts) if recorder is not None else ts)
+                worker = StepWorker.take()  # a fresh thread resumes `self.play` with `self.sent`
+                job = worker.submit(partial(self._play_on, self.shift))
         except BaseException:  # interrupted while watching: the playing thread stops at its next step
             with self.cond:
                 self._abandon()
+                play, self.play = self.play, None
             worker.abandon()
-            self._close_play()
+            try:
+                if play is not None:  # suspended at its episode (none of its code runs): closed here
+                    self.context.run(play.close)
+            finally:
+                self._let_go()
             raise
         StepWorker.result(job)
         StepWorker.release(worker)
-        if self.error is not None:
-            raise self.error
-        return self.results
+        results, error = self.results, self.error
+        self._let_go()
+        if error is not None:
+            raise error
+        return results
 
-    def _close_play(self) -> None:
-        """Close the play whose episode is in progress, here and now (its `finally` blocks close its
-        env, as a plain loop interrupted there would), unless its code is running in the abandoned
-        thread at this moment (then it stops at its next step, its play closed when dropped)."""
-        if self.play is not None:
-            try:
-                self.play.close()
-            except ValueError:  # "generator already executing"
-                pass
+    def _let_go(self) -> None:
+        """Drop the batch: a thread abandoned in a step that has not returned still holds this lane."""
+        self.plays = self.context = self.results = self.play = self.episode = self.sent = self.error = None
 
     def _abandon(self) -> None:
         """(Holding the lock.) The thread playing now plays nothing more."""
         self.shift += 1
         self.thread = self.step = None
 
-    def _start(self, play: Generator | None, value: Any) -> tuple[StepWorker, tuple]:
-        """A fresh thread playing on: `play` resumed with `value` (if any), then the plays left."""
-        if self.shift:
-            self.context = self.context.copy()  # the abandoned thread is still in the old one
-        worker, context, shift = StepWorker.take(), self.context, self.shift
-        return worker, worker.submit(lambda: context.run(self._play_on, shift, play, value))
-
-    def _play_on(self, shift: int, play: Generator | None, value: Any) -> None:
+    def _play_on(self, shift: int) -> None:
+        """(In a fresh thread.) Play on: `self.play` (if any) resumed with `self.sent`, then the plays
+        left, unless the watcher gave up on this thread before it started."""
         me = threading.get_ident()
-        with self.cond:
-            if self.shift != shift:
+        with self.lock:
+            if self.shift != shift:  # abandoned before it started (interrupted)
                 return
             self.thread = me
-        error: BaseException | None = None
+            play, value, self.sent = self.play, self.sent, None
+        error: BaseException | None = None  # what the last loop raised, thrown into its play
+        failed: BaseException | None = None
         try:
-            while self.thread == me:
+            while True:
                 if play is None:
-                    start = next(self.plays, None)
+                    with self.lock:
+                        start = next(self.plays, None) if self.thread == me else None
                     if start is None:
                         break
-                    out = start()
+                    out = self._context(me).run(start)
                     if not isinstance(out, Generator):
-                        self.results.append(out)
+                        self._keep(me, out)
                         continue
                     play, value = out, None
+                resume, arg = (play.throw, error) if error is not None else (play.send, value)
+                error = None
                 try:
-                    env, loop = play.throw(error) if error is not None else play.send(value)
+                    env, loop, context = self._resume(me, play, resume, arg)
                 except StopIteration as end:
-                    self.results.append(end.value)
+                    self._keep(me, end.value)
                     play = None
                     continue
-                finally:
-                    error = None
                 try:
-                    value = self._episode(play, env, loop)
+                    value = True, self._episode(env, loop, context)
                 except BaseException as exc:  # thrown into the play (unless this thread was abandoned)
                     error = exc
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            with self.cond:
-                if self.thread == me:
-                    self.done = True
-                    self.cond.notify()
+        except BaseException as exc:  # Abandoned, or a play's error (the batch's if this thread plays)
+            failed = exc
+        with self.cond:
+            if self.thread == me:
+                self.error, self.done = failed, True
+                self.cond.notify()
 
-    def _episode(self, play: Generator, env: AgentEnv, loop: Callable[[], Any]) -> tuple[bool, Any]:
-        """Run one episode's loop here, its steps watched (through its TimeLimit's `_watch`)."""
-        recorder = env if type(env) is Recorder else None
-        limit = recorder.env if recorder is not None else env
-        if type(limit) is not TimeLimit:
-            return True, loop()
-        self.play, self.episode, limit._watch = play, (limit, recorder), self
+    def _context(self, me: int) -> contextvars.Context:
+        """(In the playing thread, before running a play's code.) The plays' context; `Abandoned` if
+        this thread plays no more. The play suspended at its episode (if any) is this thread's again."""
+        with self.lock:
+            if self.thread != me:
+                raise Abandoned()
+            self.play = None
+            return self.context
+
+    def _resume(self, me: int, play: Generator, resume: Callable[[Any], tuple], arg: Any) -> tuple:
+        """`resume(arg)` (`play`'s send or throw) in the plays' context: the stack and loop of the
+        episode it yields, and a copy of the context for the loop; `Abandoned` if this thread plays
+        no more, before or after (then, interrupted meanwhile, `play` is closed here: no other
+        thread resumes it)."""
+        context = self._context(me)
+        env, loop = context.run(resume, arg)
+        with self.lock:
+            if self.thread == me:
+                self.play, self.episode = play, env
+                return env, loop, context.copy()
+        context.run(play.close)
+        raise Abandoned()
+
+    def _keep(self, me: int, result: Any) -> None:
+        """A play's result, kept unless this thread plays no more."""
+        with self.lock:
+            if self.thread == me:
+                self.results.append(result)
+
+    def _episode(self, env: AgentEnv, loop: Callable[[], Any], context: contextvars.Context) -> Any:
+        """Run one episode's loop here in `context`, its steps watched (through its TimeLimit's `_watch`)."""
+        limit = _watched(env)[0]
+        if limit is None:
+            return context.run(loop)
+        limit._watch = self
         try:
-            return True, contextvars.copy_context().run(loop)
+            return context.run(loop)
         finally:
             limit._watch = None
 

@@ -373,3 +373,160 @@ def test_rollout_batches_play_with_what_existed_before_out_of_the_collectors_sig
     collect_rollouts([CounterEnv.generate_task(0)], Looking(), 1, 0)
     run_concurrently(Serial(), [1], lambda agent, item: frozen.append(gc.get_freeze_count()))
     assert len(frozen) == 3 and all(n > 0 for n in frozen) and gc.get_freeze_count() == 0
+
+
+class Stuck(CounterEnv):
+    """A counter whose `sleep` tool hangs until `release` is set (a step hung past the batch)."""
+
+    release = threading.Event()
+
+    def tool_sleep(self, state, seconds):
+        self.release.wait(10)
+        return {"slept": seconds}
+
+
+def test_a_thread_abandoned_in_a_hung_step_holds_none_of_the_batch_once_it_is_played():
+    """Review F1: the abandoned thread, still in its step after collect_rollouts returned, held the
+    lane, and with it the batch's results, plays and context: every rollout stayed alive."""
+    import weakref
+
+    register("gymfoundry/stuck-v0", Stuck)
+    tasks = [TaskSpec.model_validate({**CounterEnv.generate_task(seed).model_dump(exclude={"task_id"}),
+                                      "env_id": "gymfoundry/stuck-v0", "budget": {"step_timeout_s": 0.3}})
+             for seed in (2, 0, 1, 3)]  # the first hangs
+    policy = Script()
+    Stuck.release.clear()
+    try:
+        rollouts = collect_rollouts(tasks, policy, 1, 5)
+        assert [r.termination.value for r in rollouts] == ["timeout"] + ["verifier_error"] * 3
+        hung = policy.turns[1][1]
+        refs = [weakref.ref(r) for r in rollouts]
+        del rollouts
+        gc.collect()
+        assert [r() for r in refs] == [None] * 4  # its own episode's rollout too (built in the fresh thread)
+        assert hung.is_alive()  # still in the hung step
+    finally:
+        Stuck.release.set()
+
+
+class SlowToMake(CounterEnv):
+    """A counter that logs its calls; the second one made is slow to make (`made` counts them)."""
+
+    made = 0
+    maker: threading.Thread | None = None  # the thread that made the second
+    log: list = []
+    making = threading.Event()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        SlowToMake.made += 1
+        self.no = SlowToMake.made
+        if self.no == 2:
+            SlowToMake.maker = threading.current_thread()
+            SlowToMake.making.set()
+            time.sleep(0.1)
+
+    def reset(self, task=None, seed=None):
+        self.log.append(f"env{self.no}.reset")
+        return super().reset(task=task, seed=seed)
+
+    def step(self, action):
+        self.log.append(f"env{self.no}.step")
+        return super().step(action)
+
+    def close(self):
+        self.log.append((f"env{self.no}.close", threading.current_thread()))
+        super().close()
+
+
+class Logged:
+    policy_id, version = "test-logged", "1"
+
+    def reset(self, seed=None):
+        SlowToMake.log.append("policy.reset")
+
+    def act(self, observation):
+        SlowToMake.log.append("policy.act")
+        return call("finish")
+
+
+def test_interrupted_while_the_next_episode_is_set_up_its_play_is_closed_before_the_episode_starts():
+    """Review F2: Ctrl-C while the playing thread set up the next episode (its env slow to make):
+    the caller closed the play before (already over), and the thread went on to play the new
+    episode (the policy reset and asked to act) and dropped its play unclosed."""
+    register("gymfoundry/slowmake-v0", SlowToMake)
+    SlowToMake.made, SlowToMake.log = 0, []
+    SlowToMake.making.clear()
+
+    class Lane(_Lane):
+        def __init__(self, plays):
+            super().__init__(plays)
+            self.cond = InterruptedOnceStarted(self.lock, SlowToMake.making)
+
+    tasks = [TaskSpec.model_validate({**CounterEnv.generate_task(seed).model_dump(exclude={"task_id"}),
+                                      "env_id": "gymfoundry/slowmake-v0"}) for seed in (0, 1)]
+    ran = []
+    lane = Lane([partial(episode, task, Logged(), 1) for task in tasks] + [lambda: ran.append("later")])
+    with pytest.raises(KeyboardInterrupt):
+        lane.watch()
+    playing = SlowToMake.maker
+    playing.join(2)  # abandoned: it ends once the play is closed
+    assert not playing.is_alive() and playing is not threading.current_thread() and ran == []
+    assert SlowToMake.log == ["policy.reset", "env1.reset", "policy.act", "env1.step", ("env1.close", playing),
+                              ("env2.close", playing)]
+
+
+def test_interrupted_as_the_playing_thread_starts_it_plays_nothing_more(monkeypatch):
+    """An interrupt that reaches the caller while it starts the playing thread is one while
+    watching: that thread is abandoned (it used to play the whole batch unwatched)."""
+    release = threading.Event()
+    stepped, played, jobs, threads = [], [], [], []
+    submit = StepWorker.submit
+
+    def interrupted(self, fn):
+        jobs.append(submit(self, lambda: threads.append(threading.current_thread()) or fn()))
+        monkeypatch.setattr(StepWorker, "submit", submit)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(StepWorker, "submit", interrupted)
+    env = Recorder(TimeLimit(CounterEnv()))
+
+    def loop():
+        env.reset(task=CounterEnv.generate_task(0))
+        release.wait(2)
+        stepped.append(env.step(call("read")))
+
+    def first():
+        played.append("first")
+        try:
+            yield env, loop
+        finally:
+            played.append("closed")
+
+    with pytest.raises(KeyboardInterrupt):
+        play_watched([first, lambda: played.append("second")])
+    release.set()
+    StepWorker.result(jobs[0])  # the thread's play, over
+    threads[0].join(2)
+    assert not threads[0].is_alive() and stepped == [] and played in ([], ["first", "closed"])
+
+
+def test_a_play_may_reset_after_its_episode_a_context_variable_it_set_before_even_after_an_overrun():
+    """Review F3: after an overrun the play went on in a copy of its context, so a token it had
+    set before its episode could not be reset after it (ValueError: created in a different Context)."""
+    seen = []
+
+    def play(agent, task):
+        token = VAR.set(task.goal)
+        try:
+            rollout = yield from episode(task, agent, 7, limits=LIMITS)
+            seen.append(VAR.get())
+            return rollout
+        finally:
+            VAR.reset(token)
+            seen.append(VAR.get())
+
+    rollouts = run_concurrently(Script(), [CounterEnv.generate_task(seed) for seed in (2, 0)], play)
+    assert [r.termination.value for r in rollouts] == ["timeout", "verifier_error"]
+    assert seen == ["Reach 3.", "unset", "Reach 1.", "unset"] and VAR.get() == "unset"
+
