@@ -83,10 +83,12 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
     Once `stop` is set, items not yet started are not played (their result is None). An
     exception raised by a `play` sets it (when concurrent); the first (in item order) is raised
     here once the episodes in flight have ended (when serial: at once, and the items after it
-    are not played). A `play` may be a generator function (a play of envs.wrappers.play_watched,
-    its episodes yielded as `(env, loop)`): serial items are played one after another in one
-    thread watched by this one (one hand-off per batch), a concurrent item in a thread of its own
-    watched by the pool's."""
+    are not played). A generator that `play` returns (a generator function's, or one it hands
+    on, as evaluate_policy's `episode(...)`) is played, NOT returned: it is a play of
+    envs.wrappers.play_watched, its episodes yielded as `(env, loop)`, and what it returns is the
+    item's result (a `play` whose result is a generator must wrap it, in a list say). Serial items
+    are played one after another in one thread watched by this one (one hand-off per batch), a
+    concurrent item in a thread of its own watched by the pool's."""
     n = concurrency or concurrency_of(policy)
     stop = stop or threading.Event()
     limit = slots(policy, n)

@@ -530,3 +530,23 @@ def test_a_play_may_reset_after_its_episode_a_context_variable_it_set_before_eve
     assert [r.termination.value for r in rollouts] == ["timeout", "verifier_error"]
     assert seen == ["Reach 3.", "unset", "Reach 1.", "unset"] and VAR.get() == "unset"
 
+
+def test_the_engine_plays_any_generator_a_play_returns():
+    """Review F4, decided: run_concurrently plays a generator that `play` returns (evaluate_policy
+    returns `episode(...)`), as its docstring says loudly; a result that is a generator is wrapped."""
+    class Forking(Script):
+        def fork(self):
+            return Forking()
+
+    def handed_on(agent, item):
+        def play():
+            return (yield Recorder(TimeLimit(CounterEnv())), lambda: item * 3)
+        return play()
+
+    def wrapped(agent, item):
+        return [(x for x in [item, item])]
+
+    for concurrency in (1, 2):
+        assert run_concurrently(Forking(), [1, 2], handed_on, concurrency=concurrency) == [(True, 3), (True, 6)]
+        assert [list(out[0]) for out in run_concurrently(Forking(), [1, 2], wrapped, concurrency=concurrency)] == [
+            [1, 1], [2, 2]]
