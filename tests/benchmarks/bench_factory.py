@@ -10,7 +10,8 @@ same stage functions of `tasks/` with the same configuration (`FactoryConfig`), 
 land the same rows and assemble the same datasets: every run's landed counts and dataset ids are
 checked against the first flow run's, and a mismatch fails the benchmark. The plain arm does not
 publish the run's Prefect artifacts (report tables and charts): that is part of what the flow
-costs.
+costs. Each plain run also times its stages (the generation's with the holdout lock and the
+validation, the rollouts' with the leak check): their medians say where a run's time goes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FAMILY, MISTAKE_RATE = "inventory", 0.25
+# Per plain run, the seconds of each of its stages: where a run's time goes.
+PLAIN_STAGES: list[dict[str, float]] = []
 
 
 def config(data_dir: str, n: int, samples: int, seed: int, batch_size: int | None):
@@ -67,22 +70,38 @@ def run_plain(cfg) -> dict:
     from tasks.validate import validate_tasks
 
     data_dir, family = cfg.data_dir, cfg.families[0]
+    stages: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(stage: str) -> None:  # the seconds since the last lap are this stage's
+        now = time.perf_counter()
+        stages[stage] = stages.get(stage, 0.0) + now - clock[0]
+        clock[0] = now
+
     lock_holdout_fraction(data_dir, cfg.families, cfg.holdout_fraction)
     valid, invalid = validate_tasks(generate_tasks(family, cfg.tasks_per_family, cfg.seed))
+    lap("generate_s")
     isolated, leaked = isolate_tasks(valid, landed_splits(data_dir), cfg.holdout_fraction)
+    lap("isolate_s")
     spec = cfg.collecting_policy()
     rollouts = collect_with_retries(isolated, make_policy(spec, family), cfg.samples_per_task, cfg.seed, cfg.retry,
                                     cfg.faults, subagent=cfg.subagent)
     assert_no_leaks(rollouts, {t.task_id: t for t in isolated})
+    lap("rollout_s")
     scores = score_rollouts(rollouts, isolated, data_dir)
+    lap("score_s")
     params = cfg.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
     run = Run(params=params, retry_policy=cfg.retry, faults=cfg.faults)
     landed = land_records(data_dir, isolated, invalid + leaked, rollouts, scores, run_id=run.run_id).checked()
+    lap("land_s")
     (policy_id, policy_version), = {(r.policy_id, r.policy_version) for r in rollouts}
     datasets = assemble_datasets(data_dir, cfg.families, policy_id=policy_id, policy_version=policy_version,
                                  learnability=cfg.learnability, min_margin=cfg.min_margin)
+    lap("assemble_s")
     land_run(data_dir, Run(params=params, retry_policy=cfg.retry, faults=cfg.faults, landed=landed,
                            **run_counts(rollouts, cfg.retry)))
+    lap("land_run_s")
+    PLAIN_STAGES.append(stages)
     return outcome(landed, datasets)
 
 
@@ -161,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         "flow_s": flow_s, "plain_s": plain_s, "flow_median_s": med(flow_s), "plain_median_s": med(plain_s),
         "overhead_ratio": med(flow_s) / med(plain_s), "overhead_s": med(flow_s) - med(plain_s),
     }
+    measured = PLAIN_STAGES[1:]  # less the warm-up
+    fig["plain_stages_median_s"] = {k: med(s[k] for s in measured) for k in measured[0]}
     if tp:
         fig.update({"steps": tp[0]["steps"], "rollouts": tp[0]["rollouts"],
                     **{f"{k}_median": med(t[k] for t in tp)
@@ -182,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<34}{med(xs):>12.2f}{min(xs):>10.2f}{max(xs):>10.2f}")
     print(f"{'flow / plain (Prefect overhead)':<34}{fig['overhead_ratio']:>11.2f}x"
           f"   ({fig['overhead_s']:+.2f}s per run)")
+    share = fig["plain_stages_median_s"]
+    print("a plain run's stages, medians: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in share.items())
+          + f" (landing: {share['land_s'] / fig['plain_median_s']:.1%} of the run)")
     if tp:
         print(f"throughput over {fig['steps']} steps in {fig['rollouts']} rollouts; "
               f"medians: rollout {fig['rollout_s_median']:.3f}s, scoring {fig['score_s_median']:.3f}s")

@@ -3,7 +3,7 @@ side by side with DuckDB writing the same rows as hive-partitioned Parquet from 
 latency of a family-filtered aggregate over 1M steps. Not a test (pytest collects test_*.py only).
 
     .venv/bin/python tests/benchmarks/bench_warehouse.py --steps 1000000 [--batch-steps 100000]
-        [--families 4] [--no-gates] [--workers 2] [--repeats 7] [--json out.json]
+        [--families 4] [--no-gates] [--tasks-apart] [--workers 2] [--repeats 7] [--json out.json]
 
 Synthetic records (hand-built rollouts of 10 steps over `--families` families, realistic text
 sizes) land in batches of `--batch-steps` steps, each batch one `land(tasks, rollouts)` call:
@@ -14,6 +14,12 @@ The physical reference, per batch and right beside its landing (the two arms alt
 first): DuckDB's `COPY ... TO (FORMAT parquet, PARTITION_BY (task_family))` of the same batch's
 tasks, rollouts and steps, handed over as Arrow tables (made from the records untimed), into a
 scratch directory. The ratio is the median over batches of land rate / reference rate.
+
+Each batch's records are also turned into the tables' Arrow rows alone (`Table.arrow`, what every
+landing does first, with the garbage collector paused as `stage` pauses it), timed apart: no landing
+from these records in one process can run faster than that conversion. With `--tasks-apart` each
+batch's tasks land in a `land` call of their own before the timed one (untimed), and the timed
+landing, the conversion and the reference cover the rollouts and steps only.
 
 Then the same batches again, the way the factory's workers land ("workers write, one process
 registers"): `--workers` processes (default 2) each build their share of the batches' records
@@ -31,6 +37,7 @@ families.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shlex
@@ -80,13 +87,20 @@ def make_batch(first: int, n_rollouts: int, families: list[str]):
 
 
 def same_rows(tasks, rollouts) -> dict:
-    """The batch's tasks, rollouts and steps as Arrow tables of the warehouse's logical columns."""
+    """The batch's tasks (none when `tasks` is None), rollouts and steps as Arrow tables of the
+    warehouse's logical columns, made with the garbage collector paused (as `stage` does)."""
     from warehouse import TABLES
+    from warehouse.staged import _step_owners
 
-    steps = [(r, step) for r in rollouts for step in r.steps]
-    return {"tasks": TABLES["tasks"].arrow(tasks), "rollouts": TABLES["rollouts"].arrow(rollouts),
-            "steps": TABLES["steps"].arrow([s for _, s in steps], rollout_id=[r.rollout_id for r, _ in steps],
-                                           task_family=[r.family for r, _ in steps])}
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:  # as `stage` makes them: the steps' owner columns each rollout's once, repeated by Arrow
+        rows = {} if tasks is None else {"tasks": TABLES["tasks"].arrow(tasks)}
+        return {**rows, "rollouts": TABLES["rollouts"].arrow(rollouts),
+                "steps": TABLES["steps"].arrow([step for r in rollouts for step in r.steps], **_step_owners(rollouts))}
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def write_reference(con, arrow: dict, folder: Path) -> None:
@@ -158,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-steps", type=int, default=100_000)
     ap.add_argument("--families", type=int, default=4)
     ap.add_argument("--no-gates", action="store_true", help="land without the quality gates")
+    ap.add_argument("--tasks-apart", action="store_true",
+                    help="land each batch's tasks before it (untimed); time the rollouts and steps only")
     ap.add_argument("--workers", type=int, default=2, help="staging processes for the second landing (0: none)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--data-dir", help="keep the warehouse here (default: a temp dir, removed)")
@@ -177,15 +193,20 @@ def main(argv: list[str] | None = None) -> int:
     n_rollouts = args.steps // STEPS_PER_ROLLOUT
     with tempfile.TemporaryDirectory(prefix="bench-wh-") as tmp:
         data_dir = Path(args.data_dir or tmp)
-        build_s, land_s, batch_rates, reference_rates = 0.0, 0.0, [], []
+        build_s, land_s, batch_rates, reference_rates, convert_rates = 0.0, 0.0, [], [], []
         reference = duckdb.connect()
         with Warehouse(data_dir) as wh:
             for first in range(0, n_rollouts, per_batch):
                 t0 = time.perf_counter()
                 tasks, rollouts = make_batch(first, min(per_batch, n_rollouts - first), families)
                 t1 = time.perf_counter()
-                arrow = same_rows(tasks, rollouts)  # the reference's input, untimed
-                arms = {"land": lambda: wh.land(tasks=tasks, rollouts=rollouts, gate=not args.no_gates),
+                if args.tasks_apart:
+                    assert wh.land(tasks=tasks, gate=not args.no_gates).ok
+                timed_tasks = None if args.tasks_apart else tasks
+                t2 = time.perf_counter()
+                arrow = same_rows(timed_tasks, rollouts)  # the reference's input, and the conversion alone
+                convert_s = time.perf_counter() - t2
+                arms = {"land": lambda: wh.land(tasks=timed_tasks, rollouts=rollouts, gate=not args.no_gates),
                         "reference": lambda: write_reference(reference, arrow, Path(tmp) / "reference")}
                 timed = {}
                 for arm in (["land", "reference"] if len(batch_rates) % 2 == 0 else ["reference", "land"]):
@@ -201,9 +222,11 @@ def main(argv: list[str] | None = None) -> int:
                 build_s, land_s = build_s + t1 - t0, land_s + timed["land"]
                 batch_rates.append(steps / timed["land"])
                 reference_rates.append(steps / timed["reference"])
+                convert_rates.append(steps / convert_s)
                 print(f"batch {len(batch_rates)}: {steps} steps landed in {timed['land']:.2f}s "
                       f"({batch_rates[-1]:,.0f} steps/s); DuckDB wrote them in {timed['reference']:.2f}s "
-                      f"({reference_rates[-1]:,.0f} steps/s); records built in {t1 - t0:.2f}s", flush=True)
+                      f"({reference_rates[-1]:,.0f} steps/s); records to Arrow alone {convert_s:.2f}s; "
+                      f"records built in {t1 - t0:.2f}s", flush=True)
             total_steps = wh.count("steps")
         staged = None
         if args.workers:
@@ -239,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
            "land_s": land_s, "build_records_s": build_s, "ingest_steps_per_s": total_steps / land_s,
            "ingest_steps_per_s_median_batch": statistics.median(batch_rates),
            "reference_steps_per_s_median_batch": statistics.median(reference_rates),
+           "tasks_apart": args.tasks_apart,
+           # the records turned into the tables' Arrow rows alone: a ceiling on any landing from them
+           "convert_steps_per_s_median_batch": statistics.median(convert_rates),
            # land rate / DuckDB's rate for the same rows, per batch (the arms side by side), median
            "land_over_duckdb_ratio": statistics.median(ratios), "lake_mb": lake_mb, "queries": timings,
            "staged": staged}
@@ -254,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DuckDB writing the same rows as hive-partitioned Parquet from Arrow: median batch "
           f"{fig['reference_steps_per_s_median_batch']:,.0f} steps/s; Warehouse.land / DuckDB: median "
           f"{fig['land_over_duckdb_ratio']:.3f} (per batch: {', '.join(f'{r:.3f}' for r in ratios)})")
+    print(f"the records turned into Arrow rows alone (Table.arrow, no gates, no write): median batch "
+          f"{fig['convert_steps_per_s_median_batch']:,.0f} steps/s, "
+          f"{fig['convert_steps_per_s_median_batch'] / fig['reference_steps_per_s_median_batch']:.3f} of DuckDB's rate"
+          + ("; each batch's tasks landed apart, untimed" if args.tasks_apart else ""))
     if staged:
         print(f"staged by {staged['workers']} worker processes, registered by one: {staged['steps_per_s']:,.0f} "
               f"steps/s ({staged['steps']:,} steps in {staged['wall_s']:.1f}s; per batch: staging "

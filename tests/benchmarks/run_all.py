@@ -65,6 +65,11 @@ def _warehouse(fig: dict) -> list[Row]:
             ("ingest steps/s through Warehouse.land, median batch", round(fig["ingest_steps_per_s_median_batch"]), None),
             ("DuckDB writing the same rows, steps/s, median batch", round(fig["reference_steps_per_s_median_batch"]),
              None)]
+    if "convert_steps_per_s_median_batch" in fig:  # the ceiling on any landing from these records
+        convert = fig["convert_steps_per_s_median_batch"]
+        over = convert / fig["reference_steps_per_s_median_batch"]
+        rows += [("records to Arrow alone (no gates, no write) / DuckDB", round(over, 3), over),
+                 ("records to Arrow alone, steps/s, median batch", round(convert), None)]
     staged = fig.get("staged")
     if staged:
         rows += [(f"staged by {staged['workers']} workers, registered by one / DuckDB", round(staged["over_duckdb"], 3),
