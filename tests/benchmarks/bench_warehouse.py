@@ -19,7 +19,8 @@ Each batch's records are also turned into the tables' Arrow rows alone (`Table.a
 landing does first, with the garbage collector paused as `stage` pauses it), timed apart: no landing
 from these records in one process can run faster than that conversion. With `--tasks-apart` each
 batch's tasks land in a `land` call of their own before the timed one (untimed), and the timed
-landing, the conversion and the reference cover the rollouts and steps only.
+landing, the conversion and the reference cover the rollouts and steps only (the staged landing
+below stages each batch's tasks with its rollouts in any case).
 
 Then the same batches again, the way the factory's workers land ("workers write, one process
 registers"): `--workers` processes (default 2) each build their share of the batches' records
