@@ -52,6 +52,9 @@ def _factory(fig: dict) -> list[Row]:
     rows = [(f"flow / plain stage calls, {size}", round(fig["overhead_ratio"], 2), round(fig["overhead_ratio"], 2)),
             (f"flow s, {size} (median)", round(fig["flow_median_s"], 2), None),
             ("flow and plain: same rows and dataset ids", "yes" if fig["same_outputs"] else "NO", None)]
+    stages = fig.get("plain_stages_median_s")
+    if stages:  # where a plain run's time goes
+        rows += [(f"plain run, {name.removesuffix('_s')} s (median)", round(s, 2), None) for name, s in stages.items()]
     if "rollout_sps_median" in fig:
         rows += [("rollout steps/s", round(fig["rollout_sps_median"]), None),
                  ("PRM scoring steps/s", round(fig["score_sps_median"]), None),
