@@ -8,9 +8,12 @@ fresh env of its family: it supplies the replay and `potentials`, and asks for `
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from envs.base import ToolEnv, copy_state
@@ -19,9 +22,82 @@ from envs.family import HiddenFacts, family
 from envs.records import OutcomeReport, Rollout, Step, TaskSpec, ToolCall
 
 
+@dataclass(frozen=True)
+class Ending:
+    """An ending the agent may choose ("nothing to do", a refusal, "none", an answer) and the
+    evidence that justifies it. A blind ending leaves the final state exactly as a justified one
+    does, so the state alone cannot tell them apart: the steps before the ending must show what
+    the agent looked at.
+
+    `tool`: the ending tool. `applies(arguments)`: which of its calls this covers (all by
+    default), e.g. only a recommendation of "none". `evidence(verifier, task, before)`: why the
+    evidence is missing (empty when it is there), read from the steps before the ending; those
+    steps' results come from the world, never from what the agent claims. `why`: the evidence in
+    words, for the docs and the audit."""
+
+    tool: str
+    evidence: Callable[[Any, TaskSpec, list[Step]], list[str]]
+    why: str
+    applies: Callable[[dict[str, Any]], bool] = lambda arguments: True
+
+
+def ending_step(steps: list[Step], tools: set[str] | frozenset[str]) -> int | None:
+    """The index of the last step whose call of one of `tools` reached the world without error."""
+    for i in range(len(steps) - 1, -1, -1):
+        call = steps[i].tool_call
+        if call is not None and call.name in tools and steps[i].error is None:
+            return i
+    return None
+
+
+def missing_evidence(verifier: OutcomeVerifier, task: TaskSpec, steps: list[Step]) -> list[str]:
+    """Why the episode's ending is not justified by what the agent looked at first (empty when
+    it is, or when it did not end by a declared ending)."""
+    endings = type(verifier).endings
+    if not endings:
+        return []
+    at = ending_step(steps, {e.tool for e in endings})
+    if at is None:
+        return []
+    call = steps[at].tool_call
+    reasons: list[str] = []
+    for ending in endings:
+        if ending.tool == call.name and ending.applies(dict(call.arguments)):
+            reasons += [f"{call.name} without evidence: {r}" for r in ending.evidence(verifier, task, steps[:at])]
+    return reasons
+
+
+def _enforcing(verify: Callable) -> Callable:
+    """`verify` whose success also needs the evidence of the declared endings (`endings`)."""
+
+    @functools.wraps(verify)
+    def checked(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
+        report = verify(self, task, steps, final_state)
+        missing = missing_evidence(self, task, steps)
+        if missing:
+            report = report.model_copy(update={"success": False, "completed": False,
+                                               "reasons": [*report.reasons, *missing]})
+        return report
+
+    checked.__enforces_endings__ = True
+    return checked
+
+
 class OutcomeVerifier(ABC):
     verifier_id: str
     version: str
+    # The endings that need evidence (an SDK declaration, enforced here for every verifier: a
+    # success whose ending lacks its evidence is a failure, its reasons say what was missing).
+    endings: ClassVar[tuple[Ending, ...]] = ()
+    # Tools whose text arguments the verdict checks against the facts (disclosures, promises,
+    # claims): {tool: (argument, ...)}. The gameability audit negates them (tasks/audit.py).
+    statements: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        verify = cls.__dict__.get("verify")
+        if verify is not None and not getattr(verify, "__enforces_endings__", False):
+            cls.verify = _enforcing(verify)
 
     @abstractmethod
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
