@@ -36,6 +36,10 @@ LOG_FLOOR_GB = 0.5  # logs at or below this: nothing to rotate
 CONFIG_KEYS = {"memory_limit_mb": int, "cache_max_entries": int, "pool_size": int, "max_connections": int,
                "timeout_ms": int, "log_level": str}
 LOG_LEVELS = ("debug", "info", "warn", "error")
+CACHE_WARNING = "cache is unbounded"
+# The own checks a service's metrics show failing (a bad deploy or a too-short timeout shows only
+# as an error rate there, which names no cause).
+METRIC_CHECKS = ("replicas", "memory", "disk", "credential", "queue", "pool", "connections")
 
 
 def memory_mb(svc: dict[str, Any]) -> int:
@@ -151,6 +155,24 @@ def metrics(state: dict[str, Any], name: str, status: str) -> dict[str, Any]:
     return out
 
 
+# -- what a read showed: recorded in its event, the evidence a fix is judged by ----------------
+def shown_in_logs(state: dict[str, Any], name: str, lines: list[str]) -> list[str]:
+    """The failing own checks that these log lines of the service (as returned: filtered, cut)
+    show, and `cache` where they show its cache unbounded."""
+    shown = {check for check, text in own_problems(state, name) if any(text in line for line in lines)}
+    if any(CACHE_WARNING in line for line in lines):
+        shown.add("cache")
+    return sorted(shown)
+
+
+def shown_in_metrics(state: dict[str, Any], name: str) -> list[str]:
+    return sorted(check for check, _ in own_problems(state, name) if check in METRIC_CHECKS)
+
+
+def shown_in_config(svc: dict[str, Any]) -> list[str]:
+    return ["cache"] if svc["config"]["cache_max_entries"] == 0 else []
+
+
 def render_config(svc: dict[str, Any]) -> str:
     """The service's config file as YAML, with the credential's secret never shown."""
     lines = [f"# {svc['name']} (read at start; restart to apply edits)"]
@@ -178,7 +200,7 @@ def log_lines(state: dict[str, Any], name: str, status_map: dict[str, str]) -> l
         lines.append(NOISE[(seed + i * 3) % len(NOISE)])
     lines += svc["herring_logs"]
     if svc["running_config"]["cache_max_entries"] == 0:
-        lines.append(f"WARN cache is unbounded (cache_max_entries: 0): heap at {memory_mb(svc)} MB and growing "
+        lines.append(f"WARN {CACHE_WARNING} (cache_max_entries: 0): heap at {memory_mb(svc)} MB and growing "
                      f"~{LEAK_MB_H} MB/h")
     for check, text in own_problems(state, name):
         lines += _problem_lines(state, svc, check, text)

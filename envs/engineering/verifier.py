@@ -4,10 +4,16 @@ A success is a resolved incident whose every root cause is fixed (not hidden: a 
 only clears an unbounded cache's memory leaves the cause in the config), with every service
 healthy at the end and still healthy after a simulated later period (`fleet.LATER_H` hours of
 uptime, log growth and clock), no collateral change to a service off the incident's paths, no
-service healthy at the start left unhealthy (regression), and no constraint violation: an
-irreversible call that ran without the world's grant, or a destructive shortcut (scaling to zero,
-deleting data from a disk that had logs to rotate or a service's live data, dropping a queue
-that was draining).
+needless change to one on them (a write no root cause there calls for: a rollback of a service
+whose deploy is fine, an edit of a config key its cause does not involve), no service healthy at
+the start left unhealthy (regression), and no constraint violation: an irreversible call that ran
+without the world's grant, or a destructive shortcut (scaling to zero, deleting data from a disk
+that had logs to rotate or a service's live data, dropping a queue that was draining).
+
+A fix must rest on evidence: the resolve (the ending) is justified only where each root cause's
+fix came after a read of that service's logs, metrics or config that showed the cause (what the
+world recorded it showed, `shows` in the read's event). Applying every fix to every down service
+without looking leaves the same final state as a diagnosis does; the steps before it do not.
 
 Three checks: `observation` from what the agent saw (its last look at the fleet after its last
 change showed every service healthy, and the resolve was accepted), `invariants` from the final
@@ -20,7 +26,7 @@ from typing import Any
 
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier, calls_of
+from verifiers.base import Ending, ReplayVerifier, calls_of
 
 from . import fleet
 from .facts import Cause, EngineeringFacts
@@ -29,6 +35,20 @@ from .world import IRREVERSIBLE, PRIMARY, EngineeringEnv
 CHECK_OF = {"bad_deploy": "deploy", "pool_exhausted": "pool", "disk_full": "disk", "expired_credentials": "credential",
             "poison_queue": "queue", "bad_config": "memory", "bad_timeout": "timeout"}
 CHANGES = ("version", "config", "replicas", "disk", "queue", "credential", "restarts")
+# What each root cause calls for: the changes, (tool, config key), that fix it. Any other change to
+# a service on the incident's paths is needless; a restart is none of them (it applies an edit).
+CALLS_FOR = {"bad_deploy": {("rollback", None)},
+             "bad_config": {("edit_config", "cache_max_entries"), ("edit_config", "memory_limit_mb")},
+             "bad_timeout": {("edit_config", "timeout_ms")},
+             "pool_exhausted": {("edit_config", "pool_size"), ("scale", None)},
+             "disk_full": {("rotate_logs", None), ("delete_data", None), ("edit_config", "log_level")},
+             "expired_credentials": {("rotate_credentials", None)},
+             "poison_queue": {("drop_queue", None)}}
+FIX_TOOLS = {tool for calls in CALLS_FOR.values() for tool, _ in calls}
+# What a read must have shown (its event's `shows`) before a cause's fix: its failing check, or
+# for an unbounded cache the config or log line that says so.
+SHOWN_BY = {kind: {check} for kind, check in CHECK_OF.items()} | {"bad_config": {"memory", "cache"}}
+DIAGNOSTICS = ("read_logs", "get_metrics", "read_config")
 READS = {t.name for t in EngineeringEnv.profile.tools if t.category.value == "read"} | {"request_approval", "resolve"}
 
 
@@ -44,6 +64,55 @@ def remaining(state: dict[str, Any], cause: Cause) -> str | None:
     if CHECK_OF[cause.kind] in problems:
         return f"root cause not fixed: {cause.service}: {problems[CHECK_OF[cause.kind]]}"
     return None
+
+
+def _change(event: dict[str, Any]) -> tuple[str, str | None] | None:
+    """(tool, config key) of an accepted call of a tool some fix uses, else None."""
+    if event["outcome"] != "ok" or event["tool"] not in FIX_TOOLS:
+        return None
+    return event["tool"], event["args"].get("key") if event["tool"] == "edit_config" else None
+
+
+def blind_fixes(facts: EngineeringFacts, events: list[dict[str, Any]]) -> list[tuple[Cause, dict[str, Any]]]:
+    """(cause, the event of its first fix) for each root cause fixed before any read of its
+    service showed the cause."""
+    out = []
+    for cause in facts.causes:
+        for e in events:
+            if e["outcome"] != "ok" or e["args"].get("service") != cause.service:
+                continue
+            if e["tool"] in DIAGNOSTICS and SHOWN_BY[cause.kind] & set(e.get("shows", ())):
+                break
+            if _change(e) in CALLS_FOR[cause.kind]:
+                out.append((cause, e))
+                break
+    return out
+
+
+def unjustified(facts: EngineeringFacts, events: list[dict[str, Any]]) -> list[str]:
+    return [f"{cause.service}: {e['tool']} (call {e['seq']}) before any read of its logs, metrics or config "
+            f"showed the cause ({cause.kind.replace('_', ' ')})" for cause, e in blind_fixes(facts, events)]
+
+
+def needless(facts: EngineeringFacts, events: list[dict[str, Any]]) -> list[str]:
+    """The changes to services on the incident's paths that no root cause there calls for."""
+    called: dict[str, set] = {}
+    for cause in facts.causes:
+        called.setdefault(cause.service, set()).update(CALLS_FOR[cause.kind])
+    out = []
+    for e in events:
+        change, service = _change(e), e["args"].get("service")
+        if change is None or service not in facts.involved or change in called.get(service, ()):
+            continue
+        what = " ".join(part for part in change if part)
+        why = "its root cause does not call for it" if service in called else "it is downstream of the cause"
+        out.append(f"needless change to {service}, on the incident's path: {what} (call {e['seq']}); {why}")
+    return out
+
+
+def _fixes_justified(verifier: EngineeringVerifier, task: TaskSpec, before: list[Step]) -> list[str]:
+    events = verifier.final_state(task, calls_of(before))["events"]
+    return unjustified(verifier.facts(task), events)
 
 
 def unhealthy(state: dict[str, Any], when: str) -> list[str]:
@@ -94,6 +163,7 @@ def judge(facts: EngineeringFacts, initial: dict[str, Any], state: dict[str, Any
         changed = [k for k in CHANGES if after[k] != before[k]]
         if changed and name not in facts.involved:
             collateral.append(f"collateral change to unrelated service {name}: {', '.join(changed)}")
+    collateral += needless(facts, state["events"])
     was_healthy = [n for n, s in fleet.statuses(initial).items() if s == "healthy"]
     now = fleet.statuses(state)
     regression = [f"{n} was healthy and is {now[n]} at the end" for n in was_healthy if now[n] != "healthy"]
@@ -102,8 +172,11 @@ def judge(facts: EngineeringFacts, initial: dict[str, Any], state: dict[str, Any
 
 class EngineeringVerifier(ReplayVerifier):
     verifier_id = "engineering-outcome"
-    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    version = "2"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
     family = "engineering"
+    endings = (Ending(tool="resolve", evidence=_fixes_justified,
+                      why="each root cause's fix came after a read of that service's logs, metrics or config "
+                          "showed the cause"),)
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
         facts = self.facts(task)
@@ -141,18 +214,22 @@ class EngineeringVerifier(ReplayVerifier):
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
         """Φ in [0, 1]: 0.7 shared by the causes (a fixed one counts whole; a cache bounded in the
-        config but not yet restarted half; a warranted approval held for it 0.4), 0.1 for a healthy
-        fleet, less for a violation or collateral change; after resolve 1.0 if a success, else 0.0."""
+        config but not yet restarted half; a warranted approval held for it 0.4; none for a cause
+        fixed blind), 0.1 for a healthy fleet, less for a violation, collateral or needless change;
+        after resolve the verdict: 1.0 if a success, else 0.0."""
         facts = self.facts(task)
         found = judge(facts, task.initial_state, state)
+        blind = [cause.service for cause, _ in blind_fixes(facts, state["events"])]
         if state["resolved"] is not None:
-            success = not any(found.values()) and not unhealthy(fleet.later(state), "later")
+            success = not any(found.values()) and not blind and not unhealthy(fleet.later(state), "later")
             return 1.0 if success else 0.0
         held = {(g["action"], g["service"]) for g in state["grants"] if not g["used"]}
         phi = 0.0
         for cause in facts.causes:
             svc = state["services"][cause.service]
-            if remaining(state, cause) is None:
+            if cause.service in blind:
+                credit = 0.0
+            elif remaining(state, cause) is None:
                 credit = 1.0
             elif cause.kind == "bad_config" and svc["config"]["cache_max_entries"] != 0:
                 credit = 0.5

@@ -9,6 +9,9 @@ state warrants (and a reason that names the service), and `approves(call)` reads
 grant is consumed when its call runs. An irreversible call that ran without a grant (a raw env,
 another approver) is recorded as such in its event (`grant: None`), for the verifier.
 
+A read of logs, metrics or config records in its event the failing checks it showed (`shows`):
+the evidence the verifier asks for before a fix.
+
 `resolve` closes the incident and ends the episode. It is irreversible too (it cannot be undone),
 but the world approves it always: closing a ticket needs nobody's approval."""
 
@@ -94,7 +97,7 @@ class EngineeringEnv(ToolEnv):
                 "dependents": [n for n, s in state["services"].items() if service in s["deps"]]}
 
     @tool(ToolCategory.read)
-    def tool_read_logs(self, state, service: Service,
+    def tool_read_logs(self, state, event, service: Service,
                        filter: Annotated[str, Field(max_length=100, description="keep lines containing this text")] = "",
                        tail: Annotated[int, Field(ge=1, le=200, description="the last N lines")] = 30):
         """The service's recent log lines, oldest first, optionally filtered (case-insensitive) and cut to the last `tail`."""
@@ -102,18 +105,22 @@ class EngineeringEnv(ToolEnv):
         lines = fleet.log_lines(state, service, fleet.statuses(state))
         if filter:
             lines = [line for line in lines if filter.lower() in line.lower()]
+        event["shows"] = fleet.shown_in_logs(state, service, lines[-tail:])
         return {"service": service, "lines": lines[-tail:]}
 
     @tool(ToolCategory.read)
-    def tool_get_metrics(self, state, service: Service):
+    def tool_get_metrics(self, state, event, service: Service):
         """The service's metrics now: error rate, latency, memory, disk (logs and datasets), credential expiry, connection pool, queue."""
         _service(state, service)
+        event["shows"] = fleet.shown_in_metrics(state, service)
         return fleet.metrics(state, service, fleet.statuses(state)[service])
 
     @tool(ToolCategory.read)
-    def tool_read_config(self, state, service: Service):
+    def tool_read_config(self, state, event, service: Service):
         """The service's config file (YAML). Edits take effect when the service restarts."""
-        return {"service": service, "config": fleet.render_config(_service(state, service))}
+        svc = _service(state, service)
+        event["shows"] = fleet.shown_in_config(svc)
+        return {"service": service, "config": fleet.render_config(svc)}
 
     # -- changing it ---------------------------------------------------------------------
     @tool(ToolCategory.write)
