@@ -20,12 +20,12 @@ from envs.family import Family
 from envs.records import TaskSpec, ToolCall
 
 from .facts import BrowserFacts, Variant, Wanted
-from .rules import ATTRIBUTES, CATEGORIES, VALUES, describe, misses, satisfying
+from .rules import ATTRIBUTES, CATEGORIES, VALUES, affordable, describe, misses, satisfying
 from .site import (ACCOUNT, ADD_TO_CART, ADDRESS, ADDRESSES_LINK, CART, CHECKOUT, FILTERS, FORM, NEW_ADDRESS_LINK,
                    OPTION, ORDER_LINK, ORDERS_LINK, PLACE_ORDER, PRODUCT_LINK, PROFILE_LINK, QUANTITY, SAVE,
-                   SEARCH_BOX, SEARCH_BUTTON, SET_DEFAULT, Site, money)
+                   SET_DEFAULT, Site, money)
 
-GENERATOR_VERSION = "2"  # 2: "boots that are" in goals
+GENERATOR_VERSION = "3"  # 3: references open the search by url; an infeasible purchase's opens each product in budget
 
 CATALOG_SIZE = {1: 8, 2: 14, 3: 22, 4: 32, 5: 44}
 N_ATTRIBUTES = {1: 1, 2: 2, 3: 2, 4: 3, 5: 4}
@@ -125,8 +125,10 @@ class _Catalog:
     def add(self, category: str, attributes: dict[str, str], price: int, options: list[str] | None = None) -> str:
         rng = self.rng
         noun = category.removesuffix("s").capitalize() if category != "boots" else "Boots"
-        name = next(n for n in (f"{attributes['brand']} {m} {noun}" for m in rng.sample(MODELS, len(MODELS)))
-                    if n not in self.names)
+        names = [f"{attributes['brand']} {m} {noun}" for m in rng.sample(MODELS, len(MODELS))]
+        # a brand's every model may be taken in a large catalog: then a numbered one
+        names += (f"{names[0]} {k}" for k in range(2, len(self.names) + 3))
+        name = next(n for n in names if n not in self.names)
         self.names.add(name)
         while price in self.prices:
             price += 100
@@ -217,15 +219,18 @@ def _buy(rng: random.Random, level: int, feasible: bool, account: dict):
                       ("select", {"id": OPTION, "option": option})]
         if wanted.quantity > 1:
             reference.append(("type", {"id": QUANTITY, "text": str(wanted.quantity)}))
-        reference += [("click", {"id": ADD_TO_CART}), ("click", {"id": CART}), ("click", {"id": CHECKOUT}),
-                      ("select", {"id": ADDRESS, "option": address["label"]}), ("click", {"id": PLACE_ORDER}),
-                      ("answer", {"text": "{order}"})]  # the order number, filled in below
+        reference += [("click", {"id": ADD_TO_CART}), ("click", {"id": CART}), ("click", {"id": CHECKOUT})]
+        if address["id"] != account["default_address"]:  # checkout ships to the default unless told
+            reference.append(("select", {"id": ADDRESS, "option": address["label"]}))
+        reference += [("click", {"id": PLACE_ORDER}), ("answer", {"text": "{order}"})]  # the number, filled in below
         why = None
     else:
-        closest = min((p for p in products if not misses(products[p], wanted)), key=lambda p: products[p]["price"])
-        reference.append(("click", {"id": PRODUCT_LINK + sorted(products).index(closest)}))
-        why = (f"every {describe(wanted, article=False)} costs more than {money(each)}" if how == "budget" else
-               f"no {describe(wanted, article=False)} within the budget offers {option_name} {option}")
+        # the results line shows a product over budget; one within it must be opened to see it lacks the option
+        within = [p for p in sorted(products) if not misses(products[p], wanted) and affordable(products[p], wanted)]
+        for k, pid in enumerate(within):
+            reference += [("back", {})] * (k > 0) + [("click", {"id": PRODUCT_LINK + sorted(products).index(pid)})]
+        why = (f"no {describe(wanted, article=False)} within the budget offers {option_name} {option}" if within else
+               f"every {describe(wanted, article=False)} costs more than {money(each)}")
         reference.append(("report_infeasible", {"reason": f"The shop cannot do this: {why}."}))
     facts = {"why_infeasible": why, "wanted": wanted, "target": target if feasible else None,
              "address_id": address["id"]}
@@ -235,9 +240,9 @@ def _buy(rng: random.Random, level: int, feasible: bool, account: dict):
 
 
 def _find(wanted: Wanted, products: dict[str, dict]) -> list[tuple[str, dict]]:
-    """Search by the noun and the attributes the filters cannot set, then filter by the rest."""
+    """Open the results of a search by the noun and the attributes the filters cannot set, filtered
+    by the rest: one url the goal's words make (each call of a reference is one it needs)."""
     words = [CATEGORIES[wanted.category][0]] + [v for k, v in wanted.attributes.items() if k not in FILTERS]
-    calls = [("type", {"id": SEARCH_BOX, "text": " ".join(words)}), ("click", {"id": SEARCH_BUTTON})]
     site = Site({"products": products, "order": sorted(products), "page_size": 1, "listing_attrs": [],
                  "past_orders": []})
     query = {"q": " ".join(words)}
@@ -245,9 +250,8 @@ def _find(wanted: Wanted, products: dict[str, dict]) -> list[tuple[str, dict]]:
         if k in FILTERS:
             if v not in site.results(query)[1][k]:  # the filter does not offer it: nothing matches
                 break
-            calls.append(("select", {"id": FILTERS[k], "option": v}))
             query[k] = v
-    return calls
+    return [("goto", {"url": site.search_url(query)})]
 
 
 def _info(rng: random.Random, level: int, feasible: bool, account: dict):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from .rules import ATTRIBUTES
+from .rules import ATTRIBUTES, CATEGORIES
 
 HOST = "shop.example"
 HOME, SEARCH_BOX, SEARCH_BUTTON, CART, ACCOUNT = 1, 2, 3, 4, 5
@@ -32,6 +32,8 @@ PRODUCT_LINK, REMOVE_LINE, SET_DEFAULT, ORDER_LINK = 100, 300, 400, 500
 SORTS = {"Relevance": "relevance", "Price: low to high": "price_asc", "Price: high to low": "price_desc",
          "Customer rating": "rating"}
 ANY = "Any"
+RESULTS_TITLE = "Search results - Shop"
+SEARCHED = ("q", "category", *FILTERS)  # what decides which products a results page lists (not page or sort)
 VIEW_LINES = 18  # lines of the tree shown at once (a long results page runs below the fold); `scroll` moves by this much
 MAX_QUANTITY = 10
 
@@ -85,7 +87,8 @@ class Site:
     def __init__(self, site: dict[str, Any]):
         self.data = site
         self.products: dict[str, dict] = site["products"]
-        self.index = {pid: i for i, pid in enumerate(sorted(self.products))}
+        self.ids = sorted(self.products)
+        self.index = {pid: i for i, pid in enumerate(self.ids)}
         self.order = site["order"]
         self.rank = {pid: i for i, pid in enumerate(self.order)}
         self.page_size: int = site["page_size"]
@@ -98,7 +101,7 @@ class Site:
     def words(self) -> dict[str, set[str]]:
         """Each product's searchable words, built on the first search."""
         if self._words is None:
-            self._words = {pid: _words(" ".join([p["name"], p["category"]] + [p[a] for a in ATTRIBUTES]))
+            self._words = {pid: search_words(" ".join([p["name"], p["category"]] + [p[a] for a in ATTRIBUTES]))
                            for pid, p in self.products.items()}
         return self._words
 
@@ -175,7 +178,7 @@ class Site:
     # -- search -------------------------------------------------------------------------
     def results(self, query: dict[str, str]) -> tuple[list[str], dict[str, list[str]]]:
         """The products a results URL lists, in order, and each facet's values before that facet's filter."""
-        words = _words(query.get("q", ""))
+        words = search_words(query.get("q", ""))
         category = query.get("category", "")
         base = [pid for pid in self.order if words <= self.words[pid]
                 and (not category or self.products[pid]["category"] == category)]
@@ -200,7 +203,7 @@ class Site:
         pages = max(1, -(-len(found) // self.page_size))
         number = _int(query.get("page"), 1)
         number = min(max(number, 1), pages)
-        page = self._page(f"Search results - Shop", query.get("q", ""))
+        page = self._page(RESULTS_TITLE, query.get("q", ""))
         what = query.get("q") or query.get("category") or "all products"
         page.text(f'  heading "{len(found)} result{"s" * (len(found) != 1)} for {what[:60]!r}"')
         for facet, eid in FILTERS.items():
@@ -219,6 +222,25 @@ class Site:
         if number < pages:
             page.link(NEXT, "Next page", self.search_url(query, page=str(number + 1)))
         return page
+
+    @staticmethod
+    def query_of(url: str) -> dict[str, str]:
+        return dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+
+    @staticmethod
+    def search_of(url: str) -> str:
+        """The search a results url runs, as a url without its page and sort (the same products)."""
+        return Site.search_url({k: v for k, v in Site.query_of(url).items() if k in SEARCHED})
+
+    @staticmethod
+    def lists_any(search: str, wanted: Any) -> bool:
+        """Whether the results of `search` (a url) list every product that is the one `wanted`
+        describes, whatever its other attributes: its words are all words of the product's noun,
+        category or named attributes, and its category and filters are the goal's or none."""
+        query, named = Site.query_of(search), wanted.attributes
+        words = search_words(" ".join([CATEGORIES[wanted.category][0], wanted.category, *named.values()]))
+        return (search_words(query.get("q", "")) <= words and query.get("category", "") in ("", wanted.category)
+                and all(query.get(f) in (None, "", ANY, named.get(f)) for f in FILTERS))
 
     @staticmethod
     def search_url(query: dict[str, str], **changes: str) -> str:
@@ -355,7 +377,7 @@ def _address_line(a: dict) -> str:
     return f"{a['label']}: {a['street']}, {a['city']} {a['zip']}"
 
 
-def _words(text: str) -> set[str]:
+def search_words(text: str) -> set[str]:
     """Lower-case words with a plural 's' dropped, so 'Jackets' finds 'jacket'."""
     return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in re.findall(r"[a-z0-9]+", text.lower())}
 

@@ -7,7 +7,11 @@ of a question, which is read as one number and compared with the site's own valu
 if the page holding it, the product's or the order's own, showed it to the agent before answering:
 a 404 or results page repeating the agent's own url or query shows nothing), and a purchase's answer, which must name the
 order the database holds (ids are only extracted from it). An infeasible task is solved only by
-`report_infeasible` with nothing bought or changed.
+`report_infeasible` with nothing bought or changed, after the site showed what makes it so (a blind
+report leaves the same database as a justified one): the account's addresses page, for an address
+that is not there; for a product, the results of a search that would list any product fitting the
+goal, each of them shown not to fit by its line in the results (price, listed attributes) or its own
+page (every attribute, the options).
 
 Three checks of the outcome: `observation` (what the agent was shown: the order confirmation page,
 the value on a page it saw, the site's "saved" notice), `invariants` (the final hidden state), and
@@ -27,11 +31,11 @@ from urllib.parse import urlsplit
 
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier, calls_of
+from verifiers.base import Ending, ReplayVerifier, calls_of
 
 from .facts import BrowserFacts
-from .rules import as_number, misses, satisfying
-from .site import ACCOUNT, FORM, HOST, PROFILE_LINK, SAVE, money
+from .rules import affordable, as_number, describe, misses, offers, satisfying
+from .site import ACCOUNT, FORM, HOST, PROFILE_LINK, SAVE, Site, money
 
 CONTACT = ("email", "phone", "default_address")
 
@@ -154,10 +158,54 @@ def _field(change: str | None) -> str | None:
     return {"phone": "phone", "default_address": "default_address"}.get(change)
 
 
+def unshown(facts: BrowserFacts, site: dict[str, Any], state: dict[str, Any]) -> list[str]:
+    """Why what the site showed does not establish that an infeasible task cannot be done (empty
+    when it does, and for a feasible task). Read from what the world recorded it showed: the pages
+    visited, the searches run and the product lines in view on their results."""
+    if facts.feasible:
+        return []
+    if facts.kind == "account":
+        if "/account/addresses" in state["visited"]:
+            return []
+        return [f"the account's addresses page, which shows that {facts.why_infeasible}, was never opened"]
+    products, wanted = site["products"], facts.wanted
+
+    def ruled_out(pid: str) -> bool:
+        p = products[pid]
+        if f"/product/{pid}" in state["visited"]:  # its page shows every attribute, the price and the options
+            return bool(misses(p, wanted)) or facts.kind == "buy" and not (offers(p, wanted) and affordable(p, wanted))
+        if pid in state["listed"]:  # its line: the name (so the category), the price, the listed attributes
+            return (p["category"] != wanted.category or facts.kind == "buy" and not affordable(p, wanted)
+                    or any(p[k] != v for k, v in wanted.attributes.items() if k in site["listing_attrs"]))
+        return False
+
+    shop = Site(site)
+    for search in state["searched"]:
+        if shop.lists_any(search, wanted) and all(map(ruled_out, shop.results(shop.query_of(search))[0])):
+            return []
+    return [f"the site never showed that {facts.why_infeasible}: no search that would list "
+            f"{describe(wanted)} had each of its results shown not to fit (by its line or its own page)"]
+
+
+def _infeasibility_seen(verifier: BrowserVerifier, task: TaskSpec, before: list[Step]) -> list[str]:
+    """The evidence of `report_infeasible`: what the world showed in the steps before it."""
+    facts = verifier.facts(task)
+    if facts.feasible:  # the verdict already fails the report
+        return []
+    return unshown(facts, task.initial_state["site"], verifier.final_state(task, calls_of(before)))
+
+
 class BrowserVerifier(ReplayVerifier):
     verifier_id = "browser-outcome"
-    version = "3"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    version = "4"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
     family = "browser"
+    # what the browser shows and where it is, not the shop's data (orders, cart, account, ending):
+    # a click that only moved or typed changed no world (the audit's collateral)
+    ephemeral_state = ("events", "url", "history", "scroll", "inputs", "visited", "searched", "listed")
+    endings = (Ending(tool="report_infeasible", evidence=_infeasibility_seen,
+                      why="the site showed that nothing fits: the results of a search that would list any "
+                          "fitting product, each shown not to fit by its line or its page; or the account's "
+                          "addresses without the one named"),)
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
         facts, calls = self.facts(task), calls_of(steps)
@@ -208,20 +256,21 @@ class BrowserVerifier(ReplayVerifier):
         """Φ in [0, 1]: partial credit for the best product looked at, put in the cart or ordered
         (its share of the goal's attributes, the option and quantity, the price within budget);
         for a question, having opened the page that shows the value; for an account change, being
-        on its page, the fields typed, the change saved. 1.0 only after a right ending, 0.0 after
-        a wrong one."""
+        on its page, the fields typed, the change saved; for an infeasible task, having been shown
+        what makes it so, with nothing ordered. 1.0 only after an ending the verdict accepts (right,
+        and shown by the site), 0.0 after any other."""
         facts, site = self.facts(task), task.initial_state["site"]
         if state["ending"] is not None:
-            if any(judge(facts, site, state).values()):
+            if any(judge(facts, site, state).values()) or _blind(facts, state) or unshown(facts, site, state):
                 return 0.0
-            return 0.0 if _blind(facts, state) else 1.0
-        if facts.kind == "buy" and facts.feasible:
+            return 1.0
+        if not facts.feasible:
+            return 0.0 if state["orders"] or unshown(facts, site, state) else 0.5
+        if facts.kind == "buy":
             return round(_buy_progress(facts, site, state), 6)
-        if facts.kind == "info" and facts.feasible:
+        if facts.kind == "info":
             return 0.0 if _blind(facts, state) else 0.5
-        if facts.kind == "account" and facts.feasible:
-            return _account_progress(facts, site, state)
-        return 0.0
+        return _account_progress(facts, site, state)
 
     def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall] | None:
         """A right purchase, then the account's phone changed before the answer: every page the

@@ -5,8 +5,9 @@ shown to the agent as a text accessibility tree with element ids.
 The site data (catalog, listing order, account, past orders) lives once in the task's
 `initial_state["site"]` and is never copied into the state; the state holds only what the
 agent changes: the url, history, scroll position, what was typed or selected on the current page,
-the cart, the orders placed, the account's contact details and addresses, the pages visited and
-how the episode ended (`answer` or `report_infeasible`). Pages are rendered from both on demand
+the cart, the orders placed, the account's contact details and addresses, the pages visited, the
+searches and product lines a results page showed, and how the episode ended (`answer` or
+`report_infeasible`). Pages are rendered from both on demand
 (envs/browser/site.py).
 
 Bad input never raises out of a tool: an element id that is not on the current page, typing into
@@ -30,9 +31,10 @@ from envs.errors import ErrorKind, InvalidTask
 from envs.records import TaskSpec, ToolCategory
 from envs.tools import tool
 
-from .site import FILTERS, HOST, MAX_QUANTITY, SORTS, VIEW_LINES, Page, Site
+from .site import FILTERS, HOST, MAX_QUANTITY, PRODUCT_LINK, RESULTS_TITLE, SORTS, VIEW_LINES, Page, Site
 
 MAX_HISTORY = 50
+LINK_LINE = re.compile(r"\s*\[(\d+)\] link ")
 
 
 class Refusal(str, Enum):
@@ -65,7 +67,7 @@ class BrowserEnv(ToolEnv):
         account = {"email": account["email"], "phone": account["phone"], "default_address": account["default_address"],
                    "addresses": [dict(a) for a in account["addresses"]]}
         return {"url": "/", "history": [], "scroll": 0, "inputs": {}, "cart": [], "orders": [], "account": account,
-                "visited": ["/"], "ending": None, "events": []}
+                "visited": ["/"], "searched": [], "listed": [], "ending": None, "events": []}
 
     def render_goal(self, task: TaskSpec) -> str:
         """The goal, the tool hint, and the page the browser opens on."""
@@ -187,10 +189,25 @@ class BrowserEnv(ToolEnv):
         lines = page.lines[top:top + VIEW_LINES]
         if top + VIEW_LINES < len(page.lines):
             lines.append(f"... {len(page.lines) - top - VIEW_LINES} more lines below (scroll down)")
+        if page.title == RESULTS_TITLE:
+            self._note_results(state, lines)
         out = {"url": _full(state["url"]), "title": page.title, "page": "\n".join(lines)}
         if alert:
             out["alert"] = alert
         return out
+
+    def _note_results(self, state: dict[str, Any], lines: list[str]) -> None:
+        """Keep what a results page showed: its search, and the products whose lines were in view
+        (each line shows the product's price and listed attributes). What the agent was shown is
+        the evidence that no product fits (envs/browser/verifier.py)."""
+        search = self.site.search_of(state["url"])
+        if search not in state["searched"]:
+            state["searched"].append(search)
+        for line in lines:
+            match = LINK_LINE.match(line)
+            k = int(match[1]) - PRODUCT_LINK if match else -1
+            if 0 <= k < len(self.site.ids) and self.site.ids[k] not in state["listed"]:
+                state["listed"].append(self.site.ids[k])
 
     def _press(self, state: dict[str, Any], action: str, *args: Any) -> dict[str, Any]:
         inputs, site = state["inputs"], self.site

@@ -1,6 +1,7 @@
 """The browser family through its public interface: a distractor, a wrong option and an over-budget
 purchase fail with reasons naming what is wrong; an infeasible task is solved only by
-report_infeasible; a question's answer is checked against the site's value; stale ids, unknown
+report_infeasible, after the site showed what makes it so (a blind report, or one after unrelated
+pages, fails and earns no progress); a question's answer is checked against the site's value; stale ids, unknown
 urls and malformed input are error observations that leave the database as it was; the potential
 gives partial credit and never falls along a reference; the hidden variants catch a choice that
 hung on the listing order; the scripted policy's mistakes fail for the reasons they should."""
@@ -12,7 +13,7 @@ import pytest
 
 from envs.browser import FAMILY
 from envs.browser.policy import ScriptedBrowserPolicy
-from envs.browser.rules import CATEGORIES, misses, offers
+from envs.browser.rules import CATEGORIES, describe, misses, offers
 from envs.browser.site import (ADD_TO_CART, ADDRESS, CART, CHECKOUT, NEXT, OPTION, PLACE_ORDER, PRODUCT_LINK, QUANTITY,
                                SEARCH_BOX, SEARCH_BUTTON, Site)
 from envs.check import check_family
@@ -87,7 +88,7 @@ def test_passes_the_conformance_checks():
 def test_every_reference_succeeds_with_its_checks_at_every_level(level):
     verifier = verifier_for(FAMILY.env_id)
     kinds = set()
-    for seed in range(12):
+    for seed in range(16):
         task = FAMILY.generate(seed, level)
         facts = FAMILY.facts_of(task)
         kinds.add((facts.kind, facts.feasible))
@@ -219,8 +220,7 @@ def test_bad_input_is_an_error_observation_and_changes_no_data():
     facts = FAMILY.facts_of(task)
     env = make(FAMILY.env_id)
     env.reset(task)
-    for c in task.hidden.reference[:2]:  # typed and searched: a results page
-        ts = env.step(c)
+    ts = env.step(task.hidden.reference[0])  # the search: a results page
     listed = [int(x) for x in re.findall(r"\[(\d+)\] link", result(ts)["result"]["page"]) if int(x) >= PRODUCT_LINK]
     env.step(call("goto", url=f"/product/{facts.target}"))
     stale = listed[0]
@@ -301,8 +301,11 @@ def test_a_choice_that_hung_on_the_listing_order_fails_the_reordered_variant():
         if not feasible_buy(t, f):
             return False
         site = Site(t.initial_state["site"])
+        order = next(v.order for v in f.variants if v.name == "results_reordered")
         found, _ = site.results({"q": NOUN[f.wanted.category]})
-        return found.index(f.target) >= site.page_size
+        there, _ = Site({**t.initial_state["site"], "order": order}).results({"q": NOUN[f.wanted.category]})
+        page = found.index(f.target) // site.page_size  # a page on which the reordered results list it not
+        return page > 0 and page != there.index(f.target) // site.page_size
 
     task = task_where(later_page, levels=(4, 5))
     facts = FAMILY.facts_of(task)
@@ -598,3 +601,111 @@ def test_a_page_opened_with_a_fragment_counts_as_visited_for_the_potential():
         env, ts = play(task, [call("goto", url=url), task.hidden.reference[-1]])
         assert outcome(ts)["success"], (url, outcome(ts)["reasons"])
         assert verifier.potential(task, env.state()) == 1.0, (url, env.state()["visited"])
+
+
+def never_shown(task):
+    """The reason a report_infeasible that the site never justified fails with."""
+    facts = FAMILY.facts_of(task)
+    if facts.kind == "account":
+        return (f"report_infeasible without evidence: the account's addresses page, which shows that "
+                f"{facts.why_infeasible}, was never opened")
+    return (f"report_infeasible without evidence: the site never showed that {facts.why_infeasible}: no search "
+            f"that would list {describe(facts.wanted)} had each of its results shown not to fit (by its line or its "
+            "own page)")
+
+
+def report_of(task):
+    """The reference's own report (the right words), or a plausible one on a feasible task."""
+    last = task.hidden.reference[-1]
+    return last if last.name == "report_infeasible" else call("report_infeasible", reason="The shop cannot do this.")
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
+def test_a_blind_report_of_infeasibility_fails_and_earns_no_progress(level):
+    """Hostile: report_infeasible at turn 1, never looking, leaves the database exactly as a
+    justified report does; it fails on every task, naming what the site never showed, and Φ after
+    it is 0, as after any failure. The reference, which looks first, succeeds with Φ 1.0."""
+    verifier = verifier_for(FAMILY.env_id)
+    infeasible = 0
+    for seed in range(40):
+        task = FAMILY.generate(seed, level)
+        env, ts = play(task, [report_of(task)])
+        report = outcome(ts)
+        assert not report["success"], (seed, task.goal)
+        assert verifier.potentials(task, env.steps) == [0.0, 0.0]
+        if not FAMILY.facts_of(task).feasible:
+            infeasible += 1
+            assert report["reasons"] == [never_shown(task)]
+            env, ts = play(task, task.hidden.reference)
+            assert outcome(ts)["success"], outcome(ts)["reasons"]
+            assert verifier.potentials(task, env.steps)[-2:] == [0.5, 1.0]
+    assert infeasible >= 4 or level == 1  # level 1 has no infeasible task
+
+
+def infeasible_tasks(kind, count=6):
+    return [t for seed in range(120) for level in (2, 3, 4, 5)
+            if (f := FAMILY.facts_of(t := FAMILY.generate(seed, level))).kind == kind and not f.feasible][:count]
+
+
+@pytest.mark.parametrize("kind", ["buy", "info", "account"])
+def test_a_report_after_looking_elsewhere_fails(kind):
+    """Hostile: pages that do not show what makes the task infeasible (the account, the orders, the
+    cart, the profile, a search for another kind of product, a search filtered by a colour the goal
+    does not ask for; the addresses page for a product) before report_infeasible: a failure with
+    Φ 0, as for a blind report."""
+    verifier = verifier_for(FAMILY.env_id)
+    tasks = infeasible_tasks(kind)
+    assert len(tasks) == 6
+    for task in tasks:
+        facts = FAMILY.facts_of(task)
+        category = facts.wanted.category if facts.wanted else "jackets"
+        other = next(c for c in sorted(CATEGORIES) if c != category)
+        color = next(c for c in ("red", "green") if facts.wanted is None or facts.wanted.attributes.get("color") != c)
+        looks = [call("goto", url=url) for url in ("/account", "/account/orders", "/cart", "/account/profile",
+                                                   f"/search?q={NOUN[other]}", f"/search?q={NOUN[category]}&color={color}")]
+        if kind != "account":
+            looks.append(call("goto", url="/account/addresses"))
+        env, ts = play(task, [*looks, report_of(task)])
+        report = outcome(ts)
+        assert not report["success"] and report["reasons"] == [never_shown(task)], report["reasons"]
+        assert verifier.potentials(task, env.steps)[-1] == 0.0
+
+
+def test_a_product_within_budget_must_be_opened_to_show_it_lacks_the_option():
+    """Hostile: the right search shows each product's price on its line, not its options: a report
+    without opening the products within the budget (which lack the option) fails; the reference,
+    which opens each of them, succeeds."""
+    tasks = [t for t in infeasible_tasks("buy", 20) if "offers" in FAMILY.facts_of(t).why_infeasible]
+    assert tasks
+    for task in tasks:
+        *look, report = task.hidden.reference
+        searched = [c for c in look if c.name != "back" and not (c.name == "click" and c.arguments["id"] >= PRODUCT_LINK)]
+        assert len(searched) < len(look)
+        assert outcome(play(task, [*searched, report])[1])["reasons"] == [never_shown(task)]
+        assert outcome(play(task, task.hidden.reference)[1])["success"]
+
+
+def test_the_honest_policy_justifies_every_infeasible_report():
+    """The scripted policy without mistakes looks before it reports (the search and each result, or
+    the addresses page): every infeasible task is a success, its last Φ 1.0."""
+    verifier = verifier_for(FAMILY.env_id)
+    for kind in ("buy", "info", "account"):
+        for task in infeasible_tasks(kind):
+            env = standard_stack(make(FAMILY.env_id))
+            policy = Forced([])
+            policy.reset(0)
+            ts = env.reset(task)
+            while not ts.done:
+                ts = env.step(policy.act(ts.observation))
+            assert env.steps[-1].tool_call.name == "report_infeasible"
+            assert ts.info["outcome"]["success"], ts.info["outcome"]["reasons"]
+            assert verifier.potentials(task, env.steps)[-1] == 1.0
+
+
+def test_a_large_catalog_never_runs_out_of_product_names():
+    """Every model of a brand's noun may be taken in a 44-product catalog (level 5, seed 587): the
+    generator numbers a name rather than fail to make the task."""
+    task = FAMILY.generate(587, 5)
+    names = [p["name"] for p in products(task).values()]
+    assert len(set(names)) == len(names) == 44 and any(n[-1].isdigit() for n in names)
+    assert outcome(play(task, task.hidden.reference)[1])["success"]
