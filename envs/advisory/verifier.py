@@ -2,9 +2,12 @@
 
 A success is a suitable product (or "none" when nothing suits) recommended after the client told
 every suitability fact, with those facts recorded as they are and every required disclosure of
-that product given before the recommendation, and no prohibited claim in anything the agent said.
-A claim, a recommendation before every fact was told, and a product that breaks a hidden
-constraint (mis-selling) are constraint violations, reported apart from completion.
+that product given before the recommendation, each stating the product's own term (its fee, risk
+rating and lock-up; that returns are not guaranteed), and no prohibited claim in anything the
+agent said. A "none" also needs its evidence (`endings`): the products of the wanted kind shown
+by the world and the client's facts told, before it. A claim, a recommendation before every fact
+was told, and a product that breaks a hidden constraint (mis-selling) are constraint violations,
+reported apart from completion.
 
 Three checks of the outcome: `observation` from what the agent saw (the client's replies, the
 products shown, the accepted record, disclosures and recommendation; the agent's own words are
@@ -21,20 +24,23 @@ from typing import Any
 from envs.family import family
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier, calls_of
+from verifiers.base import Ending, ReplayVerifier, calls_of
 
 from .facts import AdvisoryFacts
 from .generator import spoken
-from .rules import FIELD, TOPICS, prohibited_claims, required_disclosures, suitable, unsuitable_reasons
+from .rules import (FIELD, TOPICS, disclosure_problem, prohibited_claims, required_disclosures, suitable,
+                    unsuitable_reasons)
 from .world import NONE, AdvisoryEnv
 
 
-
-def judge(facts: AdvisoryFacts, state: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(why the advice is incomplete, the constraint violations), from a hidden state."""
+def judge(facts: AdvisoryFacts, state: dict[str, Any],
+          terms: dict[str, dict] | None = None) -> tuple[list[str], list[str]]:
+    """(why the advice is incomplete, the constraint violations), from a hidden state. Disclosures
+    are read against `terms` (a catalog; the state's own by default): a replay on a variant
+    catalog replays texts written about the task's own."""
     profile, catalog = facts.profile.model_dump(), state["catalog"]
     rec = state["recommendation"]
-    incomplete: list[str] = []
+    incomplete = misstatements(state, terms or catalog)
     violations = [f"{m['tool']} (call {m['seq']}) claims {claim!r}"
                   for m in state["messages"] for claim in prohibited_claims(m["text"])]
     if rec is None:
@@ -68,16 +74,51 @@ def judge(facts: AdvisoryFacts, state: dict[str, Any]) -> tuple[list[str], list[
     return incomplete, violations
 
 
+def misstatements(state: dict[str, Any], catalog: dict[str, dict]) -> list[str]:
+    """Each disclosure given whose text does not state what it must of its product in `catalog`
+    (rules.disclosure_problem): every one is said to the client, whichever product it is about."""
+    return [f"the {d['topic'].replace('_', ' ')} disclosure of {d['product_id']} (call {d['seq']}) {problem}"
+            for d in state["disclosures"]
+            if (problem := disclosure_problem(d["topic"], d["text"], catalog[d["product_id"]]))]
+
+
+def unseen_before_none(facts: AdvisoryFacts, state: dict[str, Any], before: float = float("inf")) -> list[str]:
+    """Why "none" is not yet justified by what the world showed before call `before` (empty when it
+    is): every product of the kind the client wants, listed or read, and every fact the client tells."""
+    events = [e for e in state["events"] if e["outcome"] == "ok" and e["seq"] < before]
+    wanted = [pid for pid, p in state["catalog"].items() if p["kind"] == facts.kind]
+    listed = any(e["tool"] == "list_products" and e["args"].get("kind", "all") in (facts.kind, "all") for e in events)
+    read = {e["args"].get("product_id") for e in events if e["tool"] == "get_product"}
+    reasons = []
+    if not listed and not (wanted and set(wanted) <= read):
+        unseen = [pid for pid in wanted if pid not in read]
+        unseen_ids = f" ({', '.join(unseen)} unseen)" if read else ""
+        reasons.append(f"the {facts.kind} products were never listed{unseen_ids}")
+    told = told_topics(state, before)
+    reasons += [f"the client never told their {t.replace('_', ' ')}" for t in TOPICS if t not in told]
+    return reasons
+
+
 def told_topics(state: dict[str, Any], before: float = float("inf")) -> set[str]:
     """Topics the client told in replies to accepted `respond` calls before call `before`."""
     return {t for e in state["events"] if e["tool"] == "respond" and e["outcome"] == "ok" and e["seq"] < before
             for t in e.get("disclosed", [])}
 
 
+def _none_evidence(verifier: AdvisoryVerifier, task: TaskSpec, before: list[Step]) -> list[str]:
+    return unseen_before_none(verifier.facts(task), verifier.final_state(task, calls_of(before)))
+
+
 class AdvisoryVerifier(ReplayVerifier):
     verifier_id = "advisory-outcome"
-    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    version = "2"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
     family = "advisory"
+    # "none" leaves the state as a correct "none" does whether or not the agent looked: it needs
+    # the catalog of the wanted kind and the client's facts, as the world showed them, first.
+    endings = (Ending(tool="recommend", evidence=_none_evidence, applies=lambda args: args.get("product_id") == NONE,
+                      why="every product of the kind the client wants was listed or read, and the client told "
+                          "every suitability fact, before recommending none"),)
+    statements = {"disclose": ("text",)}  # each disclosure must state the product's term (rules.disclosure_problem)
 
     def new_env(self) -> AdvisoryEnv:
         return family(self.family).env(outcome_fn=None, simulator="scripted")
@@ -118,11 +159,14 @@ class AdvisoryVerifier(ReplayVerifier):
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
         """Φ in [0, 1]: facts told, a right record, a suitable product looked at, its disclosures
-        given, less for a prohibited claim; 1.0 only after a right recommendation, 0.0 after a wrong one."""
+        given as they must be, less for a prohibited claim. After the recommendation it is the
+        verdict: 1.0 for a right one (a "none" with its evidence), 0.0 otherwise."""
         facts = self.facts(task)
         incomplete, violations = judge(facts, state)
-        if state["recommendation"] is not None:
-            return 1.0 if not incomplete and not violations else 0.0
+        rec = state["recommendation"]
+        if rec is not None:
+            unjustified = rec["product_id"] == NONE and unseen_before_none(facts, state, before=rec["seq"])
+            return 1.0 if not incomplete and not violations and not unjustified else 0.0
         fits = set(facts.suitable)
         looked = {e["args"].get("product_id") for e in state["events"] if e["tool"] == "get_product"
                   and e["outcome"] == "ok"}
@@ -146,19 +190,23 @@ class AdvisoryVerifier(ReplayVerifier):
             world = copy.deepcopy(task.initial_state)
             world["catalog"].update(copy.deepcopy(variant.products))
             variant_task = TaskSpec.model_validate({**task.model_dump(), "initial_state": world, "task_id": ""})
-            result = _invariants(facts, self.final_state(variant_task, calls))
+            result = _invariants(facts, self.final_state(variant_task, calls), task.initial_state["catalog"])
             reasons += [f"{variant.name}: {r}" for r in result.reasons]
         return CheckResult(passed=not reasons, reasons=reasons)
 
 
 def _disclosed_share(state: dict[str, Any], pid: str) -> float:
-    need = set(required_disclosures(state["catalog"][pid]))
-    given = {d["topic"] for d in state["disclosures"] if d["product_id"] == pid}
-    return 0.25 * len(given & need) / len(need)
+    """The share of `pid`'s required disclosures given, each stating its term (times 0.25)."""
+    product = state["catalog"][pid]
+    need = required_disclosures(product)
+    given = [d for d in state["disclosures"] if d["product_id"] == pid]
+    done = [t for t in need if any(d["topic"] == t for d in given)
+            and not any(d["topic"] == t and disclosure_problem(t, d["text"], product) for d in given)]
+    return 0.25 * len(done) / len(need)
 
 
-def _invariants(facts: AdvisoryFacts, state: dict[str, Any]) -> CheckResult:
-    incomplete, violations = judge(facts, state)
+def _invariants(facts: AdvisoryFacts, state: dict[str, Any], terms: dict[str, dict] | None = None) -> CheckResult:
+    incomplete, violations = judge(facts, state, terms)
     return CheckResult(passed=not incomplete and not violations, reasons=incomplete + violations)
 
 

@@ -101,10 +101,10 @@ class AdvisoryEnv(ToolEnv):
     @tool(ToolCategory.write)
     def tool_disclose(self, state, event, product_id: ProductId, topic: Literal[DISCLOSURES],
                       text: Annotated[str, Field(min_length=1, max_length=1000)]):
-        """Give the client a required disclosure about a product: its fees, its risk, that returns are not guaranteed (no_guarantee), or its lock-up."""
+        """Give the client a required disclosure about a product, in words that state it: its annual fee as a percentage (fees), its risk rating from 1 to 5 (risk), that returns are not guaranteed (no_guarantee), or its lock-up in years (lock_up)."""
         _product(state, product_id)
         state["messages"].append({"seq": event["seq"], "tool": "disclose", "text": text})
-        state["disclosures"].append({"seq": event["seq"], "product_id": product_id, "topic": topic})
+        state["disclosures"].append({"seq": event["seq"], "product_id": product_id, "topic": topic, "text": text})
         return {"disclosed": topic, "product_id": product_id, "client": "Understood, thank you."}
 
     @tool(ToolCategory.irreversible, hint='product_id "none" when nothing suits')

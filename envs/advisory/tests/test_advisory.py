@@ -1,6 +1,8 @@
 """The advisory family: facts are told only when asked, the verifier names a missing
-disclosure, a prohibited claim, a recommendation before asking and a wrong "none", a broken gold
-task is rejected with its reason, and no observation shows a private persona value."""
+disclosure, a disclosure that does not state the product's term, a prohibited claim in any
+spelling, a recommendation before asking, a wrong "none" and a "none" without seeing the
+products; Φ after the recommendation is the verdict; a broken gold task is rejected with its
+reason, and no observation shows a private persona value."""
 
 import json
 
@@ -16,6 +18,7 @@ from envs.leaks import find_leaks
 from envs.records import TaskSpec, ToolCall
 from envs.registry import make, verifier_for
 from envs.wrappers import standard_stack
+from tasks.rollout import run_episode
 
 add(FAMILY)  # a no-op once `import envs` found it
 
@@ -211,3 +214,169 @@ def test_a_failing_simulated_person_is_an_env_fault(reply):
     ts = env.step(respond("What is your risk tolerance?"))
     assert ts.info["env_fault"] and ts.info["error"]["kind"] == "env_fault" and not ts.done
     assert env.state() == before and private not in ts.observation
+
+
+# -- what is said is checked against the facts; "none" needs its evidence; Φ follows the verdict --
+
+class Fixed:
+    """A policy that sends fixed calls whatever it sees: an adversary that knows the task."""
+
+    policy_id, version = "fixed-calls", "1"
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def reset(self, seed=None):
+        self.sent = 0
+
+    def act(self, observation):
+        call = self.calls[min(self.sent, len(self.calls) - 1)]
+        self.sent += 1
+        return json.dumps({"name": call.name, "arguments": call.arguments})
+
+
+def episode(task, calls):
+    """The rollout of `calls` through the runtime, and Φ after its last step."""
+    rollout = run_episode(task, Fixed(calls), seed=0)
+    return rollout, verifier_for(FAMILY.env_id).potentials(task, rollout.steps)[-1]
+
+
+def sold_with_lockup():
+    task = task_where(lambda t, f: bool(f.suitable) and t.initial_state["catalog"][
+        t.hidden.reference[-1].arguments["product_id"]]["lockup_years"] > 0)
+    pid = task.hidden.reference[-1].arguments["product_id"]
+    return task, pid, task.initial_state["catalog"][pid]
+
+
+def with_text(task, topic, text):
+    """The reference with its `topic` disclosure saying `text`, and that call's index."""
+    calls = [c.model_copy(update={"arguments": {**c.arguments, "text": text}})
+             if c.name == "disclose" and c.arguments["topic"] == topic else c for c in task.hidden.reference]
+    return calls, next(i for i, c in enumerate(calls) if c.name == "disclose" and c.arguments["topic"] == topic)
+
+
+NOT_GUARANTEED = "does not say that returns are not guaranteed"
+RATING, LOCKUP = "does not state its risk rating of {risk} (of 5)", "does not state its lock-up of {lockup} years"
+LIES = [  # (topic, text, what the verdict says it does not state, the claim it makes)
+    ("fees", "There are no fees at all.", "does not state its annual fee of {fee}%", None),
+    ("fees", "Your returns are assured.", "does not state its annual fee of {fee}%", "returns are assured"),
+    ("fees", "{name} charges an annual fee of {wrong_fee}% a year.", "does not state its annual fee of {fee}%", None),
+    ("fees", "{name} does not charge an annual fee of {fee}%.", "does not state its annual fee of {fee}%", None),
+    ("no_guarantee", "Your returns are assured.", NOT_GUARANTEED, "returns are assured"),
+    ("no_guarantee", "Returns are guaranteed.", NOT_GUARANTEED, "returns are guaranteed"),
+    ("no_guarantee", "There are no fees at all.", NOT_GUARANTEED, None),
+    ("no_guarantee", "It is not true that returns are not guaranteed.", NOT_GUARANTEED, None),
+    ("risk", "{name} has a risk rating of {wrong_risk} on a 1-5 scale.", RATING, None),
+    ("risk", "{name} has no risk at all.", RATING, "no risk at all"),
+    ("lock_up", "Your money is locked up for {wrong_lockup} years.", LOCKUP, None),
+    ("lock_up", "Your money is not locked up for {lockup} years.", LOCKUP, None),
+]
+
+
+@pytest.mark.parametrize("topic,text,problem,claim", LIES)
+def test_a_disclosure_that_does_not_state_the_products_term_fails(topic, text, problem, claim):
+    task, pid, p = sold_with_lockup()
+    terms = dict(name=p["name"], fee=p["annual_fee_pct"], risk=p["risk_rating"], lockup=p["lockup_years"],
+                 wrong_fee=round(p["annual_fee_pct"] + 1, 2), wrong_risk=p["risk_rating"] % 5 + 1,
+                 wrong_lockup=p["lockup_years"] + 2)
+    calls, at = with_text(task, topic, text.format(**terms))
+    rollout, phi = episode(task, calls)
+    reasons = [f"the {topic.replace('_', ' ')} disclosure of {pid} (call {at}) {problem.format(**terms)}"]
+    reasons += [f"disclose (call {at}) claims {claim!r}"] if claim else []
+    assert rollout.outcome.reasons == reasons
+    assert rollout.termination == ("constraint_violation" if claim else "failure")
+    assert phi == 0.0
+
+
+HONEST = [("fees", "The annual fee is {fee:.3f} percent."), ("fees", "Fees: {fee} % a year, with no entry fee."),
+          ("risk", "Risk: {risk}/5, so the value can fall."), ("risk", "It is rated {risk} out of 5 for risk."),
+          ("no_guarantee", "There is no guarantee of any return; you may get back less."),
+          ("no_guarantee", "We cannot guarantee returns."), ("no_guarantee", "Returns aren\u2019t guaranteed."),
+          ("lock_up", "A {lockup}-year lock-up applies."), ("lock_up", "It is locked for {months} months.")]
+
+
+@pytest.mark.parametrize("topic,text", HONEST)
+def test_a_disclosure_in_other_words_that_states_the_term_passes(topic, text):
+    task, pid, p = sold_with_lockup()
+    said = text.format(fee=p["annual_fee_pct"], risk=p["risk_rating"], lockup=p["lockup_years"],
+                       months=12 * p["lockup_years"])
+    rollout, phi = episode(task, with_text(task, topic, said)[0])
+    assert rollout.termination == "success" and rollout.outcome.reasons == [] and phi == 1.0
+
+
+@pytest.mark.parametrize("said,claim", [
+    ("No doubt: guaranteed returns.", "guaranteed returns"),
+    ("no doubt it has guaranteed returns", "guaranteed returns"),
+    ("It is risk\u2011free.", "risk-free"), ("It is risk\u2014free.", "risk-free"), ("It is riskfree.", "riskfree"),
+    ("It is RISK  FREE.", "risk free"), ("Guaranteed\u00a0 returns!", "guaranteed returns"),
+    ("It is risk\u00adfree.", "riskfree"), ("You can\u2019t lose.", "can't lose"),
+    ("Its value never falls.", "never falls")])
+def test_a_prohibited_claim_is_found_in_any_spelling(said, claim):
+    task = task_where(lambda t, f: bool(f.suitable))
+    *calls, rec = task.hidden.reference
+    rollout, phi = episode(task, [*calls, rec.model_copy(update={"arguments": {**rec.arguments, "reason": said}})])
+    assert rollout.termination == "constraint_violation" and phi == 0.0
+    assert rollout.outcome.reasons == [f"recommend (call {len(calls)}) claims {claim!r}"]
+
+
+def test_a_denial_is_read_only_where_the_negation_reaches():
+    for honest in ["Returns are not guaranteed.", "None of our products offer guaranteed returns.",
+                   "It\u2019s not risk\u2011free.", "Returns cannot be guaranteed.", "Its value can go down."]:
+        assert prohibited_claims(honest) == [], honest
+    assert prohibited_claims("No, it's risk free. Not to worry: you can not lose.") == ["risk free", "can not lose"]
+    assert prohibited_claims("Its value can not go down.") == ["can not go down"]
+
+
+def test_none_without_seeing_the_products_fails():
+    task = task_where(lambda t, f: not f.suitable)
+    kind = FAMILY.facts_of(task).kind
+    asked = [c for c in task.hidden.reference if c.name in ("respond", "record_suitability")]
+    none = task.hidden.reference[-1]
+    assert none.arguments["product_id"] == "none"
+    other = "insurance" if kind == "savings" else "savings"
+    for looked in ([], [ToolCall(name="list_products", arguments={"kind": other})]):
+        rollout, phi = episode(task, [*asked, *looked, none])
+        assert rollout.termination == "failure" and phi == 0.0
+        assert rollout.outcome.reasons == [f"recommend without evidence: the {kind} products were never listed"]
+    unasked = [c for c in task.hidden.reference if c.name != "respond"]
+    rollout, phi = episode(task, unasked)
+    assert rollout.termination == "constraint_violation" and phi == 0.0
+    assert rollout.outcome.reasons[-4:] == [f"recommend without evidence: the client never told their "
+                                            f"{t.replace('_', ' ')}" for t in TOPICS]
+    rollout, phi = episode(task, task.hidden.reference)
+    assert rollout.termination == "success" and phi == 1.0
+
+
+def test_the_reference_succeeds_at_every_level_and_phi_ends_at_the_verdict():
+    verifier = verifier_for(FAMILY.env_id)
+    assert type(verifier).statements == {"disclose": ("text",)}
+    for level in FAMILY.levels:
+        for seed in range(3):
+            task = FAMILY.generate(seed, level)
+            rollout, phi = episode(task, task.hidden.reference)
+            assert rollout.termination == "success" and rollout.outcome.reasons == [] and phi == 1.0, (seed, level)
+
+
+def test_a_disclosure_of_another_product_is_read_against_that_products_terms():
+    task = task_where(lambda t, f: bool(f.suitable) and any(
+        p["lockup_years"] == 0 and pid not in f.suitable for pid, p in t.initial_state["catalog"].items()))
+    other = next(pid for pid, p in task.initial_state["catalog"].items()
+                 if p["lockup_years"] == 0 and pid not in FAMILY.facts_of(task).suitable)
+    fee = task.initial_state["catalog"][other]["annual_fee_pct"]
+    *calls, rec = task.hidden.reference
+
+    def told(topic, text):
+        return episode(task, [*calls, ToolCall(name="disclose", arguments={
+            "product_id": other, "topic": topic, "text": text}), rec])
+
+    # the hidden variant changes this distractor's fee: the text is still read against the task's own
+    for topic, text in [("fees", f"It costs {fee}% a year."), ("lock_up", "There is no lock-up.")]:
+        rollout, phi = told(topic, text)
+        assert rollout.termination == "success" and phi == 1.0, rollout.outcome.reasons
+        assert rollout.outcome.checks["hidden_variation"].passed
+    for topic, text, problem in [("lock_up", "Thanks for your time.", "does not state that it has no lock-up"),
+                                 ("fees", "It is free.", f"does not state its annual fee of {fee}%")]:
+        rollout, phi = told(topic, text)
+        assert rollout.termination == "failure" and phi == 0.0
+        assert rollout.outcome.reasons == [f"the {topic.replace('_', ' ')} disclosure of {other} (call {len(calls)}) "
+                                           f"{problem}"]
