@@ -686,7 +686,7 @@ class DatasetRow(Record):
     task_id: str
     difficulty: int = Field(ge=1, le=5)
     rollout_ids: list[str] = Field(default_factory=list)
-    pair_type: Literal["trajectory", "step"] | None = None
+    pair_type: Literal["trajectory", "verdict", "step"] | None = None
     step_index: int | None = None
     margin: float | None = None
     weight: float = Field(ge=0)

@@ -7,11 +7,16 @@
   are kept out of the loss).
 - **DPO**: `prompt` / `chosen` / `rejected` message lists from the same task, each side ending
   on an assistant turn (a trailing tool result would be scored as if the model wrote it).
-  Trajectory pairs: the task's best verified success against each other model outcome whose
-  value (success + mean step reward) is at least `min_margin` lower. Step pairs: a success and a
-  model failure that made the same calls and saw the same results up to step k, then diverged;
-  the prompt is that shared prefix, chosen and rejected are their step-k turns (kept when the
-  step reward of chosen is at least `min_step_margin` above rejected's).
+  Successes are compared by their verdicts alone (`verdict_beats`), never by step rewards: a
+  mean step reward favours the shortest success, so a 1-step blind ending outranked every success
+  that gathered the evidence. Only the task's best successes (none beats them on the verdict)
+  are ever chosen. Trajectory pairs: the task's best success (the first of them by value:
+  success + mean step reward) against each model failure whose value is at least `min_margin`
+  lower. Verdict pairs: a best success against each other success it beats on the verdict;
+  two successes with the same verdict are never paired. Step pairs: a best success and a model
+  failure that made the same calls and saw the same results up to step k, then diverged; the
+  prompt is that shared prefix, chosen and rejected are their step-k turns (kept when the step
+  reward of chosen is at least `min_step_margin` above rejected's).
 - **GRPO**: one prompt row per task, with the env id and the generator seed and level that
   recreate the task (`envs.make(env_id).generate_task(seed, level)`), for online RL.
 
@@ -37,8 +42,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, ParallelismReward, Rollout, Split, Step,
-                          TaskSpec, Termination, ToolCall, content_hash)
+from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, OutcomeReport, ParallelismReward, Rollout,
+                          Split, Step, TaskSpec, Termination, ToolCall, content_hash)
 from envs.registry import make
 from tasks import curriculum
 from tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
@@ -136,16 +141,26 @@ def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: 
                                                                           r.rollout_id))
         if not successes:
             continue
-        chosen = successes[0]
+        best = [r for r in successes if not any(verdict_beats(o, r) for o in successes)]
+        chosen = best[0]
         for other in sorted(group, key=lambda r: r.rollout_id):
             margin = value[chosen.rollout_id] - value[other.rollout_id]
-            if other is chosen or margin < min_margin:
+            if other.success or margin < min_margin:
                 continue
             good, bad = until_last_assistant(turn_messages(chosen)), until_last_assistant(turn_messages(other))
             if good != bad:
                 rows.append(_pair(task, chosen, other, prompt_messages(chosen), good, bad, "trajectory", None, margin))
+        kept = {r.rollout_id for r in best}
+        for other in sorted(successes, key=lambda r: r.rollout_id):
+            if other.rollout_id in kept:
+                continue
+            winner = next(r for r in best if verdict_beats(r, other))  # the order is transitive
+            good, bad = until_last_assistant(turn_messages(winner)), until_last_assistant(turn_messages(other))
+            if good != bad:
+                margin = float(len(verdict_defects(other.outcome) - verdict_defects(winner.outcome)))
+                rows.append(_pair(task, winner, other, prompt_messages(winner), good, bad, "verdict", None, margin))
         failures = [r for r in group if r.termination in MODEL_FAILURES]
-        for good in successes:
+        for good in best:
             for bad in sorted(failures, key=lambda r: r.rollout_id):
                 k = divergence(good, bad)
                 if k is None:
@@ -157,6 +172,28 @@ def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: 
                 rows.append(_pair(task, good, bad, prefix, step_messages(good.steps[k])[:1],
                                   step_messages(bad.steps[k])[:1], "step", k, margin))
     return rows
+
+
+def verdict_defects(outcome: OutcomeReport) -> frozenset[str]:
+    """What a verdict holds against an episode, component by component: each failed check (an
+    observation check that saw no evidence, say), each side effect, a regression, a constraint
+    violation, an unfinished outcome. Free-text reasons are no component: a verifier may also
+    note what went right."""
+    return frozenset([f"check {name}" for name, check in outcome.checks.items() if not check.passed]
+                     + [f"side effect {effect}" for effect in outcome.side_effects]
+                     + ["regression"] * outcome.regression + ["constraint violation"] * outcome.constraint_violation
+                     + ["not completed"] * (not outcome.completed))
+
+
+def verdict_beats(a: Rollout, b: Rollout) -> bool:
+    """Whether `a`'s verdict is strictly better than `b`'s: the same verifier and version ran the
+    same checks, and what it holds against `a` is a proper part of what it holds against `b`.
+    Anything else (equal verdicts, each worse somewhere, other verifiers) is no ranking."""
+    x, y = a.outcome, b.outcome
+    if x is None or y is None or (x.verifier_id, x.verifier_version, set(x.checks)) != (
+            y.verifier_id, y.verifier_version, set(y.checks)):
+        return False
+    return verdict_defects(x) < verdict_defects(y)
 
 
 def until_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

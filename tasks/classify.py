@@ -28,11 +28,13 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
              outcome: OutcomeReport | None, policy_error: str | None = None,
              env_error: str | None = None, verifier_error: str | None = None,
              env_bug: str | None = None, inference_fault: str | None = None,
-             context_exceeded: str | None = None) -> tuple[Termination, str]:
+             context_exceeded: str | None = None, model_refused: str | None = None) -> tuple[Termination, str]:
     """`env_error` / `env_bug`: the env itself raised (a fault raised on purpose / anything else).
     `inference_fault`: the policy's endpoint failed (after its own retries): a fault, never the
     model's. `context_exceeded`: the endpoint refused a conversation longer than the model's
-    context: the episode is truncated there (a model outcome, as a step limit is)."""
+    context: the episode is truncated there (a model outcome, as a step limit is). `model_refused`:
+    the endpoint refused what the model itself wrote (ModelOutputRefused): a failure, the model's
+    outcome."""
     if env_bug:
         return Termination.env_bug, env_bug
     if env_error:
@@ -46,6 +48,8 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
         return Termination.policy_error, policy_error
     if context_exceeded:
         return Termination.truncated, context_exceeded
+    if model_refused:
+        return Termination.failure, model_refused
     if end_info.get("termination") == "timeout":
         return Termination.timeout, end_info.get("termination_reason", "time limit")
     if truncated:

@@ -18,7 +18,16 @@ outcome; the run retries the episode under its RetryPolicy). A 400 whose body ca
 structured code `context_length_exceeded` is `ContextLengthExceeded`: the episode is truncated.
 A reply that is not a valid tool call is the model's: its text goes to the env, which answers
 with an error observation. The key is never kept: the reply's text, and every error message, pass through
-`envs.secrets.redact` before they leave this class (an endpoint may echo the key)."""
+`envs.secrets.redact` before they leave this class (an endpoint may echo the key).
+
+The history sent back is one every server takes, while the step keeps what the model wrote (its
+action text, as sampled): a tool call whose arguments are not a JSON object (vLLM answers 400 to
+such a history) is replayed as the model's plain text, and the env's answer as a user turn. A
+400 on a history holding the model's turns is sent once more with all of them as plain text
+(a server whose template takes no tool turns), and that form is kept for the episode; refused
+again, the request differs from the episode's first, which the server took, only by what the
+model wrote and what the env answered to it: `ModelOutputRefused`, the model's outcome (a
+failure), never `inference_fault`. A 400 on the first request stays an endpoint fault."""
 
 from __future__ import annotations
 
@@ -35,7 +44,8 @@ from envs.secrets import redact, register_secret
 from tasks.hf_policy import SYSTEM_PROMPT
 from tasks.policies import PolicyOutput
 from envs.records import PolicySpec
-from verifiers.endpoint import ContextLengthExceeded, DeadlineClient, EndpointError, context_length_code
+from verifiers.endpoint import (ContextLengthExceeded, DeadlineClient, EndpointError, ModelOutputRefused,
+                                context_length_code)
 
 RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -52,6 +62,51 @@ def sampled_ids(choice: dict[str, Any], content_logprobs: list[dict] | None) -> 
     if tokens and all(isinstance(t, str) and re.fullmatch(r"token_id:\d+", t) for t in tokens):
         return [int(t.split(":", 1)[1]) for t in tokens]
     return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def replayable_arguments(arguments: Any) -> str | None:
+    """The arguments as a JSON string every server parses back to an object, or None: a string
+    must be strict JSON (no NaN or Infinity) holding an object; a dict (some servers send one)
+    is encoded."""
+    if isinstance(arguments, dict):
+        try:
+            return json.dumps(arguments, allow_nan=False)
+        except ValueError:
+            return None
+    if not isinstance(arguments, str):
+        return None
+    try:
+        parsed = json.loads(arguments, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return arguments if isinstance(parsed, dict) else None
+
+
+def call_text(thought: str, name: Any, arguments: Any) -> str:
+    """A tool call as action text, the way the env parses it; a string of arguments stays a
+    string (the env parses it and reports bad JSON itself)."""
+    return (thought + "\n" if thought else "") + "<tool_call>" + json.dumps(
+        {"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def plain_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with every assistant tool call written out as the model's text and every tool
+    result as a user turn: roles and contents any chat server takes."""
+    plain = []
+    for message in messages:
+        if message["role"] == "tool":
+            plain.append({"role": "user", "content": message["content"]})
+        elif message["role"] == "assistant" and message.get("tool_calls"):
+            call = message["tool_calls"][0]["function"]
+            plain.append({"role": "assistant",
+                          "content": call_text(message.get("content") or "", call["name"], call["arguments"])})
+        else:
+            plain.append(message)
+    return plain
 
 
 class OpenAIPolicy:
@@ -112,6 +167,7 @@ class OpenAIPolicy:
         self.seed = seed
         self.messages: list[dict[str, Any]] = []
         self.pending_call_id: str | None = None
+        self.plain = False  # the server refused the model's tool turns: all of them go as plain text
 
     def act(self, observation: str) -> PolicyOutput:
         try:
@@ -151,14 +207,18 @@ class OpenAIPolicy:
         self.pending_call_id = None
         if calls:
             call = calls[0]["function"]
-            self.pending_call_id = calls[0].get("id") or f"call_{len(self.messages)}"
-            arguments = call.get("arguments") or "{}"
-            # A string of arguments stays a string: the env parses it and reports bad JSON itself.
-            text = (thought + "\n" if thought else "") + "<tool_call>" + json.dumps(
-                {"name": call.get("name"), "arguments": arguments}) + "</tool_call>"
-            self.messages.append({"role": "assistant", "content": thought or None,
-                                  "tool_calls": [{"id": self.pending_call_id, "type": "function",
-                                                  "function": {"name": call.get("name"), "arguments": arguments}}]})
+            name, arguments = call.get("name"), call.get("arguments") or "{}"
+            text = call_text(thought, name, arguments)
+            replay = replayable_arguments(arguments)
+            if self.plain or replay is None or not isinstance(name, str) or not name:
+                # The step keeps `text`; the server gets it as the model's words, and the env's
+                # answer as a user turn (no tool call id to answer).
+                self.messages.append({"role": "assistant", "content": text})
+            else:
+                self.pending_call_id = calls[0].get("id") or f"call_{len(self.messages)}"
+                self.messages.append({"role": "assistant", "content": thought or None,
+                                      "tool_calls": [{"id": self.pending_call_id, "type": "function",
+                                                      "function": {"name": name, "arguments": replay}}]})
         else:
             text = thought
             self.messages.append({"role": "assistant", "content": thought})
@@ -190,9 +250,19 @@ class OpenAIPolicy:
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """The reply's first choice; any failure of the endpoint is an EndpointError whose message
-        is redacted and says what went wrong (never the model's output)."""
+        is redacted and says what went wrong (never the model's output). A refused history
+        holding the model's turns: see the module's docstring."""
         where = redact(self.base_url)
         response = self._post(body)
+        if _refused(response) and any(m["role"] == "assistant" for m in body["messages"]):
+            plain = plain_history(body["messages"])
+            if plain != body["messages"]:  # else it was refused as plain text already
+                response = self._post({**body, "messages": plain})
+                if response.status_code == 200:
+                    self.messages, self.plain = plain, True
+            if _refused(response):
+                raise ModelOutputRefused(f"the endpoint refused the conversation holding the model's own output: "
+                                         f"HTTP 400 from {where}: {redact(response.text)[:300]}")
         if response.status_code != 200:
             message = f"HTTP {response.status_code} from {where}: {redact(response.text)[:300]}"
             if response.status_code == 400:
@@ -211,3 +281,13 @@ class OpenAIPolicy:
         if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
             raise EndpointError(f"unreadable reply from {where}: no message: {redact(response.text)[:300]}")
         return choice
+
+
+def _refused(response: httpx.Response) -> bool:
+    """A 400 that is not the structured context-length rejection."""
+    if response.status_code != 400:
+        return False
+    try:
+        return not context_length_code(response.json())
+    except ValueError:
+        return True

@@ -22,7 +22,7 @@ from tasks.classify import classify
 from tasks.collector import frozen_before
 from tasks.policies import Policy, PolicyOutput
 from verifiers.base import ReplayVerifier
-from verifiers.endpoint import ContextLengthExceeded, EndpointError
+from verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
 
 
 # Attributes by which a policy's episodes differ beyond its id and version (a scripted policy's
@@ -92,7 +92,7 @@ def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults:
         steps, terminated=bool(ts and ts.terminated), truncated=bool(ts and ts.truncated),
         end_info=ts.info if ts else {}, outcome=outcome, policy_error=policy_error,
         env_error=env_error, verifier_error=verifier_error, env_bug=env_bug, inference_fault=inference.get("fault"),
-        context_exceeded=inference.get("context"))
+        context_exceeded=inference.get("context"), model_refused=inference.get("refused"))
     cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
                 tokens=sum(len(s.token_ids or []) for s in steps),
                 wall_time_s=round(time.perf_counter() - started, 6))
@@ -164,9 +164,10 @@ def sub_rollout(parent_id: str, stage: int, index: int, episode) -> Rollout:
 class _Played:
     """What an episode's loop has reached: the last time step, policy error, env fault, env bug,
     each None or the reason, and `inference`, which maps "fault" (the policy's endpoint failed: an
-    EndpointError, raised by its HTTP layer) or "context" (the endpoint refused a context too long)
-    to the reason (read once the loop ended or overran); and the verifier's live record of its
-    progress potentials (verifiers.base.LiveProgress)."""
+    EndpointError, raised by its HTTP layer), "context" (the endpoint refused a context too long) or
+    "refused" (it refused what the model wrote: ModelOutputRefused) to the reason (read once the
+    loop ended or overran); and the verifier's live record of its progress potentials
+    (verifiers.base.LiveProgress)."""
 
     def __init__(self) -> None:
         self.ts = self.policy_error = self.env_error = self.env_bug = None
@@ -202,6 +203,9 @@ def _turns(env, policy: Policy, played: _Played, ts, progress) -> None:
             out = policy.act(ts.observation)
         except ContextLengthExceeded as exc:
             played.inference["context"] = f"the model's context is full: {exc}"
+            return
+        except ModelOutputRefused as exc:
+            played.inference["refused"] = str(exc)
             return
         except EndpointError as exc:  # where it happened: the endpoint, whatever it said
             played.inference["fault"] = f"inference endpoint failed: {exc}"

@@ -14,7 +14,8 @@ Streaming responses (`stream=True`) are not covered after `send` returns: don't 
 resolution (getaddrinfo) has no timeout in Python at all and is not covered either.
 
 `EndpointError` is a failure of the endpoint (no answer in time, no connection, an HTTP error, an
-unreadable reply): never the model's output, never a score."""
+unreadable reply): never the model's output, never a score. `ModelOutputRefused` is the other
+side: a request refused for what the model itself wrote (tasks/openai_policy.py decides when)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ class ContextLengthExceeded(EndpointError):
     """The endpoint refused the request because the conversation no longer fits the model's
     context, as the reply's structured error code says (`context_length_exceeded`): the episode
     is truncated there, not faulted."""
+
+
+class ModelOutputRefused(RuntimeError):
+    """The endpoint refused (HTTP 400) a conversation it had taken the start of, even with every
+    turn of the model's sent as plain text: what differs from the accepted start is what the model
+    wrote and the env's answers to it, so the refusal is the model's outcome (a failure), not an
+    endpoint fault. Not an EndpointError: nothing retries it. Its message is already redacted."""
 
 
 CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded"})
