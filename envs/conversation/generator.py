@@ -21,7 +21,7 @@ from envs.family import Family
 from envs.person import Fact, Persona
 from envs.records import TaskSpec, ToolCall
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: the policy says only what is true; the reference states each outcome
 RETURN_DAYS = 30
 
 PRODUCTS = [  # name, type, option, values
@@ -285,26 +285,41 @@ def _persona(rng: random.Random, me: dict, requests: list[dict], ambiguity: int,
 
 
 # -- the reference dialogue --------------------------------------------------------------------
+# Each outcome is stated so that the claim carries the sentence's verb ("a refund of $X was made",
+# "cancelling ... is not possible", "... was exchanged"): said the other way round, it is false,
+# and the verifier reads it so (the gameability audit negates these texts).
 def summary_line(r: Request | dict[str, Any], return_days: int = RETURN_DAYS) -> str:
-    """What the reference tells the customer about one request (the scripted policy says the same)."""
+    """What the reference tells the customer about one request."""
     r = r if isinstance(r, dict) else r.model_dump()
     p, oid = f"\"{r['product']}\"", r.get("order_id")
     if r["kind"] == "out_of_scope":
-        return "Your other request is out of my scope, so I cannot handle it; I will transfer you to a human agent."
+        return "Your other request is out of my scope, so I will transfer you to a human agent who handles it."
     if not r["allowed"]:
         why = {"cancel_not_pending": "it is no longer pending",
                "return_late": f"it was delivered more than {return_days} days ago",
                "exchange_other_product": "an exchange must be for a variant of the same product"}[r["trap"]]
-        verb = {"cancel": "cancel the order with the", "return": "return the", "exchange": "exchange the"}[r["kind"]]
-        return f"I cannot {verb} {p} ({oid}): {why}."
+        verb = {"cancel": "Cancelling the order with the", "return": "Returning the",
+                "exchange": "Exchanging the"}[r["kind"]]
+        return f"{verb} {p} ({oid}) is not possible: {why}."
     if r["kind"] == "cancel":
-        return f"I cancelled order {oid} with the {p}: a refund of {money(r['refund_cents'])} goes to its original payment method."
+        return (f"I cancelled order {oid} with the {p}: a refund of {money(r['refund_cents'])} was made to its "
+                "original payment method.")
     if r["kind"] == "return":
         note = " (refunds always go to the original payment method)" if r.get("trap") == "refund_elsewhere" else ""
-        return f"I returned the {p} of order {oid}: a refund of {money(r['refund_cents'])} goes to the original payment method{note}."
+        return (f"I returned the {p} of order {oid}: a refund of {money(r['refund_cents'])} was made to the original "
+                f"payment method{note}.")
     if r["kind"] == "exchange":
-        return f"I exchanged the {p} of order {oid}; the new one ships at no cost."
-    return f"I changed the shipping address of order {oid} to {r['address']}."
+        return f"The {p} of order {oid} was exchanged for the new variant; it ships for free."
+    return f"The shipping address of order {oid} was changed to {r['address']}."
+
+
+def outcome_line(r: Request | dict[str, Any]) -> str:
+    """The outcome of one request in the reference's last message: what was done or not done."""
+    r = r if isinstance(r, dict) else r.model_dump()
+    p, oid, done = f"\"{r['product']}\"", r["order_id"], "was" if r["allowed"] else "was not"
+    return {"cancel": f"Order {oid} {done} cancelled.", "return": f"The {p} of order {oid} {done} returned.",
+            "exchange": f"The {p} of order {oid} {done} exchanged.",
+            "address": f"The shipping address of order {oid} {done} changed."}[r["kind"]]
 
 
 def _reference(me: dict, requests: list[dict], orders: dict, ambiguity: int,
@@ -350,5 +365,7 @@ def _reference(me: dict, requests: list[dict], orders: dict, ambiguity: int,
         calls.append(ToolCall(name="transfer_to_human", arguments={
             "summary": f"Customer {me['customer_id']} wants to {phrase}; everything else is settled."}))
     else:
-        calls.append(ToolCall(name="end_conversation", arguments={"message": "Thank you for contacting us. Goodbye!"}))
+        outcomes = " ".join(outcome_line(r) for r in requests)
+        calls.append(ToolCall(name="end_conversation", arguments={
+            "message": f"{outcomes} Thank you for contacting us. Goodbye!"}))
     return calls, mentions, sum(c.name == "respond" for c in calls)

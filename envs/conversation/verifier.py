@@ -9,8 +9,14 @@ database never depends on what the customer says). Reported separately, with rea
 - regression: any other order changed;
 - constraint violation (from the event log): an account action before identity was verified
   (refused or not), a cancel of an order that was not pending, a return outside the window or
-  refunded to another payment method, an exchange for a different product;
+  refunded to another payment method, an exchange for a different product, and anything the agent
+  told the customer that the world did not do (a cancellation, return, exchange or address change
+  of an order, a refund of an amount to a payment method) or a return window the policy does not
+  have (`false_statements`);
 - side effects: the database changed outside the orders.
+Ending the conversation (or transferring it) needs its evidence (`endings`, enforced by the base):
+the customer's identity verified and the order of each request the policy refuses read, as the
+world's event log shows; a refusal sent blind leaves the database exactly as a justified one.
 Three checks of the same outcome: `observation` (what the agent saw and said), `invariants` (the
 final database's hash equals the gold's; the diff in the reasons) and `hidden_variation` (the
 agent's calls and the gold replayed on databases where a distractor order differs)."""
@@ -18,16 +24,19 @@ agent's calls and the gold replayed on databases where a distractor order differ
 from __future__ import annotations
 
 import copy
+import re
+import unicodedata
 from typing import Any
 
 from envs.conversation.facts import ConversationFacts, Mention, Request
-from envs.conversation.world import ACCOUNT_TOOLS, ConversationEnv, Refusal
+from envs.conversation.world import ACCOUNT_TOOLS, ConversationEnv, Refusal, _days_since, money
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, content_hash
 from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier, calls_of
+from verifiers.base import Ending, ReplayVerifier, calls_of, ending_step
 
 REFUSAL_WORDS = ("cannot", "can't", "can not", "unable", "not able", "not allowed", "not possible", "won't be able")
 MESSAGE_TOOLS = ("respond", "end_conversation")
+ENDING_TOOLS = ("end_conversation", "transfer_to_human")
 WRITE_TOOLS = ("cancel_order", "return_items", "exchange_items", "modify_address")
 MAX_DIFF = 8
 
@@ -55,10 +64,33 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def decision_problems(facts: ConversationFacts, state: dict[str, Any]) -> list[str]:
+    """What the agent had not looked at when the conversation ended: the customer's identity
+    verified (find_customer) and the order of each request the policy refuses read (get_order):
+    whether a request is refused turns on the order's status and dates, which only the world shows."""
+    problems = [] if state["verified"] == facts.customer_id else [
+        "the customer's identity was never verified (find_customer)"]
+    read = {e["args"].get("order_id") for e in state["events"] if e["tool"] == "get_order" and e["outcome"] == "ok"}
+    problems += [f"order {r.order_id} ({r.product}), whose {r.kind} the policy refuses, was never read (get_order)"
+                 for r in facts.requests if r.order_id and not r.allowed and r.order_id not in read]
+    return problems
+
+
+def _ending_evidence(verifier: ConversationVerifier, task: TaskSpec, before: list[Step]) -> list[str]:
+    return decision_problems(verifier.facts(task), verifier.final_state(task, calls_of(before)))
+
+
 class ConversationVerifier(ReplayVerifier):
     verifier_id = "conversation-outcome"
-    version = "1"
+    # 2: endings need their evidence, what the customer is told is checked against the world, Φ
+    # after the end follows the verdict
+    version = "2"
     family = "conversation"
+    endings = tuple(Ending(tool=tool, evidence=_ending_evidence,
+                           why="the customer's identity verified and the order of every request the policy "
+                               "refuses read, before the conversation ends")
+                    for tool in ENDING_TOOLS)
+    statements = {"respond": ("message",), "end_conversation": ("message",)}
 
     def __init__(self) -> None:
         self._gold: dict[str, dict[str, Any]] = {}
@@ -88,9 +120,11 @@ class ConversationVerifier(ReplayVerifier):
                       if d.split(":")[0].split(".")[:2] in [["orders", t] for t in targets]]
         completed += mention_problems(facts, final, initial["return_days"])
         completed += end_problems(facts, final)
+        if final["ended"] is not None and ending_step(steps, set(ENDING_TOOLS)) is None:
+            completed += decision_problems(facts, final)  # the customer closed it: no ending to hold the evidence
         regression = [f"another order changed: {d}" for oid in sorted(initial["orders"]) if oid not in targets
                       for d in diff(initial["orders"][oid], final["orders"].get(oid), f"orders.{oid}")]
-        violations = policy_violations(final, initial["return_days"])
+        violations = policy_violations(final, initial["return_days"]) + false_statements(final, initial)
         side_effects = [d for d in gold_diff if not d.startswith("orders.")]
 
         checks = {"observation": observation_check(facts, steps),
@@ -111,8 +145,9 @@ class ConversationVerifier(ReplayVerifier):
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
         """Φ in [0, 1]: identity verified, target orders read, requests settled, what must be said
-        said; less after a violation or a regression; 1.0 only once the conversation ended with
-        everything right, 0.0 if it ended otherwise."""
+        said; less after a violation or a regression. Once the conversation ended it follows the
+        verdict: 1.0 with everything right (the evidence of the ending gathered, nothing false told,
+        the rest of the database as it was), else 0.0."""
         facts: ConversationFacts = self.facts(task)
         initial = task.initial_state
         with_orders = [r for r in facts.requests if r.order_id]
@@ -122,7 +157,9 @@ class ConversationVerifier(ReplayVerifier):
             state["orders"].get(oid) != order for oid, order in initial["orders"].items()
             if oid not in {r.order_id for r in with_orders})
         if state["ended"] is not None:
-            right = all(settled) and all(said) and not bad and not end_problems(facts, state)
+            right = (all(settled) and all(said) and not bad and not end_problems(facts, state)
+                     and not decision_problems(facts, state) and not false_statements(state, initial)
+                     and all(state[k] == initial[k] for k in ("customers", "products")))
             return 1.0 if right else 0.0
         read = {e["args"].get("order_id") for e in state["events"] if e["tool"] == "get_order" and e["outcome"] == "ok"}
 
@@ -219,10 +256,12 @@ def mention_problems(facts: ConversationFacts, state: dict[str, Any], return_day
         if m.kind == "amount":
             done = [e["seq"] for e in state["events"] if e["tool"] in ("cancel_order", "return_items")
                     and e["outcome"] == "ok" and e["args"].get("order_id") == m.order_id]
-            if not done or not any(seq > done[0] and m.text in text for seq, text in messages):
+            if not done or not any(seq > done[0] and any(m.text in c and not _negated(c, c.index(m.text))
+                                                          for c in clauses(text)) for seq, text in messages):
                 problems.append(f"the customer was never told the refund of {m.text} for {m.order_id}")
-        elif not any(m.text.lower() in text.lower() and any(w in text.lower() for w in REFUSAL_WORDS)
-                     for _, text in messages):
+        elif not any(any(w in part for w in REFUSAL_WORDS) for _, text in messages
+                     for part in about(text, normal(m.text), others=[normal(r.product) for r in facts.requests
+                                                                     if r.product and r.product != m.text])):
             problems.append(f"the customer was never told that the request about {m.text!r} cannot be done")
     return problems
 
@@ -257,6 +296,157 @@ def policy_violations(state: dict[str, Any], return_days: int) -> list[str]:
         if e["tool"] == "exchange_items" and not e.get("same_product"):
             out.append(f"exchanged an item of {oid} for a different product {where}")
     return out
+
+
+# -- what the agent tells the customer, against the world ----------------------------------------
+# A message is read normalised (`normal`), by sentences (a question states nothing) cut into
+# clauses at commas, colons, dashes and contrast words. A clause claims nothing where a negation
+# comes before its claim ("I cannot cancel") or a negated auxiliary after it ("was not refunded"),
+# or where it opens with what the customer wants ("I see you would like a refund"). Claims are judged
+# against the world at the end (a refund announced before it is made is true once it is made).
+_DASHES = re.compile("[\u2010-\u2015\u2212\ufe58\ufe63\uff0d]")
+_SENTENCE = re.compile(r"(?<=[.!?;])\s+|\n+")
+_CLAUSE = re.compile(r",|:(?:\s|$)|\s-+\s|\b(?:but|however|although|though|whereas)\b")
+_NEG_BEFORE = re.compile(r"\b(?:not|no|never|cannot|unable|nor|neither|cant|wont|didnt|couldnt|wasnt|hasnt|havent)\b"
+                         r"|n't\b")
+_NEG_AFTER = re.compile(r"\b(?:is|are|was|were|has|have|had|will|would|could|can|be|been|do|does|did)\s+(?:not|never)\b"
+                        r"|\b(?:isn|aren|wasn|weren|hasn|haven|hadn|won|wouldn|couldn|can|didn)'?t\b")
+_THEIR_WISH = re.compile(r"^(?:\S+ ){0,3}you(?:'d like| would like| want| wanted| asked| said| mentioned| requested"
+                         r"| wish)\b")
+_AMOUNT = re.compile(r"\$\s?(\d+(?:\.\d{1,2})?)|(?<![\d.])(\d+(?:\.\d{1,2})?)\s?(?:usd|dollars?)\b"
+                     r"|\busd\s?(\d+(?:\.\d{1,2})?)")
+_REFUND = re.compile(r"\brefund|\breimburs|\bcredited\b|\bmoney back\b|\b(?:paid|sent|put|given) back\b")
+_PAID_WITH = {"gift_card": re.compile(r"\bgift ?-?cards?\b"), "credit_card": re.compile(r"\bcredit ?-?cards?\b"),
+              "paypal": re.compile(r"\bpay ?-?pal\b"),
+              "original": re.compile(r"\b(?:original|same) (?:payment|method|card|account)")}
+PAID_WITH_NAMES = {"gift_card": "gift card", "credit_card": "credit card", "paypal": "PayPal account",
+                   "original": "original payment method"}
+_DONE = {"cancel_order": re.compile(r"\bcancell?ed\b"),
+         "return_items": re.compile(r"\breturned\b|\bprocessed (?:the |your )?return\b"),
+         "exchange_items": re.compile(r"\bexchanged\b|\bswapped\b"),
+         "modify_address": re.compile(r"\b(?:changed|updated|modified|corrected)\b(?=.*\baddress\b)"
+                                      r"|\baddress\b.*\b(?:changed|updated|modified|corrected)\b")}
+# "... was not cancelled", "did not return ...": a denial, false where the world did it
+_DENIED = {tool: re.compile(r"\b(?:(?:was|were|is|are|has|have|had)(?:n't| not| never)(?: been)?|did not|didn't|never) "
+                            rf"(?:{verbs})\b")
+           for tool, verbs in {"cancel_order": "cancell?ed|cancel", "return_items": "returned|return",
+                               "exchange_items": "exchanged|exchange|swapped",
+                               "modify_address": "changed|updated|modified|change|update|modify"}.items()}
+_ORDER_ID = re.compile(r"(?<![a-z0-9])#?w(\d{6})\b")
+_DAYS = re.compile(r"\b(\d+)\s?-?\s?days?\b")
+_WINDOW = re.compile(r"\breturn|\bwindow\b|\bpolicy\b")
+
+
+def normal(text: str) -> str:
+    """Unicode NFKC, format characters (zero-width, soft hyphen) dropped, case folded, dashes and
+    quotes made ASCII, thousands separators dropped, spaces collapsed."""
+    text = "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf").casefold()
+    text = _DASHES.sub("-", text).replace("\u2019", "'").replace("\u2018", "'")
+    return " ".join(re.sub(r"(?<=\d),(?=\d{3}\b)", "", text).split())
+
+
+def clauses(text: str) -> list[str]:
+    """The clauses of the statements (not the questions) of a message, normalised."""
+    return [c.strip() for sentence in _SENTENCE.split(normal(text)) if not sentence.rstrip().endswith("?")
+            for c in _CLAUSE.split(sentence) if c and c.strip()]
+
+
+def about(text: str, name: str, others: list[str]) -> list[str]:
+    """The parts of a message about `name`: from each sentence naming it up to the next sentence
+    that names one of `others` (normalised)."""
+    parts, current = [], None
+    for sentence in _SENTENCE.split(normal(text)):
+        if name in sentence:
+            current = [sentence]
+            parts.append(current)
+        elif current is not None and any(o in sentence for o in others):
+            current = None
+        elif current is not None:
+            current.append(sentence)
+    return [" ".join(part) for part in parts]
+
+
+def _negated(clause: str, at: int) -> bool:
+    return bool(_NEG_BEFORE.search(clause, 0, at) or _NEG_AFTER.search(clause, at))
+
+
+def false_statements(state: dict[str, Any], initial: dict[str, Any]) -> list[str]:
+    """What the agent's messages claim that the world did not do: a cancellation, return, exchange
+    or address change (of the order or product the clause names, else of any order), a refund (of
+    the amount, to the kind of payment method the clause names), or a return window other than the
+    policy's (a number of days that is neither the window nor any order's days since delivery)."""
+    events = [e for e in state["events"] if e["outcome"] == "ok"]
+    kind_of = {p["payment_method_id"]: p["kind"] for c in state["customers"].values() for p in c["payment_methods"]}
+    refunds = [(f["amount_cents"], kind_of.get(f["payment_method_id"]), False) for o in initial["orders"].values()
+               for f in o["refunds"]]
+    refunds += [(e["refund_cents"], kind_of.get(e["refund_to"]), e["tool"] == "cancel_order" or e["original_payment"])
+                for e in events if "refund_cents" in e]
+    done = {(e["tool"], e["args"].get("order_id")) for e in events if e["tool"] in WRITE_TOOLS}
+    for oid, order in initial["orders"].items():  # what was so before the conversation may be said too
+        done |= {("cancel_order", oid)} if order["status"] == "cancelled" else set()
+        done |= {("return_items", oid) for i in order["items"] if i["status"] == "returned"}
+        done |= {("exchange_items", oid) for i in order["items"] if i["status"] == "exchanged"}
+    products = {p["name"].casefold(): pid for pid, p in state["products"].items()}
+    with_product = {pid: {o["order_id"] for o in state["orders"].values()
+                          if any(i["product_id"] == pid for i in o["items"])} for pid in products.values()}
+    days = {initial["return_days"]} | {_days_since(initial, o) for o in initial["orders"].values()}
+    out = []
+    for e in state["events"]:
+        if e["tool"] not in MESSAGE_TOOLS or e["outcome"] != "ok":
+            continue
+        for clause in clauses(e["args"].get("message", "")):
+            why = _clause_falsity(clause, refunds, done, products, with_product, days)
+            if why:
+                out.append(f"told the customer \"{_short_text(clause)}\" (call {e['seq']}), but {why}")
+    return out
+
+
+def _clause_falsity(clause: str, refunds: list[tuple[int, str | None, bool]], done: set[tuple[str, str]],
+                    products: dict[str, str], with_product: dict[str, set[str]], days: set[int]) -> str | None:
+    """Why one clause is false, or None."""
+    for found in _DAYS.finditer(clause):  # a rule stated, negated or not ("no returns after 14 days")
+        if _WINDOW.search(clause) and int(found.group(1)) not in days:
+            return f"the policy's return window is not {found.group(1)} days"
+    if _THEIR_WISH.search(clause):
+        return None
+    amounts = [round(float(next(g for g in m.groups() if g)) * 100) for m in _AMOUNT.finditer(clause)]
+    paid_with = [k for k, pattern in _PAID_WITH.items() if pattern.search(clause)]
+    refund = _REFUND.search(clause)
+    if refund or (amounts and paid_with):
+        at = min(x.start() for x in [refund, _AMOUNT.search(clause), *(p.search(clause) for p in _PAID_WITH.values())]
+                 if x is not None)
+        if not _negated(clause, at):
+            fits = [r for r in refunds
+                    if not paid_with or any(r[2] if k == "original" else r[1] == k for k in paid_with)]
+            to = f" to the {' or '.join(PAID_WITH_NAMES[k] for k in paid_with)}" if paid_with else ""
+            if not fits:
+                return f"no refund{to} was made"
+            possible = {r[0] for r in fits} | {sum(r[0] for r in fits)}
+            wrong = [a for a in amounts if a not in possible]
+            if wrong:
+                made = ", ".join(money(r[0]) for r in fits)
+                return f"no refund of {money(wrong[0])}{to} was made (only {made})"
+    targets = {f"#W{m.group(1)}" for m in _ORDER_ID.finditer(clause)} or {
+        oid for name, pid in products.items() if name in clause for oid in with_product[pid]}
+    for tool, pattern in _DONE.items():
+        if tool == "modify_address" and "address" not in clause:
+            continue
+        denied = _DENIED[tool].search(clause)
+        if denied and targets and "already" not in clause:
+            if any((tool, oid) in done for oid in targets):
+                return f"{tool} was done on {', '.join(sorted(oid for oid in targets if (tool, oid) in done))}"
+            continue
+        found = pattern.search(clause)
+        if found is None or _negated(clause, found.start()):
+            continue
+        happened = any((tool, oid) in done for oid in targets) if targets else any(t == tool for t, _ in done)
+        if not happened:
+            return f"{tool} was never done on {', '.join(sorted(targets)) or 'any order'}"
+    return None
+
+
+def _short_text(text: str) -> str:
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def observation_check(facts: ConversationFacts, steps: list[Step]) -> CheckResult:

@@ -5,10 +5,11 @@ a simulated customer (envs/person.py) who answers the agent's `respond`.
 The tools do what the database allows (an order that has shipped cannot be cancelled); the
 policy asks for more (only pending orders, returns within the window, refunds to the original
 payment method, identity first), and the verifier judges that from the event log, where each
-account action records the facts the policy turns on. Account actions before `find_customer`
-succeeded are refused (and logged: the verifier counts the attempt). The episode ends when the
-agent calls `end_conversation` (the request is settled: the customer says goodbye) or
-`transfer_to_human`, or when the customer runs out of patience."""
+account action records the facts the policy turns on (and each refund its amount and payment
+method: what the agent tells the customer is checked against them). Account actions before
+`find_customer` succeeded are refused (and logged: the verifier counts the attempt). The episode
+ends when the agent calls `end_conversation` (the request is settled: the customer says goodbye)
+or `transfer_to_human`, or when the customer runs out of patience."""
 
 from __future__ import annotations
 
@@ -162,6 +163,7 @@ class ConversationEnv(ToolEnv):
         refund = {"amount_cents": order["total_cents"], "payment_method_id": order["payment_method_id"],
                   "reason": reason}
         order["refunds"].append(refund)
+        event.update(refund_cents=refund["amount_cents"], refund_to=refund["payment_method_id"])
         return {"order_id": order_id, "status": "cancelled", "refund": money(refund["amount_cents"]),
                 "payment_method_id": refund["payment_method_id"]}
 
@@ -184,6 +186,7 @@ class ConversationEnv(ToolEnv):
             item["status"] = "returned"
         amount = sum(item["price_cents"] for item in items)
         order["refunds"].append({"amount_cents": amount, "payment_method_id": payment_method_id, "reason": "return"})
+        event.update(refund_cents=amount, refund_to=payment_method_id)
         return {"order_id": order_id, "returned": [i["item_id"] for i in items], "refund": money(amount),
                 "payment_method_id": payment_method_id}
 
