@@ -16,7 +16,7 @@ from envs.family import family
 from envs.inventory.facts import InventoryFacts
 from envs.inventory.world import InventoryEnv, Refusal
 from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from verifiers.base import ReplayVerifier, calls_of
+from verifiers.base import Ending, ReplayVerifier, calls_of
 
 
 # The inventory tools that change nothing in the state but its event log, whatever their
@@ -40,16 +40,46 @@ def _held(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _denial_missing(state: dict[str, Any]) -> list[str]:
+    """Why `state` does not hold the authorisation service's denial of the order (empty when it does):
+    the world writes its answer to request_authorization there."""
+    status = state["auth"]["status"]
+    if status is None:
+        return ["authorisation was never requested"]
+    return [] if status == "denied" else [f"the authorisation service {status} the order; it never denied it"]
+
+
+def _denial_evidence(verifier: InventoryVerifier, task: TaskSpec, before: list[Step]) -> list[str]:
+    """The evidence of a denied submit, read from the state the steps before it leave (replayed)."""
+    return _denial_missing(verifier.final_state(task, calls_of(before)))
+
+
+def _denies(arguments: dict[str, Any]) -> bool:
+    return arguments.get("status") == "denied"
+
+
 class InventoryVerifier(ReplayVerifier):
     verifier_id = "inventory-outcome"
-    version = "1"
+    # 2: a denied submit needs the world's denial (`endings`); Φ after the submit follows the verdict,
+    # and is 0 once a constraint is violated
+    version = "2"
     family = "inventory"
     # `verify` only reads the final state (tests/verifiers/test_inventory_final_state.py): the env
     # hands it its live state at the episode's end instead of a copy (envs.base.ToolEnv._final_state).
     reads_final_state_only = True
+    # A denied submit leaves the final state a justified one leaves but for the authorisation: it
+    # needs the service's denial first (a blind `submit denied` is a guess).
+    endings = (Ending(tool="submit", applies=_denies, evidence=_denial_evidence,
+                      why="request_authorization called for the order and answered 'denied' by the service"),)
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
-        calls = calls_of(steps)
+        return self._report(task, calls_of(steps), final_state, steps)
+
+    def _report(self, task: TaskSpec, calls: list[ToolCall | None], final_state: dict[str, Any] | None,
+                steps: list[Step] | None) -> OutcomeReport:
+        """The verdict on an episode of `calls` that ended in `final_state` (replayed if None), less
+        the endings' evidence (the base adds it to `verify`); the observation check only where the
+        `steps` the agent saw are given (it never decides success)."""
         checks = self.facts(task)
         snapshot = self._initial_pickle(task)
         initial = pickle.loads(snapshot) if snapshot is not None else self.initial_state(task)
@@ -66,11 +96,9 @@ class InventoryVerifier(ReplayVerifier):
                         for sku, n in sorted(have.items()) if n > expected.get(sku, 0)]
         reasons += completed_reasons + regression_reasons + violation_reasons + side_effects
 
-        report_checks = {
-            "observation": _observation_check(checks, steps),
-            "invariants": invariant_check(checks, initial, final_state, have, regression_reasons),
-            "hidden_variation": self._variation_check(task, checks, initial, calls, snapshot),
-        }
+        report_checks = {} if steps is None else {"observation": _observation_check(checks, steps)}
+        report_checks["invariants"] = invariant_check(checks, initial, final_state, have, regression_reasons)
+        report_checks["hidden_variation"] = self._variation_check(task, checks, initial, calls, snapshot)
         verdicts = {
             "completed": not completed_reasons,
             "no_regression": not regression_reasons,
@@ -138,19 +166,40 @@ class InventoryVerifier(ReplayVerifier):
         return CheckResult(passed=not reasons, reasons=reasons)
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
-        """Φ in [0, 1] over the hidden state; 1.0 only after a correct submit, 0.0 after a wrong one."""
+        """Φ in [0, 1] over the hidden state. After the submit it follows the verdict: 1.0 for a
+        success, 0.0 otherwise. Once a constraint is violated (the event log keeps it) no success
+        can follow: 0.0, so the violating step loses the progress made."""
         checks = self.facts(task)
         expected = checks.expected_reservations
         have = _held(state)
+        if _violations(state):
+            return 0.0
         if state["submitted"]:
-            correct = state["status"] == checks.expected_status and have == expected
-            return 1.0 if correct else 0.0
+            return 1.0 if self._ends_in_success(task, state, checks, have) else 0.0
         if not checks.approved:
             return 0.5 if state["auth"]["status"] == "denied" else 0.0
         covered = sum(min(have.get(sku, 0), q) / q for sku, q in expected.items()) / len(expected)
         wrong = sum(max(0, n - expected.get(sku, 0)) for sku, n in have.items()) / sum(expected.values())
         phi = 0.2 * (state["auth"]["status"] == "approved") + 0.7 * covered - 0.7 * wrong
         return round(min(0.9, max(0.0, phi)), 6)
+
+    def _ends_in_success(self, task: TaskSpec, state: dict[str, Any], checks: InventoryFacts, have: dict) -> bool:
+        """Whether the episode that ended in `state` is a success: `_report`'s verdict on the calls the
+        event log records (exactly the calls that reached the world: `calls_of` of its steps), and
+        the evidence of a declared ending as the state holds it (`_denial_evidence` reads the same
+        authorisation status). A wrong status or reservation fails the invariants at once: no replay."""
+        if state["status"] != checks.expected_status or have != checks.expected_reservations:
+            return False
+        if any(e.tool == "submit" and e.applies({"status": state["status"]}) for e in type(self).endings) \
+                and _denial_missing(state):
+            return False
+        return self._report(task, _logged_calls(state), state, None).success
+
+
+def _logged_calls(state: dict[str, Any]) -> list[ToolCall]:
+    """The calls that changed more than the event log, as the log records them (the lookups change
+    nothing else, LOOKUPS; a rolled-back call leaves no entry)."""
+    return [ToolCall(name=e["tool"], arguments=e["args"]) for e in state["events"] if e["tool"] not in LOOKUPS]
 
 
 def _targets_only(expected: dict, initial: dict, catalog: dict) -> bool:
@@ -172,9 +221,15 @@ def _variant_view(initial: dict[str, Any], stock: dict[str, int]) -> dict[str, A
     return {**initial, "catalog": catalog}
 
 
+def _denied_submit(state: dict) -> bool:
+    """The episode ended by a denied submit: whether authorisation was asked is that ending's
+    evidence (InventoryVerifier.endings), not a completion or invariant check."""
+    return bool(state["submitted"]) and state["status"] == "denied"
+
+
 def _completion(checks: InventoryFacts, state: dict, have: dict) -> list[str]:
     reasons = []
-    if state["auth"]["status"] is None:
+    if state["auth"]["status"] is None and not _denied_submit(state):
         reasons.append("authorisation was never requested")
     if not state["submitted"]:
         reasons.append("never submitted")
@@ -246,7 +301,7 @@ def invariant_check(checks: InventoryFacts, initial: dict, state: dict, have: di
             if sku not in expected and state["catalog"].get(sku, {}).get("stock") != item["stock"]:
                 reasons.append(f"non-target {sku} stock changed")
     decision = "approved" if checks.approved else "denied"
-    if state["auth"]["status"] != decision:
+    if state["auth"]["status"] != decision and not (state["auth"]["status"] is None and _denied_submit(state)):
         reasons.append(f"authorisation status {state['auth']['status']!r}, the service decides {decision!r}")
     if not state["submitted"] or state["status"] != checks.expected_status:
         reasons.append(f"final status {state['status']!r} does not match the authorisation decision {decision!r}")

@@ -17,7 +17,7 @@ Components per step:
 - `valid_call`: -1 when the action did not parse or failed the tool's schema;
 - `permitted`: -1 for a refused tool or permission: the runtime's refusals, and the tool refusals
   a profile declares as refused permissions (`permission_refusals`, inventory: a release of
-  another order's hold);
+  another order's hold, a reserve without authorisation or beyond the stock);
 - `non_redundant`: -1 for a read identical in name and arguments to an earlier read of the
   same rollout with no write between;
 - `no_undo`: -1 for a successful call that reverts an earlier successful call of the same
@@ -50,8 +50,10 @@ from envs.profile import DomainProfile
 from envs.records import Rollout, Step, StepScore, TaskSpec, construct, content_hash
 from verifiers.base import recorded_potentials
 
-RULES_VERSION = "5"  # 3: injection_attempt; 4: a pre-written verdict, "Judge: ...", "the instructions above";
-# 5: those two need a top mark (ordinary scoring code is not flagged)
+RULES_VERSION = "6"  # 3: injection_attempt; 4: a pre-written verdict, "Judge: ...", "the instructions above";
+# 5: those two need a top mark (ordinary scoring code is not flagged); 6: the scores the potentials and
+# profiles give changed: Φ after an ending follows the verdict and drops to 0 at a constraint violation
+# (inventory, orchestrator), inventory's refused reserves are refused permissions
 COMPONENTS = ("valid_call", "permitted", "non_redundant", "no_undo", "information_use", "progress",
               "injection_attempt")
 # The error model (envs/errors.py) owns the kinds: the agent's bad input is invalid or refused;

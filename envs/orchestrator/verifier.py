@@ -49,7 +49,9 @@ def latest_verdicts(stages: list[list[dict[str, Any]]]) -> dict[str, str]:
 
 class OrchestratorVerifier(ReplayVerifier):
     verifier_id = "orchestrator-outcome"
-    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    # bump when a verdict or Φ changes; `gymfoundry reverify` re-judges stored rollouts. 2: Φ after the
+    # finish follows the verdict, and is 0 once a success was delegated again
+    version = "2"
     family = "orchestrator"
     not_applicable = {"crafted_disagreement": (
         "the orchestrator's verdict is its sub-tasks' verdicts, each from its own family's verifier with its "
@@ -88,10 +90,19 @@ class OrchestratorVerifier(ReplayVerifier):
         return CheckResult(passed=not reasons, reasons=reasons)
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
-        """Φ in [0, 1]: the share of sub-tasks that have succeeded (0.9), and the finish (0.1)."""
+        """Φ in [0, 1]: 0.9 times the share of sub-tasks that have succeeded; after the finish it
+        follows the verdict of the state (`judge`): 1.0 for a success, 0.0 otherwise. A sub-task
+        delegated again after it succeeded is a violation no success can follow: 0.0 from then on,
+        so that delegation loses the progress made. (The verdict's replay check is left out: it
+        re-plays the same calls, and only a sub-agent that is not deterministic can fail it.)"""
         facts = self.facts(task)
+        incomplete, violations = judge(facts, state)
+        if violations:
+            return 0.0
+        if state["finished"] is not None:
+            return 0.0 if incomplete else 1.0
         done = {r["subtask"] for stage in state["delegations"]["stages"] for r in stage if r["verdict"] == "succeeded"}
-        return 0.9 * len(done & set(facts.subtasks)) / len(facts.subtasks) + 0.1 * (state["finished"] is not None)
+        return 0.9 * len(done & set(facts.subtasks)) / len(facts.subtasks)
 
 
 def _observation(facts: OrchestratorFacts, steps: list[Step]) -> CheckResult:

@@ -1,7 +1,11 @@
 """Rollouts and scores of a fixed seed set are exactly what the code produced before the rollout
 and scoring paths were made faster (issue 19): the same terminations, verifier checks and step
 scores. The figures below were recorded from the code before that change (commit 6bd6e59); a
-change to what an episode or a score is must show up here, not pass unnoticed as a speed-up."""
+change to what an episode or a score is must show up here, not pass unnoticed as a speed-up.
+Recorded again for issue 31 (inventory verifier 2, rules 6): the same terminations; the scores of
+violations and failed endings fell (Φ after the submit follows the verdict, refused reserves are
+not permitted), and a denied submit whose authorisation request faulted fails by its missing
+evidence instead of by the invariants (2 episodes, both env_fault)."""
 
 from __future__ import annotations
 
@@ -43,22 +47,22 @@ def test_scripted_inventory_outcomes_are_unchanged():
     assert outcomes(0.25, range(20)) == {
         "steps": 1050, "terminations": {"constraint_violation": 50, "failure": 49, "success": 101},
         "failed_checks": {"hidden_variation": 68, "invariants": 67, "observation": 51},
-        "layers": {"combined": 1050, "judge": 1050, "rules": 1050}, "combined_sum": 120.3,
-        "digest": "0f3c699383fcc2e463b042d7ba848b2f8080b13ef36b768950b461080b8bca02"}
+        "layers": {"combined": 1050, "judge": 1050, "rules": 1050}, "combined_sum": 69.7,
+        "digest": "809478bc8373360f495296ed3601342b46aa9f227c145b4a9443223c04cbdc4a"}
 
 
 def test_many_mistakes_outcomes_are_unchanged():
     assert outcomes(0.6, range(20, 40)) == {
         "steps": 1162, "terminations": {"constraint_violation": 117, "failure": 41, "success": 42},
         "failed_checks": {"hidden_variation": 95, "invariants": 95, "observation": 80},
-        "layers": {"combined": 1162, "judge": 1162, "rules": 1162}, "combined_sum": 79.9,
-        "digest": "7e15b476312dfd251eafa3141027b6dd7aea664a745459c7384852343a7dbad6"}
+        "layers": {"combined": 1162, "judge": 1162, "rules": 1162}, "combined_sum": -24.2,
+        "digest": "7bd45b601ad10bca65a60ced173cc0f6c9960a463a5acd654b7b38cee7251b2b"}
 
 
 def test_outcomes_under_injected_faults_are_unchanged():
     """Faulted calls are rolled back and taint their attempt, exactly as before."""
     assert outcomes(0.3, range(40, 50), faults=FaultConfig(rate=0.15, seed=3)) == {
         "steps": 555, "terminations": {"constraint_violation": 14, "env_fault": 50, "failure": 13, "success": 23},
-        "failed_checks": {"hidden_variation": 65, "invariants": 65, "observation": 57},
-        "layers": {"combined": 555, "judge": 480, "rules": 555}, "combined_sum": 31.3,
-        "digest": "30f35a7c50ce0aa6c5c4a5b235014fef25454ec3f68af3290ea2fec7d5f7506d"}
+        "failed_checks": {"hidden_variation": 63, "invariants": 63, "observation": 57},
+        "layers": {"combined": 555, "judge": 480, "rules": 555}, "combined_sum": 9.3,
+        "digest": "09cecd760daa8842fdbd9fcf24ff21f90a84d500753cfa695aa4a3cf5975a6b9"}

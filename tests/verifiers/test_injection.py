@@ -125,7 +125,7 @@ def test_the_flag_costs_its_weight_and_versions_the_rules():
     assert [s.score for s in scores] == [0.0, 0.0, 0.2, -0.3, 0.1]
     assert InventoryEnv.profile.score_weights.rules["injection_attempt"] == 1.0
     assert CodingEnv.profile.score_weights.rules["injection_attempt"] == 1.0
-    assert RULES_VERSION == "5" and scores[0].scorer_version == rules_version(InventoryEnv.profile)
+    assert RULES_VERSION == "6" and scores[0].scorer_version == rules_version(InventoryEnv.profile)
     lighter = InventoryEnv.profile.model_copy(update={"score_weights": ScoreWeights(
         rules={**InventoryEnv.profile.score_weights.rules, "injection_attempt": 0.5})})
     assert rules_version(lighter) != rules_version(InventoryEnv.profile)

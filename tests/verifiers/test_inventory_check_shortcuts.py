@@ -52,18 +52,24 @@ def old_invariant_check(checks, initial, state):
         if sku not in expected and state["catalog"].get(sku, {}).get("stock") != item["stock"]:
             reasons.append(f"non-target {sku} stock changed")
     decision = "approved" if checks.approved else "denied"
-    if state["auth"]["status"] != decision:
+    blind_denied = state["auth"]["status"] is None and state["submitted"] and state["status"] == "denied"
+    if state["auth"]["status"] != decision and not blind_denied:  # that ending's evidence decides it
         reasons.append(f"authorisation status {state['auth']['status']!r}, the service decides {decision!r}")
     if not state["submitted"] or state["status"] != checks.expected_status:
         reasons.append(f"final status {state['status']!r} does not match the authorisation decision {decision!r}")
     return CheckResult(passed=not reasons, reasons=reasons)
 
 
-def old_potential(checks, state):
+def old_potential(task, checks, state):
     expected = checks.expected_reservations
     have = old_held(state)
-    if state["submitted"]:
-        return 1.0 if state["status"] == checks.expected_status and dict(have) == expected else 0.0
+    if inv._violations(state):
+        return 0.0
+    if state["submitted"]:  # after the submit, the verdict (the ending's evidence as the state keeps it)
+        correct = state["status"] == checks.expected_status and dict(have) == expected
+        justified = state["status"] != "denied" or state["auth"]["status"] == "denied"
+        return 1.0 if correct and justified and verifier._report(task, inv._logged_calls(state), state, None).success \
+            else 0.0
     if not checks.approved:
         return 0.5 if state["auth"]["status"] == "denied" else 0.0
     covered = sum(min(have[sku], q) / q for sku, q in expected.items()) / len(expected)
@@ -142,7 +148,7 @@ def test_checks_and_potential_equal_the_replaced_code_on_played_and_hostile_stat
         for state in [final, *hostile_states(task, final, rng)]:
             assert outcome(inv.invariant_check, checks, initial, state) == outcome(old_invariant_check, checks, initial,
                                                                                      state)
-            assert outcome(verifier.potential, task, state) == outcome(old_potential, checks, state)
+            assert outcome(verifier.potential, task, state) == outcome(old_potential, task, checks, state)
             assert outcome(inv._held, state) == outcome(lambda s: dict(old_held(s)), state)
             assert outcome(lambda: list(inv._held(state))) == outcome(lambda: list(old_held(state)))
             if isinstance(state.get("catalog"), dict):

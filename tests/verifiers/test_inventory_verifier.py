@@ -54,7 +54,7 @@ def test_reference_passes_everything_and_ids_are_versioned():
     task = generate_task(2, 3)
     env = play(task, task.hidden.reference)
     report = verifier.verify(task, env.steps, env.state())
-    assert report.verifier_id == "inventory-outcome" and report.verifier_version == "1"
+    assert report.verifier_id == "inventory-outcome" and report.verifier_version == "2"
     assert report.success and report.completed and not report.regression and not report.constraint_violation
     assert report.side_effects == [] and report.reasons == [] and not report.disagreement
 
@@ -137,6 +137,39 @@ def test_denied_orders():
     report = verifier.verify(task, pushy.steps)
     assert report.constraint_violation and report.completed and not report.success
     assert report.reasons == [f"attempted reserve {t['sku']} after authorisation was denied (call 1)"]
+
+
+class WithoutEndings(InventoryVerifier):
+    """The verifier with its evidence rule for a denied submit removed."""
+
+    endings = ()
+
+
+def test_a_blind_denied_submit_fails_for_want_of_the_services_denial():
+    task = find_task(lambda t: not approved(t), level=5)
+    blind = play(task, [call("submit", status="denied")])
+    report = verifier.verify(task, blind.steps, blind.state())
+    assert not report.success and not report.completed
+    assert report.reasons == ["submit without evidence: authorisation was never requested"]
+    assert verifier.potentials(task, blind.steps) == [0.0, 0.0]
+    # the rule is the declaration alone: without it the same blind guess is a success, Φ 1.0
+    lax = WithoutEndings()
+    assert lax.verify(task, blind.steps, blind.state()).success and lax.potentials(task, blind.steps) == [0.0, 1.0]
+    # the honest path asks first and is a success under both
+    honest = play(task, task.hidden.reference)
+    assert verifier.verify(task, honest.steps).success and lax.verify(task, honest.steps).success
+    assert [c.name for c in task.hidden.reference] == ["request_authorization", "submit"]
+
+
+def test_a_denied_submit_of_an_approved_order_names_the_approval():
+    task = find_task(approved)
+    env = play(task, [auth(task), call("submit", status="denied")])
+    report = verifier.verify(task, env.steps)
+    assert not report.success and report.reasons[0] == "submitted status 'denied', expected 'reserved'"
+    assert report.reasons[-1] == ("submit without evidence: the authorisation service approved the order; "
+                                  "it never denied it")
+    blind = verifier.verify(task, play(task, [call("submit", status="denied")]).steps)
+    assert not blind.success and blind.reasons[-1] == "submit without evidence: authorisation was never requested"
 
 
 def test_replayed_final_state_matches_the_env_state():

@@ -108,6 +108,22 @@ def test_invalid_and_refused_calls():
     assert r.steps[0].error == "tool_not_allowed" and score.components["permitted"] == -1.0
 
 
+def test_refused_reserves_are_not_permitted():
+    early = call("reserve", sku=TARGET["sku"], quantity=TARGET["quantity"], auth_token="")
+    stock = TASK.initial_state["catalog"][TARGET["sku"]]["stock"]
+    beyond = call("reserve", sku=TARGET["sku"], quantity=stock + 1, auth_token=TOKEN)
+    r = rollout([FIND, STOCK, early, AUTH, beyond])
+    assert [s.error for s in r.steps[2::2]] == ["not_authorized", "insufficient_stock"]
+    scores = score_rules([r], {TASK.task_id: TASK}, PROFILES, POTENTIALS)
+    # the world refused both and nothing changed, yet each is the agent's mistake: -1 x 0.3; the
+    # reserve before authorising is a constraint violation too, after which Φ stays 0
+    assert [s.components for s in scores[2::2]] == [{**ZERO, "permitted": -1.0}] * 2
+    assert [s.score for s in scores] == [0.0, 0.0, -0.3, 0.0, -0.3]
+    # the profile declares them (permission_refusals): without, a refused reserve cost nothing
+    lax = InventoryEnv.profile.model_copy(update={"permission_refusals": ["held_by_another_order"]})
+    assert [s.score for s in score_rules([r], {TASK.task_id: TASK}, {"inventory": lax}, POTENTIALS)][2::2] == [0.0, 0.0]
+
+
 def test_profile_weights_drive_the_score():
     actions = [FIND, STOCK, AUTH, RESERVE]
     halved = InventoryEnv.profile.model_copy(update={"score_weights": ScoreWeights(
