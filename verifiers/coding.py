@@ -12,7 +12,13 @@ writes or exits with can pass a test: it never holds the expected values.
 Reported separately: completion (every hidden test passes), regression (a hidden or visible
 test that passed on the buggy snapshot fails now, by the same comparison), constraint
 violations (test files changed, network reached for, writes outside the workspace attempted),
-side effects (files added or removed; a count and the first names).
+side effects (files added or removed outside the tests, which the task never asks for: they fail
+the verdict; a count and the first names).
+
+The progress potential measures behaviour, never text: before the ending, Φ of a workspace is the
+share of the hidden tests the bugs break that pass on it, graded exactly as a submission is (once
+per workspace content, cached); after the submit, Φ is the verdict (1.0 for a verified success,
+0.0 otherwise), so a failed fix never earns a real fix's step rewards.
 
 Attribution by boundary, never by text the submitted code could print: a sandbox that cannot
 start or run, or a grading sandbox that cannot run the tests on the original files (checked
@@ -22,6 +28,7 @@ limit is a model failure: the hidden tests fail, with the reason."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +39,13 @@ from envs.coding.facts import CodingFacts
 from envs.coding.generator import apply_edits
 from envs.coding.world import CodingEnv, sandbox_limits
 from envs.errors import EnvFault
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from envs.sandbox import CommandResult, PathKind, SandboxError, create_sandbox
+from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, content_hash
+from envs.sandbox import CommandResult, PathError, PathKind, SandboxError, create_sandbox
+from envs.sandbox.base import normalize_path
 from verifiers.base import OutcomeVerifier, calls_of
 
 MAX_NAMED = 20  # file names listed in a reason; the rest are counted
+MAX_CACHED = 4096  # grades of workspaces and verdicts of episodes kept per process (oldest dropped first)
 
 
 @dataclass
@@ -106,7 +115,26 @@ def _incomplete(result: CommandResult, seen: set[str], ids: frozenset[str]) -> b
 
 _EXAMS: dict[str, Exam] = {}
 _BASELINES: dict[str, Grade] = {}
+_GRADES: dict[tuple[str, str], Grade] = {}  # (task id, workspace digest) -> its grade
+_VERDICTS: dict[tuple[str, str, str], bool] = {}  # (verifier version, task id, calls digest) -> success
 _CACHE_LOCK = threading.Lock()
+
+
+def _keep(cache: dict, key: Any, value: Any) -> None:
+    with _CACHE_LOCK:
+        cache[key] = value
+        while len(cache) > MAX_CACHED:
+            cache.pop(next(iter(cache)))
+
+
+def workspace_digest(files: dict[str, str]) -> str:
+    """A digest of a workspace's paths and texts (texts may hold the surrogates of undecodable bytes)."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        for part in (path, files[path]):
+            data = part.encode("utf-8", "surrogatepass")
+            digest.update(len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
 
 
 def exam(task: TaskSpec, backend: str | None = None, allow_unsafe: bool | None = None,
@@ -154,6 +182,19 @@ def grade(task: TaskSpec, files: dict[str, str], backend: str | None = None,
     return out
 
 
+def graded(task: TaskSpec, files: dict[str, str], backend: str | None = None,
+           allow_unsafe: bool | None = None) -> Grade:
+    """`grade`, once per task and workspace content (a grade with an env fault is not kept)."""
+    key = (task.task_id, workspace_digest(files))
+    with _CACHE_LOCK:
+        cached = _GRADES.get(key)
+    if cached is None:
+        cached = grade(task, files, backend, allow_unsafe)
+        if cached.env_fault is None:
+            _keep(_GRADES, key, cached)
+    return cached
+
+
 def _why_incomplete(task: TaskSpec, result: CommandResult, modules: dict[str, str], missing: int) -> str:
     if result.timed_out:
         return f"the tests ran past their {sandbox_limits(task).wall_s:g}s limit and were killed"
@@ -165,15 +206,24 @@ def _why_incomplete(task: TaskSpec, result: CommandResult, modules: dict[str, st
 
 class CodingVerifier(OutcomeVerifier):
     verifier_id = "coding-outcome"
-    version = "3"  # 2: observations, not verdicts; 3: exception helpers observed as their plain calls
+    # 2: observations, not verdicts; 3: exception helpers observed as their plain calls; 4: added or
+    # removed files fail the verdict, Φ measures the hidden tests on the workspace and follows the verdict
+    version = "4"
     # Declared to the conformance checker (envs.check): why a generic check does not apply here.
     not_applicable = {"verifier_checks": "the verdict is the tests run on the submission in a fresh sandbox "
                                          "(hidden_tests, visible_tests, constraints), not an observation-only "
                                          "judgement nor a replay on variant snapshots"}
 
+    # What the agent looked at and said, not what it changed (the audit's collateral check).
+    ephemeral_state = ("events", "summary")
+
     def __init__(self, backend: str | None = None, allow_unsafe: bool | None = None):
         self.backend = backend
         self.allow_unsafe = allow_unsafe
+
+    def final_state(self, task: TaskSpec, calls: list[ToolCall | None]) -> dict[str, Any]:
+        """The state after `calls`, replayed in a fresh env and sandbox."""
+        return replay(task, calls)
 
     def crafted_disagreement(self, task: TaskSpec) -> list[ToolCall]:
         """For the conformance checker (envs.check): the reference fix with a test file added
@@ -228,11 +278,14 @@ class CodingVerifier(OutcomeVerifier):
         submission = final_state.get("submission")
         side_effects = _side_effects(task, submission) if submission is not None else []
         checks["constraints"] = CheckResult(passed=not violations, reasons=violations)
+        checks["side_effects"] = CheckResult(passed=not side_effects, reasons=side_effects)
         completed = regression = False
         if submission is None:
             reasons.append("never submitted")
         else:
-            result = grade(task, submission, self.backend, self.allow_unsafe)
+            result = grade(task, submission, self.backend, self.allow_unsafe)  # afresh: the verdict is never a cached one
+            if result.env_fault is None:
+                _keep(_GRADES, (task.task_id, workspace_digest(submission)), result)
             if result.network_attempts:
                 violations.append(f"the submitted code tried to reach the network while the tests ran "
                                   f"({result.network_attempts} packets refused)")
@@ -242,8 +295,12 @@ class CodingVerifier(OutcomeVerifier):
                 reasons.append(result.env_fault)
             else:
                 completed, regression = self._judge(task, result, checks, reasons)
-        reasons += violations + side_effects
-        success = completed and not regression and not violations and "env_fault" not in checks
+        reasons += violations + [f"side effect: {e}, which the task does not ask for" for e in side_effects]
+        verdicts = {"completed": completed, "no_regression": not regression,
+                    "no_constraint_violation": not violations, "no_side_effects": not side_effects}
+        success = all(verdicts[rule] for rule in CodingEnv.profile.outcome_rules) and "env_fault" not in checks
+        if submission is not None and "env_fault" not in checks:
+            _keep(_VERDICTS, self._episode_key(task, steps), success)
         return OutcomeReport(verifier_id=self.verifier_id, verifier_version=self.version, success=success,
                              completed=completed, regression=regression, constraint_violation=bool(violations),
                              side_effects=side_effects, reasons=reasons, checks=checks)
@@ -267,40 +324,79 @@ class CodingVerifier(OutcomeVerifier):
         return completed, bool(broken)
 
     # -- progress potential (the rule layer's input) ----------------------------------
-    def potential(self, task: TaskSpec, files: dict[str, str], submitted: bool,
-                  checks: CodingFacts | None = None) -> float:
-        """Φ in [0, 1] from the files alone: the share of injected bugs whose fix is in place,
-        less a penalty for changed tests; after submit 1.0 for a full fix, else 0.0."""
+    def potential(self, task: TaskSpec, files: dict[str, str], checks: CodingFacts | None = None) -> float:
+        """Φ in [0, 0.9] of a workspace before the ending, from what its code does: the share of the
+        hidden tests the bugs break (those failing on the initial snapshot) that pass on `files`,
+        graded as a submission is; less 0.45 when a test that passed there fails now, and 0.45 when
+        a visible test file changed. Text a test cannot observe (a comment) moves nothing."""
         checks = facts(task) if checks is None else checks
-        bugs, initial = checks.bugs, task.initial_state["files"]
-        # A bug counts as fixed once its original text is back (one occurrence more than in the
-        # buggy file; the buggy text itself may be a substring of the fix, e.g. 360 of 3600).
-        fixed = sum(1 for b in bugs if files.get(b.file, "").count(b.original)
-                    > initial[b.file].count(b.original)) / len(bugs)
+        base = self.baseline(task)
+        if base.env_fault is not None:
+            raise EnvFault(f"could not run the hidden tests on the initial snapshot: {base.env_fault}")
+        if files == task.initial_state["files"]:
+            return 0.0
+        result = graded(task, files, self.backend, self.allow_unsafe)
+        if result.env_fault is not None:
+            again = exam(task, self.backend, self.allow_unsafe, fresh=True)  # is it the sandbox? ask without the files
+            if isinstance(again, str):
+                raise EnvFault(f"could not grade a workspace for the progress potential: {again}")
+            return 0.0  # the sandbox took the original files but not these: they show no progress
+        target, passing = base.failing("hidden/"), result.passing("")
+        fixed = sum(t in passing for t in target) / len(target) if target else 0.0
+        broken = bool((base.passing("hidden/") | base.passing("visible/")) - passing)
         tests_changed = any(files.get(p) != src for p, src in checks.visible_tests.items())
-        if submitted:
-            return 1.0 if fixed == 1.0 and not tests_changed else 0.0
-        return round(max(0.0, 0.9 * fixed - 0.45 * tests_changed), 6)
+        return round(max(0.0, 0.9 * fixed - 0.45 * broken - 0.45 * tests_changed), 6)
 
     def potentials(self, task: TaskSpec, steps: list[Step]) -> list[float]:
-        """Φ before the first step and after each, replaying `edit_file` calls on the files
-        (edits made by commands run through `run` are not seen here)."""
+        """Φ before the first step and after each. Before the submit, `potential` of the files as
+        the `edit_file` calls leave them (edits made by commands run through `run` are not seen
+        here); from the submit on, the verdict: 1.0 for a verified success, else 0.0."""
         files, checks = dict(task.initial_state["files"]), facts(task)
-        out = [self.potential(task, files, False, checks)]
-        submitted = False
-        for step in steps:
-            call = step.tool_call
-            if call is not None and step.error is None and not submitted:
-                if call.name == "edit_file":
-                    files = _apply_edit(files, call)
-                elif call.name == "submit":
-                    submitted = True
-            out.append(self.potential(task, files, submitted, checks))
+        out = [self.potential(task, files, checks)]
+        ended = False
+        for i, step in enumerate(steps):
+            call = step.tool_call if step.error is None else None
+            if not ended and call is not None and call.name == "submit":
+                ended = True
+                out.append(1.0 if self._succeeded(task, steps[:i + 1]) else 0.0)
+            elif not ended and call is not None and call.name == "edit_file":
+                files = _apply_edit(files, call)
+                out.append(self.potential(task, files, checks))
+            else:
+                out.append(out[-1])
         return out
+
+    def _succeeded(self, task: TaskSpec, steps: list[Step]) -> bool:
+        """The verdict of the episode ending with `steps`: the one given when it ended (kept per
+        episode's calls), else the steps replayed and judged now."""
+        with _CACHE_LOCK:
+            known = _VERDICTS.get(self._episode_key(task, steps))
+        if known is not None:
+            return known
+        report = self.verify(task, steps)
+        if "env_fault" in report.checks:
+            raise EnvFault(f"could not judge the submission for the progress potential: "
+                           f"{report.checks['env_fault'].reasons}")
+        return report.success
+
+    def _episode_key(self, task: TaskSpec, steps: list[Step]) -> tuple[str, str, str]:
+        """The calls that reached the world up to the first submit that did: the replay's input."""
+        calls = []
+        for step, call in zip(steps, calls_of(steps)):
+            calls.append(None if call is None else [call.name, call.arguments])
+            if call is not None and call.name == "submit" and step.error is None:
+                break
+        return self.version, task.task_id, content_hash(calls, 32)
 
 
 def _apply_edit(files: dict[str, str], call: ToolCall) -> dict[str, str]:
-    path, old = call.arguments.get("path", ""), call.arguments.get("old", "")
+    """`files` after an `edit_file` call the tool accepted, its path read as the tool reads it."""
+    try:
+        path = normalize_path(call.arguments.get("path", ""))
+    except PathError:
+        return files
+    old = call.arguments.get("old", "")
+    call = ToolCall(name=call.name, arguments={**call.arguments, "path": path})
     if old == "":
         return {**files, path: call.arguments.get("new", "")}
     return apply_edits(files, [call]) or files

@@ -339,7 +339,9 @@ def test_hostile_attempts_on_the_grader_do_not_change_the_grade():
                    "do echo 'def test_x(): pass' > $f; done; mkdir -p hidden && echo 'x' > hidden/test_hidden_x.py"]),
               ToolCall(name="edit_file", arguments={"path": "runner.py", "old": "", "new": "print('all passed')"})]
     task, honest = hostile(tamper + fix, task=task, seed=5)
-    assert honest.termination == Termination.success  # the fix is real; the tampering changed nothing
+    outcome = honest.outcome  # the fix is real and graded as such; only the files the tampering left fail it
+    assert outcome.completed and not outcome.regression and outcome.checks["hidden_tests"].passed
+    assert outcome.side_effects == ["added hidden/test_hidden_x.py", "added runner.py"] and not outcome.success
     module = task.hidden.checks["bugs"][0]["file"]
     forged = "\nprint('00000000000000000000000000000000 {\"hidden/x.py::test_x\": true}')\n"
     task, cheat = hostile(tamper + [run(["sh", "-c", f"printf '{forged}' >> {module}"])], task=task, seed=6)

@@ -159,9 +159,11 @@ def test_honest_prints_and_workspace_files_named_like_startup_modules_do_not_spo
         *[ToolCall(name="edit_file", arguments={"path": name, "old": "", "new": exits})
           for name in ("sitecustomize.py", "usercustomize.py", "json.py", "hashlib.py")], SUBMIT])
     report = CodingVerifier().verify(task, steps, state)
-    assert report.success and report.completed and report.checks["visible_tests"].passed
-    assert report.side_effects == [f"added {n}" for n in ("hashlib.py", "json.py", "sitecustomize.py",
-                                                         "usercustomize.py")]
+    assert report.completed and not report.regression and report.checks["visible_tests"].passed
+    added = [f"added {n}" for n in ("hashlib.py", "json.py", "sitecustomize.py", "usercustomize.py")]
+    assert report.side_effects == added and not report.success  # the grade is sound; the extra files fail it
+    assert [r for r in report.reasons if r.startswith("side effect")] == [
+        f"side effect: {a}, which the task does not ask for" for a in added]
 
 
 def test_outcome_records_stay_small_whatever_the_number_of_files_created(task):

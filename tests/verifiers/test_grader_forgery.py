@@ -236,7 +236,9 @@ BYTE_EXACT = ("import os as _os\nwith open(_os.path.join(_os.path.dirname(__file
 def test_a_submission_s_bytes_reach_the_grader_exactly_whatever_they_decode_to():
     task = task_for("ledger")
     rollout = episode(task, [BLOBS, prepend(task, BYTE_EXACT)] + fixes(task))
-    assert rollout.termination == Termination.success, rollout.termination_reason
+    outcome = rollout.outcome  # every test passes; the files the package does not ship are side effects
+    assert outcome.completed and not outcome.regression, rollout.termination_reason
+    assert outcome.side_effects == ["added blob1.bin", "added blob2.bin", "added ledger/data.bin"]
     assert episode(task, [BLOBS]).termination == Termination.failure
 
 
