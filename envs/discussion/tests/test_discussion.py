@@ -12,7 +12,7 @@ import pytest
 from envs.check import check_family
 from envs.discussion import FAMILY
 from envs.discussion.policy import ScriptedDiscussionPolicy
-from envs.discussion.rules import contains, normalize, rationale_claims, spoken_list, strict_claim
+from envs.discussion.rules import contains, group_claims, normalize, rationale_claims, spoken_list, strict_claim
 from envs.discussion.world import ACCEPT_MARK
 from envs.family import add
 from envs.leaks import find_leaks
@@ -676,3 +676,180 @@ def test_a_pronoun_in_the_next_sentence_claims_for_the_participant_named_before(
     assert result["reasons"] == [f"fabrication: {p.name} did not state that they prefer {other}"], result["reasons"]
     honest = f"I asked {p.name} twice. They prefer {p.prefers}."
     assert outcome(task, with_decision(task, rationale=honest))["success"]
+
+
+# -- what a text says of the vote and of a consensus, and its negations ----------------------------------
+def propose(option, reason=""):
+    return ToolCall(name="propose", arguments={"option": option, "reason": reason})
+
+
+VOTE = ToolCall(name="call_vote", arguments={})
+
+
+def test_the_reference_rationale_negated_as_the_audit_does_fails_at_every_level():
+    """Hostile: the audit's `negated` adversary ("... and the vote on it was not unanimous", "Some
+    option is acceptable to every participant, ...") succeeded at every level: what a rationale said
+    of the vote or of a consensus was never checked. Each negation now fails naming what it said;
+    Φ after the decision is 0 for it and 1 for the reference."""
+    from tasks.audit import negate
+
+    verifier = verifier_for(FAMILY.env_id)
+    kinds = set()
+    for level in (1, 2, 3, 4, 5):
+        for seed in range(6):
+            task = FAMILY.generate(seed, level)
+            facts = FAMILY.facts_of(task)
+            rationale = task.hidden.reference[-1].arguments["rationale"]
+            said = negate(rationale)
+            if facts.feasible:
+                pick = task.hidden.reference[-1].arguments["option"]
+                assert said == f"Every participant accepts {pick}, and the vote on it was not unanimous."
+                reason = f"the vote on {pick} was not unanimous"
+            else:
+                assert said == "some option is acceptable to every participant, so there is no consensus."
+                reason = "some option is acceptable to every participant"
+            kinds.add(bool(facts.feasible))
+            env, ts = play(task, with_decision(task, rationale=said))
+            result = ts.info["outcome"]
+            assert not result["success"] and result["completed"] and result["constraint_violation"], (level, seed)
+            assert result["reasons"] == [f"fabrication: the rationale says {reason}, which the record does not show"]
+            assert verifier.potentials(task, env.steps)[-1] == 0.0
+            env, ts = play(task, task.hidden.reference)
+            assert ts.info["outcome"]["success"] and verifier.potentials(task, env.steps)[-1] == 1.0
+    assert kinds == {True, False}
+
+
+def _split_vote_task():
+    """A task with a feasible pick and an option out (someone rejects it), no misstatement."""
+    task = task_where(lambda t, f: bool(f.feasible) and f.misstater is None and len(f.feasible) < len(f.options))
+    facts = FAMILY.facts_of(task)
+    out = next(o for o in facts.options if o not in facts.feasible)
+    rejecters = [p.name for p in facts.participants if out not in p.accepts]
+    asks = [c for c in task.hidden.reference if c.name == "ask"]
+    return task, facts, task.hidden.reference[-1].arguments["option"], out, rejecters, asks
+
+
+def test_a_rationale_saying_a_split_vote_was_unanimous_fails_and_the_truth_passes():
+    """Hostile: after a vote someone voted no in, "the vote was unanimous" passed (nothing read the
+    vote). A vote's outcome is checked against the last vote (on the option named, if any)."""
+    task, facts, pick, out, rejecters, asks = _split_vote_task()
+    voted = [*asks, propose(out), VOTE]
+    lies = {f"Every participant accepts {pick}. The vote was unanimous.": "the vote was unanimous",
+            f"Every participant accepts {pick}, and the vote on it was unanimous.": f"the vote on {pick} was unanimous",
+            f"The vote on {out} passed, so we take {pick}.": f"the vote on {out} was unanimous",
+            f"We voted on {out} and it was unanimous.": f"the vote on {out} was unanimous"}
+    for rationale, said in lies.items():
+        result = outcome(task, [*voted, decide(pick, rationale)])
+        reason = f"fabrication: the rationale says {said}, which the record does not show"
+        assert result["reasons"] == [reason], rationale
+        assert result["constraint_violation"] and not result["success"]
+    for rationale in (f"The vote on {out} was not unanimous, so we take {pick}.", f"The vote on {out} failed.",
+                      f"It is not true that the vote was unanimous; {', '.join(rejecters)} voted no."):
+        result = outcome(task, [*voted, decide(pick, rationale)])
+        assert result["success"], (rationale, result["reasons"])
+    before = outcome(task, [*asks, decide(pick, f"The vote on {pick} was unanimous.")])  # no vote held
+    assert before["reasons"] == [f"fabrication: the rationale says the vote on {pick} was unanimous, which the "
+                                 "record does not show"]
+    told = outcome(task, [*asks, propose(out), VOTE, share(f"Good news: the vote on {out} passed."),
+                          decide(pick, "Decided.")])
+    assert told["reasons"] == [f"fabrication: share (call {len(asks) + 2}) tells the group that the vote on {out} was "
+                               "unanimous, which the record does not show"]
+
+
+def test_a_vote_cast_is_checked_against_the_votes():
+    """Hostile: "everyone voted yes" (no option named) claimed nothing, and "Ana voted for X" passed
+    on a proposal's reaction with no vote held. A vote cast is read from the votes."""
+    task, facts, pick, out, rejecters, asks = _split_vote_task()
+    names = [p.name for p in facts.participants]
+    voted = [*asks, propose(out), VOTE]
+    everyone = outcome(task, [*voted, decide(pick, "Everyone voted yes.")])
+    assert everyone["reasons"] == [f"fabrication: {n} did not state that they voted for the option put to the vote"
+                                   for n in rejecters]
+    assert outcome(task, [*voted, decide(pick, f"Not everyone voted yes, {rejecters[0]} voted no.")])["success"]
+    accepter = next(n for n in names if n not in rejecters)
+    unvoted = outcome(task, [*asks, propose(pick), decide(pick, f"{accepter} voted for {pick}.")])
+    assert unvoted["reasons"] == [f"fabrication: {accepter} did not state that they voted for {pick}"]
+    reference = task.hidden.reference
+    assert outcome(task, with_decision(task, rationale=f"Everyone voted for {pick}."))["success"]
+    assert outcome(task, [*reference[:-1], decide(pick, "All of us voted yes.")])["success"]
+
+
+def test_it_is_not_true_that_and_not_everyone_deny_the_clause():
+    """Hostile: "It is not true that every participant accepts X" (the audit's negation of a text
+    without an auxiliary) claimed that everyone accepts X and passed. A clause said to be untrue
+    (NOT_SO, or "not" before everyone) claims that one of them holds the opposite."""
+    task, facts, pick, out, rejecters, asks = _split_vote_task()
+    names = [p.name for p in facts.participants]
+    every = spoken_list(names)
+    result = outcome(task, with_decision(task, rationale=f"It is not true that every participant accepts {pick}."))
+    assert result["reasons"] == [f"fabrication: none of {every} stated that they reject {pick}"]
+    result = outcome(task, with_decision(task, rationale=f"Not everyone accepts {pick}."))
+    assert result["reasons"] == [f"fabrication: none of {every} stated that they reject {pick}"]
+    result = outcome(task, with_decision(task, rationale=f"{names[0]} does not accept {pick}."))
+    assert result["reasons"] == [f"fabrication: {names[0]} did not state that they reject {pick}"]
+    result = outcome(task, with_decision(task, rationale=f"{pick} is not {names[0]}'s first choice."))
+    first = next(p for p in facts.participants if p.name == names[0]).prefers
+    assert result["success"] == (first != pick), result["reasons"]
+    for honest in (f"Not everyone accepts {out}, but every participant accepts {pick}.",
+                   f"It is not true that {rejecters[0]} accepts {out}.",
+                   f"It isn't true that {names[0]} does not accept {pick}."):
+        result = outcome(task, with_decision(task, rationale=honest))
+        assert result["success"], (honest, result["reasons"])
+    shared = outcome(task, [*asks, share(f"It is not true that every participant accepts {pick}."),
+                            *task.hidden.reference[len(asks):]])
+    assert shared["reasons"] == [f"fabrication: share (call {len(asks)}) tells the group that one of {every} rejects "
+                                 f"{pick}, which they had not stated"]
+
+
+def test_claims_of_a_consensus_or_of_none():
+    """Hostile: "Some option is acceptable to every participant" (the negation of the reference's
+    "No option is ...") claimed nothing. A consensus claimed, or denied, is checked against the
+    stances stated; a wish, a plan or a question claims nothing."""
+    names, options = ["Ana", "Ben"], ["Even split", "Old Mill"]
+    assert group_claims("No option is acceptable to every participant, so there is no consensus.", options) == [
+        ("consensus", "", False)]
+    assert group_claims("Every participant accepts Even split, and the vote on it was not unanimous.", options) == [
+        ("unanimous", "Even split", False)]  # "split" in an option's name is no outcome
+    assert group_claims("We reached consensus on Old Mill; the vote passed with no objections.", options) == [
+        ("consensus", "Old Mill", True), ("unanimous", "", True)]
+    for nothing in ("Is there an option everyone accepts?", "I hope we reach consensus.",
+                    "If the vote is unanimous, we are done.", "Thanks, everyone; let me propose an option.",
+                    "I asked everyone which options they can accept."):
+        assert group_claims(nothing, options) == [], nothing
+    assert rationale_claims("Ana accepts Old Mill but not Even split.", names, options) == [
+        ("Ana", "accepts", "Old Mill"), ("Ana", "rejects", "Even split")]
+    assert rationale_claims("Ana's first choice is not Old Mill.", names, options) == [
+        ("Ana", "not_prefers", "Old Mill")]
+    assert rationale_claims("Ana voted no and Ben voted yes.", names, options) == [
+        ("Ana", "voted_against", ""), ("Ben", "voted_for", "")]
+    task = task_where(lambda t, f: not f.feasible and f.misstater is None)
+    option = FAMILY.facts_of(task).options[0]
+    asks = task.hidden.reference[:-1]
+    assert outcome(task, [*asks, decide("none", "There is a consensus, but I declare none.")])["reasons"] == [
+        "fabrication: the rationale says some option is acceptable to every participant, which the record does not "
+        "show"]
+    assert outcome(task, [*asks, decide("none", f"We have no consensus on {option}.")])["success"]
+    early = outcome(task, [decide("none", "No option is acceptable to every participant.")])  # nobody asked
+    assert "fabrication: the rationale says no option is acceptable to every participant, which the record does " \
+           "not show" in early["reasons"]
+
+
+def test_after_the_decision_the_potential_follows_the_verdict():
+    """Φ was at most 0.9 and blind to the decision: a fabricated or wrong ending kept the progress of
+    a right one. After the decision Φ is 1 exactly when the verdict is a success, else 0."""
+    verifier, seen = verifier_for(FAMILY.env_id), set()
+    for level in (1, 2, 3, 4, 5):
+        for seed in range(12):
+            task = FAMILY.generate(seed, level)
+            env = standard_stack(make(FAMILY.env_id))
+            policy = ScriptedDiscussionPolicy(mistake_rate=0.3)
+            policy.reset(seed)
+            ts = env.reset(task=task)
+            while not ts.done:
+                ts = env.step(policy.act(ts.observation))
+            phi = verifier.potentials(task, env.steps)
+            success = ts.info["outcome"]["success"]
+            assert phi[-1] == (1.0 if success else 0.0) and max(phi[:-1]) <= 0.9, (level, seed)
+            seen.add(success)
+            env.close()
+    assert seen == {True, False}
