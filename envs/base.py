@@ -182,15 +182,29 @@ class ToolEnv(AgentEnv):
             error=info["error"]["kind"] if info["error"] else None))
         self._observation = observation
         terminated = self.is_finished(self._state)
-        reward = 0.0
+        ts = TimeStep(observation, 0.0, terminated, False, info)
         if terminated:
             self._done = True
             if self.outcome_fn is not None:
-                try:
-                    reward, info["outcome"] = self.outcome_fn(self.task, list(self._steps), self._final_state())
-                except Exception as exc:  # a grader bug is not the agent's failure
-                    info["verifier_error"] = f"{type(exc).__name__}: {exc}"
-        return TimeStep(observation, reward, terminated, False, info)
+                if self.defer_grading:
+                    info["grade_pending"] = True
+                else:
+                    self.grade(ts)
+        return ts
+
+    # Set by the runtime's time limit (envs.wrappers.TimeLimit), which then calls `grade` itself on
+    # the grader's own clock: grading is no part of the agent's step. Alone, an env grades in `step`.
+    defer_grading = False
+
+    def grade(self, ts: TimeStep) -> TimeStep:
+        """The verdict on the episode that `ts` (the step that ended it) ended: its reward and
+        `outcome`, or `verifier_error` where the grader raised (a grader bug is not the agent's failure)."""
+        ts.info.pop("grade_pending", None)
+        try:
+            ts.reward, ts.info["outcome"] = self.outcome_fn(self.task, list(self._steps), self._final_state())
+        except Exception as exc:
+            ts.info["verifier_error"] = f"{type(exc).__name__}: {exc}"
+        return ts
 
     def _final_state(self) -> dict[str, Any]:
         """The state handed to the outcome function: a copy (`state()`), or the live state itself

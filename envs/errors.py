@@ -22,6 +22,14 @@ Boundaries, and what a failure there is:
   -> `inference_fault`, retried like an env fault; any other exception a policy raises ->
   `policy_error`. None is a model outcome. A context-length rejection truncates the episode.
 
+Time and tokens are attributed the same way, by whose clock ran out (envs.wrappers.TimeLimit):
+the environment's (a step past its limit, or the steps together past the episode's) is an
+environment fault (`env_fault`); the grader's (the verdict or the progress potential past its
+own budget, run outside the agent's step) is a grader fault (`grader_fault`), both retried and
+out of every statistic; the agent's own (the time outside steps and grading, the tokens it
+reports) is the model's outcome, `truncated`, so a policy cannot stall its way out of the
+statistics. The endpoint's latency is the inference fault above only where its client raises it.
+
 `boundary(where, allowed)` applies this inside the env runtime (the action's checks, each tool):
 inside it, only the exceptions that code at that boundary raises on purpose pass through;
 anything else becomes an `EnvBug` naming the boundary and the line that raised. The rollout
@@ -57,7 +65,8 @@ class ErrorKind(str, Enum):
     # not the agent's doing
     env_fault = "env_fault"
     env_bug = "env_bug"
-    timeout = "timeout"  # the runtime's step / episode clock (envs.wrappers.TimeLimit), not a tool's
+    timeout = "timeout"  # a clock of the runtime (envs.wrappers.TimeLimit) ran out, not a tool's
+    token_budget = "token_budget"  # the policy's turn went past its token budget: the action was not run
 
 
 AGENT_INPUT = frozenset({

@@ -9,7 +9,7 @@ import math
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from envs.errors import InvalidTask
 
@@ -66,6 +66,9 @@ class Termination(str, Enum):
     policy_error = "policy_error"
     constraint_violation = "constraint_violation"
     verifier_error = "verifier_error"
+    # Grading (the verdict at the episode's end, the live progress potential) ran past the
+    # grader's own time budget: a fault, retried like env_fault, never the agent's (envs.wrappers.TimeLimit).
+    grader_fault = "grader_fault"
 
 
 class Source(Record):
@@ -78,13 +81,35 @@ class Source(Record):
 
 
 class Budget(Record):
-    """Limits the runtime enforces for an episode (not merely rewards)."""
+    """Limits the runtime enforces for an episode (not merely rewards), each charged to whoever
+    spent it (envs.wrappers.TimeLimit): `step_timeout_s` bounds each step's environment time and
+    `episode_timeout_s` both the environment's time in all steps and, apart, the agent's own time
+    (outside steps and grading); where the policy reports its tokens, `max_turn_tokens` and
+    `max_episode_tokens` bound them; `grade_timeout_s` is the grader's budget per verdict or
+    potential (None: `TimeLimit.GRADE_TIMEOUT_S`)."""
 
     max_steps: int = 20
     max_tool_calls: int = 20
     step_timeout_s: float = 10.0
     episode_timeout_s: float = 120.0
     max_action_chars: int = 8192
+    max_turn_tokens: int | None = Field(default=None, ge=1)
+    max_episode_tokens: int | None = Field(default=None, ge=1)
+    grade_timeout_s: float | None = Field(default=None, gt=0)
+
+    @model_serializer(mode="wrap")
+    def _unset_limits_left_out(self, handler: Any) -> Any:
+        # Limits added after tasks were first hashed are left out while unset, so a task's
+        # content (its id) and a rollout's identity stay what they were.
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in _LATER_LIMITS:
+                if data.get(name, 0) is None:
+                    del data[name]
+        return data
+
+
+_LATER_LIMITS = ("max_turn_tokens", "max_episode_tokens", "grade_timeout_s")
 
 
 class Difficulty(Record):
@@ -572,8 +597,10 @@ class TaskRejection(Record):
     reason: str
 
 
-# Classes decided by what the model did. The others (env_fault, env_bug, inference_fault, timeout,
-# policy_error, verifier_error) say nothing about its skill: never a model failure, never in a success rate.
+# Classes decided by what the model did (its own time and tokens running out is `truncated`). The
+# others (env_fault, env_bug, inference_fault, grader_fault, policy_error, verifier_error, and
+# `timeout` of rollouts recorded before time was attributed) say nothing about its skill: never a
+# model failure, never in a success rate.
 MODEL_OUTCOMES = frozenset({Termination.success, Termination.failure, Termination.constraint_violation,
                             Termination.truncated})
 
@@ -587,7 +614,8 @@ class RetryPolicy(Record):
     backoff_s: float = Field(default=0.5, ge=0)
     backoff_factor: float = Field(default=2.0, ge=1)
     max_backoff_s: float = Field(default=30.0, ge=0)
-    retry_on: list[Termination] = Field(default_factory=lambda: [Termination.env_fault, Termination.inference_fault])
+    retry_on: list[Termination] = Field(default_factory=lambda: [Termination.env_fault, Termination.inference_fault,
+                                                                 Termination.grader_fault])
     on_exhausted: Literal["skip", "fail"] = "skip"
 
     @model_validator(mode="after")

@@ -16,13 +16,16 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from functools import partial
 from typing import Any, ClassVar
 
-from envs.base import AgentEnv, render_error
+from envs.base import AgentEnv, ToolEnv, render_error
 from envs.errors import ErrorKind
 from envs.parsing import ActionError, parse_action, storable_text
 from envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory, make_step
 from envs.timestep import TimeStep
 
-TIMEOUT = ErrorKind.timeout.value  # the runtime's clock: the step's error kind and the termination
+TIMEOUT = ErrorKind.timeout.value  # a clock of the runtime ran out (the step's error kind)
+TOKEN_BUDGET = ErrorKind.token_budget.value
+# Whose time ran out, as the episode's end says it (`info["termination"]`, read by tasks.classify).
+ENV_FAULT, GRADER_FAULT, TRUNCATED = "env_fault", "grader_fault", "truncated"
 
 
 class Wrapper(AgentEnv):
@@ -67,29 +70,62 @@ def _end(observation: str, termination: str, reason: str, info: dict | None = No
     return TimeStep(observation, 0.0, False, True, info)
 
 
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
+
+
 class TimeLimit(Wrapper):
-    """Step limit and wall-clock limits (per step and per episode), defaulting to the task's
-    budget. A step that overruns is abandoned while it runs: the caller gets a truncated
-    TimeStep at the deadline and the episode is over."""
+    """The episode's limits (defaulting to the task's budget), each charged to whoever spent it:
+
+    - steps: past `max_steps` the episode is `truncated`.
+    - the environment's time: each step within `step_timeout_s`, all steps together within
+      `episode_timeout_s`. A step past either is abandoned while it runs, the caller gets the
+      episode's end at the deadline, and the attempt is an environment fault (`env_fault`:
+      retried, out of every statistic): a slow tool or world is not the agent's doing.
+    - the agent's own time: whatever passes outside the steps and the grading (a policy thinking,
+      a harness between its calls), within `episode_timeout_s`; `deadline` is when it runs out
+      (each step and grading moves it later by what they took). Past it, the next step is not
+      run and the episode ends `truncated`, a model outcome: stalling never takes an attempt out
+      of the statistics.
+    - tokens, where the policy reports them (`step(action, tokens=n)`, as `Recorder` passes them):
+      a turn over `max_turn_tokens`, or the episode over `max_episode_tokens`, is not run and the
+      episode ends `truncated`.
+    - grading: the verdict of the step that ends the episode (the env leaves it to this wrapper:
+      `ToolEnv.defer_grading`) and whatever `grading(fn)` runs (the live progress potential, a
+      verdict after the episode) get `grade_timeout_s` each, on a clock of their own, outside the
+      two above. Past it, a grader fault (`grader_fault`: retried, out of every statistic), never
+      the agent's."""
+
+    GRADE_TIMEOUT_S = 120.0  # the grader's time per call where neither the limits nor the task say
 
     def __init__(self, env: AgentEnv, max_steps: int | None = None, step_timeout_s: float | None = None,
-                 episode_timeout_s: float | None = None):
+                 episode_timeout_s: float | None = None, *, max_turn_tokens: int | None = None,
+                 max_episode_tokens: int | None = None, grade_timeout_s: float | None = None):
         super().__init__(env)
-        self._limits = (max_steps, step_timeout_s, episode_timeout_s)
+        self._limits = (max_steps, step_timeout_s, episode_timeout_s, max_turn_tokens, max_episode_tokens,
+                        grade_timeout_s)
         self._over = False
         self._worker: StepWorker | None = None  # taken from the idle ones at the first step
         self._watch: _Lane | None = None  # set by `play_watched` for its episode in progress
+        self._graded: TimeStep | None = None  # the step whose verdict is being computed
 
     def reset(self, task=None, seed=None) -> TimeStep:
         ts = self.env.reset(task=task, seed=seed)
         budget = self.task.budget
-        max_steps, step_timeout, episode_timeout = self._limits
-        self.max_steps = max_steps if max_steps is not None else budget.max_steps
-        self.step_timeout_s = step_timeout if step_timeout is not None else budget.step_timeout_s
-        self.deadline = time.monotonic() + (episode_timeout if episode_timeout is not None
-                                            else budget.episode_timeout_s)
-        self.steps_taken = 0
+        max_steps, step_timeout, episode_timeout, turn_tokens, episode_tokens, grade_timeout = self._limits
+        self.max_steps = _first(max_steps, budget.max_steps)
+        self.step_timeout_s = _first(step_timeout, budget.step_timeout_s)
+        self.episode_timeout_s = _first(episode_timeout, budget.episode_timeout_s)
+        self.max_turn_tokens = _first(turn_tokens, budget.max_turn_tokens, math.inf)
+        self.max_episode_tokens = _first(episode_tokens, budget.max_episode_tokens, math.inf)
+        self.grade_timeout_s = _first(grade_timeout, budget.grade_timeout_s, self.GRADE_TIMEOUT_S)
+        self.env_time_left_s = self.episode_timeout_s
+        self.deadline = time.monotonic() + self.episode_timeout_s
+        self.steps_taken = self.tokens = 0
         self._over = False
+        self._graded = None
+        if isinstance(self.unwrapped, ToolEnv):
+            self.unwrapped.defer_grading = True  # the verdict runs on the grader's clock (`_grade`)
         return ts
 
     def close(self) -> None:
@@ -98,47 +134,113 @@ class TimeLimit(Wrapper):
             self._worker = None
         self.env.close()
 
-    def step(self, action) -> TimeStep:
+    def step(self, action, tokens: int | None = None) -> TimeStep:
         if self._over:
             raise RuntimeError("the episode is over; call reset()")
-        timeout = min(self.step_timeout_s, self.deadline - time.monotonic())
+        if time.monotonic() >= self.deadline:
+            return self._refuse(TIMEOUT, f"the policy's own time ran out: its time limit of "
+                                         f"{self.episode_timeout_s:.3g}s (outside the environment's steps and "
+                                         "grading) was reached; this action was not run")
+        if tokens is not None:
+            self.tokens += tokens
+            if tokens > self.max_turn_tokens:
+                return self._refuse(TOKEN_BUDGET, f"the policy's turn of {tokens} tokens is over its budget of "
+                                                  f"{self.max_turn_tokens} per turn; this action was not run")
+            if self.tokens > self.max_episode_tokens:
+                return self._refuse(TOKEN_BUDGET, f"the policy's {self.tokens} tokens are over its budget of "
+                                                  f"{self.max_episode_tokens} per episode; this action was not run")
+        timeout = min(self.step_timeout_s, self.env_time_left_s)
         if timeout <= 0:
-            self._over = True
-            reason = "episode time limit reached"
-            return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
-                        {"error": {"kind": TIMEOUT, "message": reason}})
-        watch = self._watch
-        if watch is not None:  # a watched episode: the step runs here (Abandoned if its thread was)
-            return self._after(watch.run_step(self.env.step, action, timeout))
-        if self._worker is None:
-            self._worker = StepWorker.take()
-        finished, ts = self._worker.run(lambda: self.env.step(action), timeout)
+            return self.overran(0.0)
+        finished, ts = self._timed(lambda: self.env.step(action), timeout, "step")
         if not finished:
-            self._worker = None  # it may still be running the abandoned step: never reused
-            return self.overran(timeout)
-        return self._after(ts)
-
-    def _after(self, ts: TimeStep) -> TimeStep:
+            return ts
         self.steps_taken += 1
+        if ts.info.get("grade_pending"):
+            ts = self._grade(ts)
+            if self._over:
+                return ts
         if not ts.done and self.steps_taken >= self.max_steps:
             ts.truncated = True
-            ts.info.update(termination="truncated", termination_reason=f"step limit {self.max_steps} reached")
+            ts.info.update(termination=TRUNCATED, termination_reason=f"step limit {self.max_steps} reached")
         self._over = ts.done
         return ts
 
-    def overran(self, timeout: float) -> TimeStep:
-        """The episode's end when the step in progress, given `timeout` seconds, is abandoned."""
-        self.steps_taken += 1
+    def grading(self, fn: Callable[[], Any]) -> tuple[bool, Any]:
+        """(True, fn()) with `fn` (grader work: the live progress potential, a verdict asked after
+        the episode) run on the grader's clock, outside the agent's; (False, the episode's end, a
+        grader fault) when it ran past `grade_timeout_s`. In a watched episode the watcher ends it."""
+        return self._timed(fn, self.grade_timeout_s, "grade")
+
+    def _grade(self, ts: TimeStep) -> TimeStep:
+        """The verdict of the step `ts` that ended the episode, on the grader's clock."""
+        self._graded = ts
+        _, graded = self._timed(lambda: self.unwrapped.grade(ts), self.grade_timeout_s, "verdict")
+        self._graded = None
+        return graded
+
+    def _timed(self, fn: Callable[[], Any], timeout: float, kind: str) -> tuple[bool, Any]:
+        """(True, fn()) if it returned within `timeout`, else (False, `overran(timeout, kind)`): run
+        under the watcher's eye in a watched episode, else handed to this stack's worker thread. The
+        time it took is not the agent's: the agent's deadline moves by it, and a step's comes off
+        the environment's time."""
+        started = time.monotonic()
+        try:
+            watch = self._watch
+            if watch is not None:  # the watcher ends the episode itself (Abandoned here) if fn overruns
+                return True, watch.run_step(fn, timeout, kind)
+            if self._worker is None:
+                self._worker = StepWorker.take()
+            finished, value = self._worker.run(fn, timeout)
+            if not finished:
+                self._worker = None  # it may still be running the abandoned call: never reused
+                return False, self.overran(timeout, kind)
+            return True, value
+        finally:
+            spent = time.monotonic() - started
+            self.deadline += spent
+            if kind == "step":
+                self.env_time_left_s -= spent
+
+    def _refuse(self, kind: str, reason: str) -> TimeStep:
+        """The end of an episode whose agent ran out of its own time or tokens: that action is not run."""
         self._over = True
-        which = "step" if timeout == self.step_timeout_s else "episode"
-        reason = f"{which} time limit of {timeout:.3g}s reached during the step"
-        return _end(render_error(None, TIMEOUT, reason), TIMEOUT, reason,
-                    {"error": {"kind": TIMEOUT, "message": reason}})
+        return _end(render_error(None, kind, reason), TRUNCATED, reason, {"error": {"kind": kind, "message": reason}})
+
+    def overran(self, timeout: float, kind: str = "step") -> TimeStep:
+        """The episode's end when the call in progress (`kind`: a "step", the "verdict" of the step
+        that ended the episode, other "grade" work), given `timeout` seconds, is abandoned."""
+        self._over = True
+        if kind == "step":
+            self.steps_taken += 1
+            which = "step" if timeout == self.step_timeout_s else "episode"
+            reason = (f"environment fault: the environment's {which} time limit of {timeout:.3g}s reached during "
+                      "the step")
+            return _end(render_error(None, TIMEOUT, reason), ENV_FAULT, reason,
+                        {"error": {"kind": TIMEOUT, "message": reason}})
+        reason = f"grader fault: grading ran past its {timeout:.3g}s budget"
+        if kind == "verdict":  # the step stands as the world answered it; its verdict never came
+            ended = self._graded
+            info = {k: v for k, v in ended.info.items() if k not in ("grade_pending", "outcome", "verifier_error")}
+            return TimeStep(ended.observation, 0.0, ended.terminated, ended.truncated,
+                            {**info, "termination": GRADER_FAULT, "termination_reason": reason})
+        return _end(render_error(None, TIMEOUT, reason), GRADER_FAULT, reason)
+
+
+def grading(env: AgentEnv, fn: Callable[[], Any]) -> tuple[bool, Any]:
+    """`fn` (grader work during or after an episode of `env`) on the grader's clock of the
+    stack's TimeLimit (`TimeLimit.grading`); run here, untimed, in a stack without one."""
+    limit = env
+    while not isinstance(limit, TimeLimit):
+        limit = getattr(limit, "env", None)
+        if limit is None:
+            return True, fn()
+    return limit.grading(fn)
 
 
 class Abandoned(BaseException):
     """Raised in a watched episode's thread by a step that returns after its watcher abandoned it:
-    the stack has already ended the episode with a timeout (and the plays left go on in another
+    the stack has already ended the episode at the deadline (and the plays left go on in another
     thread), so nothing more of this thread's work may run or be recorded. A BaseException, so no
     `except Exception` of the episode's loop takes it for the env's or the policy's error."""
 
@@ -148,7 +250,7 @@ def run_watched(env: AgentEnv, loop: Callable[[], Any]) -> tuple[bool, Any]:
     time limit enforced during each step as `TimeLimit` enforces it, without handing every step to
     another thread: one play of `play_watched`. (True, loop()'s value) when it ends (what it raised
     is raised here); (False, ts) when a step overran its deadline: that step is abandoned while it
-    runs, the stack has ended the episode as `TimeLimit` does (`Recorder` recorded the timeout
+    runs, the stack has ended the episode as `TimeLimit` does (`Recorder` recorded the overrun
     step) and `ts` is what `step` returned. `env` is `TimeLimit(...)` or `Recorder(TimeLimit(...))`
     (the standard stack); any other stack runs `loop()` in this thread (its TimeLimit, if any,
     hands each step over)."""
@@ -175,7 +277,7 @@ def play_watched(plays: Iterable[Callable[[], Any]]) -> list[Any]:
     generator is played: each `(env, loop)` it yields is one episode whose loop runs at once in
     that thread, steps inline, its time limit enforced as `run_watched` says, and the generator
     gets back (True, loop()'s value), or what the loop raised thrown in, or (False, ts) when a step
-    overran: the episode has ended with the stack's timeout step, its thread is abandoned while
+    overran: the episode has ended with the stack's end for the overrun, its thread is abandoned while
     the step runs (`Abandoned` there if it ever returns), and the play, then the plays left, go on
     in a fresh thread. What the generator returns is the play's result. The first error a play
     raises is raised here; the plays after it do not run. Interrupted while watching (Ctrl-C),
@@ -212,8 +314,8 @@ class _Lane:
         self.play: Generator | None = None  # the play suspended at the episode in progress
         self.episode: AgentEnv | None = None  # that episode's stack
         self.sent: Any = None  # what a fresh thread resumes `play` with (after an overrun)
-        self.step: tuple[float, float] | None = None  # (deadline, timeout) of the step in progress
-        self.timeout = math.inf  # the time limit of the last step that started
+        self.step: tuple[float, float, str] | None = None  # (deadline, timeout, kind) of the call in progress
+        self.timeout = math.inf  # the time limit of the last call that started
         self.wake_at = math.inf  # when the watcher looks next (it sleeps until then)
         self.done = False
         self.error: BaseException | None = None
@@ -234,12 +336,14 @@ class _Lane:
                         self.cond.wait(min(max(self.wake_at - now, 0.0), threading.TIMEOUT_MAX))
                     if self.done:
                         break
-                    timeout = self.step[1]
+                    _, timeout, kind = self.step
                     self._abandon()
-                worker.abandon()  # its thread ends when the abandoned step returns, if ever
+                worker.abandon()  # its thread ends when the abandoned call returns, if ever
                 limit, recorder = _watched(self.episode)
-                ts = limit.overran(timeout)
-                self.sent = (False, recorder.finish(ts) if recorder is not None else ts)
+                ts = limit.overran(timeout, kind)
+                if recorder is not None and kind in ("step", "verdict"):  # the step in progress ends here
+                    ts = recorder.finish(ts)
+                self.sent = (False, ts)
                 worker = StepWorker.take()  # a fresh thread resumes `self.play` with `self.sent`
                 job = worker.submit(partial(self._play_on, self.shift))
         except BaseException:  # interrupted while watching: the playing thread stops at its next step
@@ -352,19 +456,20 @@ class _Lane:
         finally:
             limit._watch = None
 
-    def run_step(self, step: Callable[[Any], TimeStep], action: Any, timeout: float) -> TimeStep:
-        """`step(action)` in this thread, in an empty `contextvars` context (as in a thread of its
-        own), under the watcher's eye: `Abandoned` if the watcher gave up on this thread meanwhile."""
+    def run_step(self, fn: Callable[[], Any], timeout: float, kind: str = "step") -> Any:
+        """`fn()` (a step of the episode's stack, or grading: `TimeLimit._timed`'s `kind`) in this
+        thread, in an empty `contextvars` context (as in a thread of its own), under the watcher's
+        eye: `Abandoned` if the watcher gave up on this thread meanwhile."""
         me = threading.get_ident()
         deadline = time.monotonic() + timeout
         with self.lock:
             if self.thread != me:
                 raise Abandoned()
-            self.step, self.timeout = (deadline, timeout), timeout
+            self.step, self.timeout = (deadline, timeout, kind), timeout
             if deadline < self.wake_at:  # the watcher sleeps past this deadline (a batch's first step)
                 self.cond.notify()
         try:
-            ts = contextvars.Context().run(step, action)
+            ts = contextvars.Context().run(fn)
         except BaseException:
             if self._end_step(me):
                 raise Abandoned() from None
@@ -577,7 +682,8 @@ class ObservationTruncation(Wrapper):
 
 class Recorder(Wrapper):
     """Records every step as a `Step` record, with latency and, when the policy gives them,
-    sampled token ids, logprobs and the policy version (never rebuilt from text)."""
+    sampled token ids, logprobs and the policy version (never rebuilt from text). The token
+    count of a turn goes to the TimeLimit below, which holds the policy's token budget."""
 
     def reset(self, task=None, seed=None) -> TimeStep:
         ts = self.env.reset(task=task, seed=seed)
@@ -588,6 +694,8 @@ class Recorder(Wrapper):
     def step(self, action, *, thought: str | None = None, token_ids: list[int] | None = None,
              logprobs: list[float] | None = None, policy_version: str | None = None) -> TimeStep:
         self._pending = pending = (action, thought, token_ids, logprobs, policy_version, time.perf_counter())
+        if token_ids is not None and isinstance(self.env, TimeLimit):
+            return self._record(pending, self.env.step(action, tokens=len(token_ids)))
         return self._record(pending, self.env.step(action))
 
     def finish(self, ts: TimeStep) -> TimeStep:
@@ -619,4 +727,5 @@ def standard_stack(env: AgentEnv, *, approver: Callable[[ToolCall], bool] | None
     if limits is None:
         return Recorder(TimeLimit(ToolBudget(guarded)))
     return Recorder(TimeLimit(ToolBudget(guarded, limits.max_tool_calls), limits.max_steps,
-                              limits.step_timeout_s, limits.episode_timeout_s))
+                              limits.step_timeout_s, limits.episode_timeout_s, max_turn_tokens=limits.max_turn_tokens,
+                              max_episode_tokens=limits.max_episode_tokens, grade_timeout_s=limits.grade_timeout_s))

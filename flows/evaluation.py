@@ -100,17 +100,24 @@ def evaluate(**params: Any) -> dict[str, Any]:
                   policy_version=rollouts[0].policy_version)
     if land:
         report["landed"] = land_evaluation(data_dir, rollouts, tasks)
-    logger.info("%s on %d held-out %s tasks: success %.1f%%", spec.model or spec.kind, len(tasks), family, 100 * report["success_rate"])
+    logger.info("%s on %d held-out %s tasks: success %s", spec.model or spec.kind, len(tasks), family,
+                _percent(report["success_rate"]))
     create_markdown_artifact(key="evaluation-report", markdown=render_report(report),
                              description="Held-out evaluation of a model")
     return report
 
 
+def _percent(rate: float | None) -> str:
+    """A rate as a percentage; "n/a" for one over no model outcome (never 0.0%)."""
+    return "n/a" if rate is None else f"{100 * rate:.1f}%"
+
+
 def render_report(report: dict[str, Any]) -> str:
+    excluded = ", ".join(f"{k}={v}" for k, v in report.get("excluded_by_class", {}).items()) or "none"
     lines = [f"# Evaluation of `{report['model'] or report['policy_id']}` on {report['family']}", "",
-             f"Success rate: **{100 * report['success_rate']:.1f}%** over {report['episodes'] - report['excluded']} "
-             f"model outcomes ({report['excluded']} of {report['episodes']} episodes excluded: environment faults "
-             f"and bugs, policy and verifier errors)", "",
+             f"Success rate: **{_percent(report['success_rate'])}** over {report['episodes'] - report['excluded']} "
+             f"model outcomes ({report['excluded']} of {report['episodes']} episodes excluded, by class: {excluded})",
+             "",
              "| level | success |", "|---|---|"]
     lines += [f"| {level} | {100 * rate:.1f}% |" for level, rate in report["by_level"].items()]
     for family, by_k in report.get("pass_at_k", {}).items():

@@ -316,7 +316,8 @@ def _arm_figures(run: dict[str, Any], first_stage: dict[str, Any] | None) -> dic
 def _render_loop(f: dict[str, Any]) -> str:
     lines = [f"# Closed loop on {f['family']}", "", f"SFT rows: {f['sft_rows']}, held-out episodes: "
              f"{f['heldout_episodes']}", "", "| model | held-out success | steps | train s |", "|---|---|---|---|",
-             f"| base (untrained) | {100 * f['heldout_before']:.1f}% | 0 | 0 |"]
+             "| base (untrained) | " + (f"{100 * f['heldout_before']:.1f}%" if f["heldout_before"] is not None else "-")
+             + " | 0 | 0 |"]
     lines += [f"| {name} | " + (f"{100 * r['success_rate']:.1f}%" if r["success_rate"] is not None else "-")
               + f" | {' + '.join(map(str, r['steps']))} | {r['train_seconds']} |" for name, r in f["runs"].items()]
     return "\n".join(lines)

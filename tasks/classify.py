@@ -13,6 +13,9 @@ from envs.records import OutcomeReport, Step, Termination
 # Step error kinds that take an attempt out of the model's record, by precedence: a bug is
 # reported as such even where a fault also hit.
 TAINTS = ((ErrorKind.env_bug.value, Termination.env_bug), (ErrorKind.env_fault.value, Termination.env_fault))
+# An episode's end by a clock that was not the agent's: the environment's or the grader's time ran out.
+_FAULT_CLOCKS = {Termination.env_fault.value: Termination.env_fault,
+                 Termination.grader_fault.value: Termination.grader_fault}
 
 
 def touched_by_env(steps: list[Step]) -> tuple[Termination, str] | None:
@@ -34,7 +37,11 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
     model's. `context_exceeded`: the endpoint refused a conversation longer than the model's
     context: the episode is truncated there (a model outcome, as a step limit is). `model_refused`:
     the endpoint refused what the model itself wrote (ModelOutputRefused): a failure, the model's
-    outcome."""
+    outcome.
+
+    The runtime's clocks say whose time ran out in `end_info["termination"]`
+    (envs.wrappers.TimeLimit): the environment's is `env_fault`, the grader's `grader_fault`, the
+    agent's own `truncated`; `timeout` is what rollouts recorded before time was attributed say."""
     if env_bug:
         return Termination.env_bug, env_bug
     if env_error:
@@ -42,6 +49,9 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
     touched = touched_by_env(steps)
     if touched:
         return touched
+    clock = end_info.get("termination")
+    if clock in _FAULT_CLOCKS:
+        return _FAULT_CLOCKS[clock], end_info.get("termination_reason", f"{clock} (time limit)")
     if inference_fault:
         return Termination.inference_fault, inference_fault
     if policy_error:

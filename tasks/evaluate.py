@@ -2,8 +2,10 @@
 
 The rollouts are ordinary rollouts (same runtime, verifier and failure classes as the
 factory); the success rate counts verified successes over the model outcomes: an episode an
-environment fault or bug touched (or one the policy endpoint or the verifier failed) says
-nothing about the model and is counted apart, as `excluded`."""
+environment fault or bug touched (or one the policy endpoint, the grader's clock or the verifier
+failed) says nothing about the model and is counted apart, as `excluded`, by class. A policy
+that runs out of its own time or tokens is `truncated`: a model outcome, counted. No figure is
+computed over zero model outcomes: it is None, never 0.0 or 1.0."""
 
 from __future__ import annotations
 
@@ -91,22 +93,28 @@ def pass_at_k(rollouts: list[Rollout]) -> dict[str, dict[int, dict[str, float | 
 
 
 def summarize(rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, Any]:
-    """Success rate over the model outcomes, overall and by difficulty level; pass@k and pass^k
-    per family (`pass_at_k`); the episodes left out (`excluded`) and the count of each termination."""
+    """Success rate over the model outcomes (`model_outcomes` of them), overall and by difficulty
+    level; pass@k and pass^k per family (`pass_at_k`); the episodes left out (`excluded`, and
+    `excluded_by_class`: why) and the count of each termination. A rate over no model outcome is
+    None (the `success_rate` of an evaluation whose every episode was excluded), as is a mean over
+    no episode or step."""
     level = {t.task_id: t.difficulty.level for t in tasks}
     by_level: dict[int, list[bool]] = defaultdict(list)
     measured = [r for r in rollouts if r.termination in MODEL_OUTCOMES]
     for r in measured:
         by_level[level[r.task_id]].append(r.success)
-    n = len(rollouts)
+    n, steps = len(rollouts), sum(len(r.steps) for r in rollouts)
+    excluded = Counter(r.termination.value for r in rollouts if r.termination not in MODEL_OUTCOMES)
     return {
         "episodes": n,
+        "model_outcomes": len(measured),
         "excluded": n - len(measured),
-        "success_rate": round(sum(r.success for r in measured) / len(measured), 4) if measured else 0.0,
+        "excluded_by_class": dict(sorted(excluded.items())),
+        "success_rate": round(sum(r.success for r in measured) / len(measured), 4) if measured else None,
         "by_level": {lvl: round(sum(v) / len(v), 4) for lvl, v in sorted(by_level.items())},
         "pass_at_k": pass_at_k(rollouts),
         "terminations": dict(Counter(r.termination.value for r in rollouts)),
-        "mean_steps": round(sum(len(r.steps) for r in rollouts) / n, 2) if n else 0.0,
-        "well_formed_calls": round(sum(s.tool_call is not None for r in rollouts for s in r.steps)
-                                   / max(1, sum(len(r.steps) for r in rollouts)), 4),
+        "mean_steps": round(steps / n, 2) if n else None,
+        "well_formed_calls": round(sum(s.tool_call is not None for r in rollouts for s in r.steps) / steps, 4)
+        if steps else None,
     }

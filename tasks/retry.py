@@ -1,11 +1,13 @@
 """Stage: rollouts under a run's retry policy.
 
-An episode that ends in a class the policy retries (by default only `env_fault`: any attempt a
-fault touched, whatever its outcome) runs again as the next attempt, after a backoff, from a
-clean state (a fresh env, the policy reset with the same seed), so with a deterministic policy
-the attempt that meets no fault is exactly the fault-free episode. Each attempt is its own
-rollout (the attempt is part of its id) and is kept, classified, so the run can account for
-every episode. Model outcomes are never retried. After `max_retries` the (task, sample) is
+An episode that ends in a class the policy retries (by default the faults: `env_fault`, any
+attempt an environment fault touched or whose environment ran past its clock, whatever its
+outcome; `inference_fault`; `grader_fault`, grading past the grader's clock) runs again as the
+next attempt, after a backoff, from a clean state (a fresh env, the policy reset with the same
+seed), so with a deterministic policy the attempt that meets no fault is exactly the fault-free
+episode. Each attempt is its own rollout (the attempt is part of its id) and is kept,
+classified, so the run can account for every episode. Model outcomes (a policy out of its own
+time or tokens is one: `truncated`) are never retried. After `max_retries` the (task, sample) is
 skipped, or the run fails: `RetryExhausted` then carries every rollout collected before it
 (with episodes in flight, those that were in flight too). Episodes run concurrently up to the
 policy's `max_concurrency` (tasks/engine.py).

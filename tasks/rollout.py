@@ -17,7 +17,7 @@ from envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig
                           TaskSpec, content_hash)
 from envs.registry import load, make, spec, verifier_for
 from envs.secrets import redact
-from envs.wrappers import play_watched, standard_stack
+from envs.wrappers import ENV_FAULT, GRADER_FAULT, grading, play_watched, standard_stack
 from tasks.classify import classify
 from tasks.collector import frozen_before
 from tasks.policies import Policy, PolicyOutput
@@ -30,6 +30,9 @@ from verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutput
 # read from a policy built without a PolicySpec. A policy built from one (`policy.spec`) takes its
 # knobs from the spec's sampling instead (PolicySpec.rollout_params), plus its prompt's hash.
 POLICY_KNOBS = ("temperature", "max_new_tokens", "max_thought_tokens", "system_prompt")
+
+
+CLOCK_FAULTS = (ENV_FAULT, GRADER_FAULT)  # episode ends by a clock that was not the agent's
 
 
 def rollout_seed(base_seed: int, task: TaskSpec, sample: int) -> int:
@@ -66,9 +69,10 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
 def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults: FaultConfig | None = None,
             limits: Budget | None = None, subagent: PolicySpec | None = None) -> Generator[tuple, Any, Rollout]:
     """`run_episode` as a play of envs.wrappers.play_watched (which plays a batch of them in one
-    thread): it yields the episode's stack and loop once, to be run watched (a step over its time
-    limit is abandoned at its deadline, and the episode ends there with the stack's timeout step),
-    and returns the rollout."""
+    thread): it yields the episode's stack and loop once, to be run watched (a step, or grading,
+    over its time limit is abandoned at its deadline, and the episode ends there as the stack's
+    TimeLimit says: an environment or grader fault), and returns the rollout. The verdict and the
+    live potentials run on the grader's clock, never the agent's (`grading`)."""
     faults = faults if faults is not None and faults.rate > 0 else None
     base = make(task.env_id, **delegation_options(task.env_id, subagent))
     if faults is not None:
@@ -84,7 +88,8 @@ def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults:
                                                            played.env_bug, played.inference)
         steps = list(getattr(env, "steps", []))
         env_info = env.unwrapped.runtime_info()
-        outcome, verifier_error = _outcome(task, ts, steps, env)
+        # an episode a clock cut off has no verdict: the fault decides its class
+        outcome, verifier_error = played.verdict if finished else (None, None)
         sub_episodes = list(getattr(env.unwrapped, "sub_episodes", None) or [])
     finally:
         env.close()
@@ -167,12 +172,13 @@ class _Played:
     EndpointError, raised by its HTTP layer), "context" (the endpoint refused a context too long) or
     "refused" (it refused what the model wrote: ModelOutputRefused) to the reason (read once the
     loop ended or overran); and the verifier's live record of its progress potentials
-    (verifiers.base.LiveProgress)."""
+    (verifiers.base.LiveProgress); `verdict`: (outcome, verifier error) once the loop ended."""
 
     def __init__(self) -> None:
         self.ts = self.policy_error = self.env_error = self.env_bug = None
         self.inference: dict[str, str] = {}
         self.progress = None
+        self.verdict: tuple[OutcomeReport | None, str | None] = (None, None)
 
 
 def _loop(env, task: TaskSpec, policy: Policy, seed: int, played: _Played) -> None:
@@ -185,15 +191,42 @@ def _loop(env, task: TaskSpec, policy: Policy, seed: int, played: _Played) -> No
         verifier = verifier_for(task.env_id)
         progress = played.progress = verifier.live(env.unwrapped) if isinstance(verifier, ReplayVerifier) else None
         with progress if progress is not None else nullcontext():
-            if progress is not None:
-                progress.observe()
-            _turns(env, policy, played, ts, progress)
+            if progress is None or _observed(env, progress, played):
+                _turns(env, policy, played, ts, progress)
     except InvalidTask:
         raise  # the task cannot be run as given: the caller's error, never an episode
     except EnvFault as exc:
         played.env_error = f"environment fault {type(exc).__name__}: {exc} ({_where(exc)})"
     except Exception as exc:  # env code crashed outside every tool's boundary
         played.env_bug = f"environment bug {type(exc).__name__}: {exc} ({_where(exc)})"
+    _judge(env, task, played)
+
+
+def _observed(env, progress, played: _Played) -> bool:
+    """Φ of the state now, on the grader's clock; False when that ran past it (the episode ended
+    there, a grader fault: `played.ts`)."""
+    finished, ended = grading(env, progress.observe)
+    if not finished:
+        played.ts = ended
+    return finished
+
+
+def _judge(env, task: TaskSpec, played: _Played) -> None:
+    """`played.verdict`: the env's own (graded by its stack as the episode ended), or, for an
+    episode that ended otherwise, the verifier's, asked now on the grader's clock (past it, the
+    episode ends a grader fault: `played.ts`)."""
+    ts, steps = played.ts, list(getattr(env, "steps", []))
+    if ts is not None and ts.info.get("termination") in CLOCK_FAULTS:
+        return  # a clock cut it off: no verdict
+    if (ts is not None and ("outcome" in ts.info or "verifier_error" in ts.info)) or not steps \
+            or verifier_for(task.env_id) is None:
+        played.verdict = _outcome(task, ts, steps, env)  # asks no verifier
+        return
+    finished, value = grading(env, lambda: _outcome(task, ts, steps, env))
+    if finished:
+        played.verdict = value
+    else:
+        played.ts = value
 
 
 def _turns(env, policy: Policy, played: _Played, ts, progress) -> None:
@@ -219,8 +252,8 @@ def _turns(env, policy: Policy, played: _Played, ts, progress) -> None:
         else:
             ts = env.step(out, policy_version=policy.version)
         played.ts = ts
-        if progress is not None:
-            progress.observe()
+        if progress is not None and not _observed(env, progress, played):
+            return
 
 
 def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str | None]:

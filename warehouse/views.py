@@ -1,8 +1,8 @@
 """Analysis views over the table views, for SQL users (each is documented in docs/warehouse.md).
 
 Rates are reduced per rollout, never per step or dataset row; success rates count model
-outcomes only (environment faults, timeouts, policy and verifier errors say nothing about
-the model).
+outcomes only (environment and grader faults, timeouts, policy and verifier errors say nothing
+about the model), and are NULL where there is none.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def _binomial(n: str, k: str) -> str:
     return f"list_reduce([1::HUGEINT] || range(1, {k} + 1), lambda acc, x: acc * ({n} - {k} + x) // x)"
 
 ANALYSIS_VIEWS: dict[str, str] = {
-    # Success by family x difficulty x policy version.
+    # Success by family x difficulty x policy version. success_rate is NULL in a cell with no model
+    # outcome (never 0 or 1); `excluded` rollouts are the others, counted by class beside it.
     "success_by_cell": f"""
         SELECT r.task_family, t.difficulty_level, r.policy_id, r.policy_version,
                count(*) AS rollouts,
@@ -31,7 +32,12 @@ ANALYSIS_VIEWS: dict[str, str] = {
                count(*) FILTER (WHERE r.termination = 'env_fault') AS env_faults,
                count(*) FILTER (WHERE r.termination = 'env_bug') AS env_bugs,
                count(*) FILTER (WHERE r.termination = 'inference_fault') AS inference_faults,
-               count(DISTINCT r.task_id) AS tasks
+               count(DISTINCT r.task_id) AS tasks,
+               count(*) FILTER (WHERE r.termination NOT IN ({_MODEL})) AS excluded,
+               count(*) FILTER (WHERE r.termination = 'grader_fault') AS grader_faults,
+               count(*) FILTER (WHERE r.termination = 'verifier_error') AS verifier_errors,
+               count(*) FILTER (WHERE r.termination = 'policy_error') AS policy_errors,
+               count(*) FILTER (WHERE r.termination = 'timeout') AS timeouts
         FROM rollouts r JOIN tasks t USING (task_id)
         GROUP BY 1, 2, 3, 4""",
     # Unbiased pass@k = 1 - C(n-c, k)/C(n, k) and tau-bench's pass^k = C(c, k)/C(n, k) for k = 1..n,

@@ -101,7 +101,7 @@ def test_step_timeout_is_enforced_during_the_step():
     ts = env.step(ToolCall(name="sleep", arguments={"seconds": 5}))
     elapsed = time.monotonic() - started
     assert elapsed < 1.5
-    assert ts.truncated and ts.info["termination"] == "timeout" and ts.info["error"]["kind"] == "timeout"
+    assert ts.truncated and ts.info["termination"] == "env_fault" and ts.info["error"]["kind"] == "timeout"
 
 
 def test_episode_timeout_and_step_limit():
@@ -115,7 +115,7 @@ def test_episode_timeout_and_step_limit():
     env = TimeLimit(CounterEnv(), episode_timeout_s=0.3, step_timeout_s=10)
     env.reset(seed=1)
     ts = env.step(ToolCall(name="sleep", arguments={"seconds": 3}))
-    assert ts.truncated and ts.info["termination"] == "timeout" and "episode" in ts.info["termination_reason"]
+    assert ts.truncated and ts.info["termination"] == "env_fault" and "episode" in ts.info["termination_reason"]
 
 
 def test_tool_budget_counts_parsed_calls_only():

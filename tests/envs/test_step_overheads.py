@@ -49,7 +49,7 @@ def test_an_overrunning_step_is_abandoned_and_the_next_episode_gets_a_fresh_thre
     started = time.monotonic()
     ts = env.step(ToolCall(name="sleep", arguments={"seconds": 1.0}))
     assert time.monotonic() - started < 0.9
-    assert ts.truncated and ts.info["termination"] == "timeout" and ts.info["error"]["kind"] == "timeout"
+    assert ts.truncated and ts.info["termination"] == "env_fault" and ts.info["error"]["kind"] == "timeout"
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step(ToolCall(name="read"))
     assert hung.abandoned and env._worker is None and hung not in StepWorker._idle

@@ -88,8 +88,9 @@ def test_a_step_over_its_limit_mid_batch_ends_its_episode_and_the_rest_play_on_i
     assert time.monotonic() - started < HANG_S - 0.2  # cut off at 0.3 s, not waited for
     assert [r.task_id for r in batch] == [t.task_id for t in tasks]
     assert [[s.error for s in r.steps] for r in batch] == [[None, None]] * 2 + [[None, "timeout"]] + [[None, None]] * 3
-    assert [r.termination.value for r in batch] == ["verifier_error"] * 2 + ["timeout"] + ["verifier_error"] * 3
-    assert batch[2].termination_reason == "step time limit of 0.3s reached during the step"
+    assert [r.termination.value for r in batch] == ["verifier_error"] * 2 + ["env_fault"] + ["verifier_error"] * 3
+    assert batch[2].termination_reason == ("environment fault: the environment's step time limit of 0.3s reached "
+                                           "during the step")
     assert 0.25 < batch[2].steps[-1].latency_s < HANG_S
     threads = [thread for _, thread in policy.turns]
     assert [target for target, _ in policy.turns] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
@@ -137,11 +138,11 @@ def test_the_retry_loop_goes_on_in_the_fresh_thread_after_each_overrun():
         return TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "budget": {"step_timeout_s": 0.3}})
 
     tasks = [short(seed) for seed in (1, 2, 4)]  # the second hangs at every attempt
-    retry = RetryPolicy(max_retries=1, backoff_s=0, retry_on=[Termination.timeout])
+    retry = RetryPolicy(max_retries=1, backoff_s=0, retry_on=[Termination.env_fault])
     policy = Script()
     rollouts = collect_with_retries(tasks, policy, 1, 3, retry)
     assert [(r.task_id, r.attempt, r.termination.value) for r in rollouts] == [
-        (tasks[0].task_id, 0, "verifier_error"), (tasks[1].task_id, 0, "timeout"), (tasks[1].task_id, 1, "timeout"),
+        (tasks[0].task_id, 0, "verifier_error"), (tasks[1].task_id, 0, "env_fault"), (tasks[1].task_id, 1, "env_fault"),
         (tasks[2].task_id, 0, "verifier_error")]
     threads = [thread for _, thread in policy.turns]
     assert [target for target, _ in policy.turns] == [2, 2, 3, 3, 3, 3, 5, 5]
@@ -166,9 +167,9 @@ def test_an_abandoned_step_that_returns_while_its_play_goes_on_touches_nothing()
                                     "budget": {"step_timeout_s": 0.3}})
     policy = HangsOnce()
     rollouts = collect_with_retries([task], policy, 1, 3, RetryPolicy(max_retries=1, backoff_s=0,
-                                                                      retry_on=[Termination.timeout]))
+                                                                      retry_on=[Termination.env_fault]))
     assert [(r.attempt, r.termination.value, [s.error for s in r.steps]) for r in rollouts] == [
-        (0, "timeout", [None, "timeout"]), (1, "verifier_error", [None] * 7)]
+        (0, "env_fault", [None, "timeout"]), (1, "verifier_error", [None] * 7)]
     threads = [thread for _, thread in policy.turns]
     assert len(threads) == 9 and threads[1] is threads[0] and set(threads[2:]) == {threads[2]} != {threads[0]}
     time.sleep(0.2)
@@ -246,7 +247,7 @@ def test_after_an_overrun_the_play_goes_on_with_the_context_it_had():
         seen.append((VAR.get(), rollout.termination.value, threading.current_thread()))
 
     play_watched([partial(play, CounterEnv.generate_task(seed)) for seed in (2, 0)])
-    assert [s[:2] for s in seen] == [("before 3", "timeout"), ("before 1", "verifier_error")]
+    assert [s[:2] for s in seen] == [("before 3", "env_fault"), ("before 1", "verifier_error")]
     assert VAR.get() == "unset"
 
 
@@ -290,12 +291,12 @@ def test_the_concurrent_engine_plays_each_item_watched_and_answers_in_item_order
         return (yield from episode(task, agent, 7, limits=LIMITS))
 
     rollouts = run_concurrently(Forking(), tasks, play, concurrency=3)
-    assert [r.termination.value for r in rollouts] == ["verifier_error"] * 2 + ["timeout", "verifier_error"]
+    assert [r.termination.value for r in rollouts] == ["verifier_error"] * 2 + ["env_fault", "verifier_error"]
     assert [played(r) for r in rollouts] == [played(run_episode(t, Script(), 7, limits=LIMITS)) for t in tasks]
 
     def failing(agent, task):
         rollout = yield from episode(task, agent, 7, limits=LIMITS)
-        if rollout.termination.value == "timeout" or task.goal == "Reach 4.":
+        if rollout.termination.value == "env_fault" or task.goal == "Reach 4.":
             raise ValueError(task.goal)
         return rollout
 
@@ -398,7 +399,7 @@ def test_a_thread_abandoned_in_a_hung_step_holds_none_of_the_batch_once_it_is_pl
     Stuck.release.clear()
     try:
         rollouts = collect_rollouts(tasks, policy, 1, 5)
-        assert [r.termination.value for r in rollouts] == ["timeout"] + ["verifier_error"] * 3
+        assert [r.termination.value for r in rollouts] == ["env_fault"] + ["verifier_error"] * 3
         hung = policy.turns[1][1]
         refs = [weakref.ref(r) for r in rollouts]
         del rollouts
@@ -527,7 +528,7 @@ def test_a_play_may_reset_after_its_episode_a_context_variable_it_set_before_eve
             seen.append(VAR.get())
 
     rollouts = run_concurrently(Script(), [CounterEnv.generate_task(seed) for seed in (2, 0)], play)
-    assert [r.termination.value for r in rollouts] == ["timeout", "verifier_error"]
+    assert [r.termination.value for r in rollouts] == ["env_fault", "verifier_error"]
     assert seen == ["Reach 3.", "unset", "Reach 1.", "unset"] and VAR.get() == "unset"
 
 

@@ -1,0 +1,242 @@
+"""Time and tokens are charged to whoever spent them (envs.wrappers.TimeLimit), through the public
+interface (`tasks.rollout.run_episode` with small policies, the real stack and verifiers):
+
+- the policy's own time (a stall in `act`) and its reported tokens running out end the episode
+  `truncated`, a counted model outcome: stalling cannot take a failure out of a success rate;
+- a step past the environment's limit is an environment fault, and the environment's time is
+  not the policy's;
+- grading runs on a clock of its own, outside the step: past its budget a grader fault (retried,
+  out of every statistic), within it the verdict, however slow the step clock;
+- a discussion moderated with long comma-spliced messages gets its untimed verdict;
+- no rate is computed over zero model outcomes: evaluation and `success_by_cell` say None/NULL
+  and how many episodes were left out, by class."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import envs  # noqa: F401
+from envs.discussion import FAMILY as DISCUSSION
+from envs.records import (MODEL_OUTCOMES, Budget, OutcomeReport, RetryPolicy, TaskSpec, Termination, ToolCall)
+from envs.registry import register, verifier_for
+from tasks.evaluate import summarize
+from tasks.generate import generate_tasks
+from tasks.policies import PolicyOutput
+from tasks.retry import collect_with_retries
+from tasks.rollout import run_episode
+from tests.envs.counter_env import CounterEnv
+from warehouse import Warehouse
+
+COUNTER = "gymfoundry/counter-v0"
+SLOW_GRADER = "gymfoundry/slowgrader-v0"
+CLOCK_S = 0.3  # the small clocks these tests run under
+
+
+def text(call: ToolCall | dict) -> str:
+    call = call if isinstance(call, dict) else {"name": call.name, "arguments": call.arguments}
+    return json.dumps(call)
+
+
+class Plays:
+    """Plays the given calls in order (then repeats the last), sleeping `stall_s` before turn
+    `stall_at` (0-based); with `tokens`, each turn reports that many sampled token ids."""
+
+    policy_id, version = "test-plays", "1"
+
+    def __init__(self, calls, stall_s: float = 0.0, stall_at: int = 0, tokens: int | None = None):
+        self.calls, self.stall_s, self.stall_at, self.tokens = [text(c) for c in calls], stall_s, stall_at, tokens
+
+    def reset(self, seed=None):
+        self.turn = 0
+
+    def act(self, observation: str):
+        if self.stall_s and self.turn == self.stall_at:
+            time.sleep(self.stall_s)
+        self.turn += 1
+        action = self.calls[min(self.turn, len(self.calls)) - 1]
+        return PolicyOutput(text=action, token_ids=list(range(self.tokens))) if self.tokens else action
+
+
+class Raises:
+    policy_id, version = "test-raises", "1"
+
+    def reset(self, seed=None):
+        pass
+
+    def act(self, observation: str):
+        raise RuntimeError("the policy's own bug")
+
+
+class SlowVerifier:
+    """A verifier whose verdict (success when the counter is at its target) takes `delay_s`."""
+
+    verifier_id, version, delay_s = "test-slow", "1", 1.0
+
+    def verify(self, task, steps, final_state=None):
+        time.sleep(self.delay_s)
+        ok = final_state is not None and final_state["value"] == final_state["target"]
+        return OutcomeReport(verifier_id=self.verifier_id, verifier_version=self.version, success=ok, completed=ok,
+                             regression=False, constraint_violation=False)
+
+    def terminal_reward(self, task, steps, final_state):
+        report = self.verify(task, steps, final_state)
+        return float(report.success), report.model_dump(mode="json")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    register(COUNTER, CounterEnv)
+    register(SLOW_GRADER, CounterEnv, verifier=SlowVerifier)
+
+
+def slow_grader_task(seed: int = 3) -> TaskSpec:
+    task = CounterEnv.generate_task(seed)
+    return TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "env_id": SLOW_GRADER})
+
+
+def reach(task: TaskSpec) -> list[dict]:
+    return [{"name": "add", "arguments": {"n": task.initial_state["target"]}}, {"name": "finish", "arguments": {}}]
+
+
+# -- the policy's own time and tokens ------------------------------------------------------------
+def test_a_policy_that_stalls_past_its_clock_ends_truncated_a_counted_model_outcome():
+    task = generate_tasks("inventory", 1, seed=1)[0]
+    limits = task.budget.model_copy(update={"episode_timeout_s": CLOCK_S})
+    played = run_episode(task, Plays(task.hidden.reference), 0, limits=limits)
+    assert played.termination == Termination.success  # the same calls in time succeed
+    stalled = run_episode(task, Plays(task.hidden.reference, stall_s=2 * CLOCK_S, stall_at=1), 0, limits=limits)
+    assert stalled.termination == Termination.truncated and stalled.termination in MODEL_OUTCOMES
+    assert stalled.termination_reason.startswith("the policy's own time ran out")
+    # its late action was never run: the last step is the clock's, with no call
+    assert [s.error for s in stalled.steps] == [None, "timeout"] and stalled.steps[-1].tool_call is None
+
+
+def test_stalling_on_the_episodes_it_would_fail_cannot_lift_a_success_rate(tmp_path):
+    """The issue's policy: it plays the reference on half of the tasks and stalls past the clock on
+    the others. Before, the stalled ones were `timeout`, outside every rate: success 1.0 with half
+    of the episodes excluded. They are its own outcome: 0.5, none excluded, in evaluation and in
+    the warehouse."""
+    tasks = generate_tasks("inventory", 4, seed=2)
+    rollouts = []
+    for n, task in enumerate(tasks):
+        policy = Plays(task.hidden.reference, stall_s=2 * CLOCK_S if n % 2 else 0.0, stall_at=1)
+        rollouts.append(run_episode(task, policy, n, limits=task.budget.model_copy(
+            update={"episode_timeout_s": CLOCK_S})))
+    assert [r.termination.value for r in rollouts] == ["success", "truncated"] * 2
+    report = summarize(rollouts, tasks)
+    assert (report["success_rate"], report["model_outcomes"], report["excluded"], report["excluded_by_class"]) \
+        == (0.5, 4, 0, {})
+    with Warehouse(tmp_path) as wh:
+        wh.land(tasks=tasks, rollouts=rollouts).checked()
+        cells = wh.sql("select sum(rollouts) as rollouts, sum(model_outcomes) as counted, sum(successes) as successes, "
+                       "sum(excluded) as excluded from success_by_cell").to_pylist()
+    assert cells == [{"rollouts": 4, "counted": 4, "successes": 2, "excluded": 0}]
+
+
+def test_the_environments_time_is_not_the_policys():
+    """Steps that take most of the episode's clock leave the policy its own: it thinks for less
+    than the clock and the world for less than the clock, together for more. Before, one wall
+    clock ran out on the policy (`timeout`)."""
+    task = CounterEnv.generate_task(3)
+    calls = [{"name": "sleep", "arguments": {"seconds": 0.3}}] * 2 + reach(task)
+    policy = Plays(calls, stall_s=0.6, stall_at=2)
+    rollout = run_episode(task, policy, 0, limits=Budget(step_timeout_s=1.0, episode_timeout_s=1.0))
+    assert [s.error for s in rollout.steps] == [None] * 4
+    assert rollout.cost.wall_time_s > 1.0
+    assert rollout.termination == Termination.verifier_error  # ended by `finish`; counter has no verifier
+
+
+def test_a_turn_or_an_episode_over_its_token_budget_is_truncated_and_not_run():
+    task = CounterEnv.generate_task(3)
+    add = {"name": "add", "arguments": {"n": 1}}
+    over_turn = run_episode(task, Plays([add], tokens=50), 0, limits=Budget(max_turn_tokens=10))
+    assert over_turn.termination == Termination.truncated and over_turn.termination in MODEL_OUTCOMES
+    assert over_turn.termination_reason.startswith("the policy's turn of 50 tokens is over its budget of 10")
+    assert [(s.error, s.tool_call, len(s.token_ids)) for s in over_turn.steps] == [("token_budget", None, 50)]
+    over_episode = run_episode(task, Plays([add], tokens=5), 0, limits=Budget(max_episode_tokens=12))
+    assert over_episode.termination == Termination.truncated
+    assert over_episode.termination_reason.startswith("the policy's 15 tokens are over its budget of 12 per episode")
+    assert [s.error for s in over_episode.steps] == [None, None, "token_budget"]
+    # no budget set: the task's id, the runtime and the rollout's identity are what they were
+    assert set(Budget().model_dump()) == {"max_steps", "max_tool_calls", "step_timeout_s", "episode_timeout_s",
+                                          "max_action_chars"}
+    free = run_episode(task, Plays([add] * 3 + [{"name": "finish", "arguments": {}}], tokens=50), 0)
+    assert [s.error for s in free.steps] == [None] * 4
+
+
+# -- the environment's and the grader's time -----------------------------------------------------
+def test_a_step_past_the_environments_limit_is_an_environment_fault_retried():
+    task = CounterEnv.generate_task(3)
+    policy = Plays([{"name": "add", "arguments": {"n": 1}}, {"name": "sleep", "arguments": {"seconds": 1.2}}])
+    started = time.monotonic()
+    rollout = run_episode(task, policy, 0, limits=Budget(step_timeout_s=CLOCK_S))
+    assert time.monotonic() - started < 1.0  # cut off at its deadline
+    assert rollout.termination == Termination.env_fault and rollout.termination not in MODEL_OUTCOMES
+    assert rollout.termination_reason.startswith("environment fault: the environment's step time limit of 0.3s")
+    assert Termination.env_fault in RetryPolicy().retry_on
+
+
+def test_a_grader_past_its_own_budget_is_a_grader_fault_retried_and_out_of_the_statistics():
+    task = slow_grader_task()
+    started = time.monotonic()
+    rollout = run_episode(task, Plays(reach(task)), 0, limits=Budget(grade_timeout_s=CLOCK_S))
+    assert time.monotonic() - started < SlowVerifier.delay_s  # cut off at the grader's deadline
+    assert rollout.termination == Termination.grader_fault and rollout.termination not in MODEL_OUTCOMES
+    assert rollout.termination_reason == "grader fault: grading ran past its 0.3s budget"
+    assert [s.error for s in rollout.steps] == [None, None] and rollout.outcome is None  # the step stands
+    assert Termination.grader_fault in RetryPolicy().retry_on
+    report = summarize([rollout], [task])
+    assert report["success_rate"] is None and report["excluded_by_class"] == {"grader_fault": 1}
+
+
+def test_grading_runs_outside_the_agents_step_clock():
+    """A verdict that takes longer than the step clock (and than the episode's) is still the
+    verdict: grading is no part of the step that ended the episode. Before, `timeout`."""
+    task = slow_grader_task()
+    rollout = run_episode(task, Plays(reach(task)), 0, limits=Budget(step_timeout_s=CLOCK_S, episode_timeout_s=0.5))
+    assert rollout.termination == Termination.success, rollout.termination_reason
+
+
+def test_a_slow_grader_is_retried_under_the_runs_retry_policy():
+    task = TaskSpec.model_validate({**slow_grader_task().model_dump(exclude={"task_id"}),
+                                    "budget": {"grade_timeout_s": CLOCK_S}})
+    rollouts = collect_with_retries([task], Plays(reach(task)), 1, 0, RetryPolicy(max_retries=1, backoff_s=0),
+                                    sleep=lambda s: None)
+    assert [(r.attempt, r.termination.value) for r in rollouts] == [(0, "grader_fault"), (1, "grader_fault")]
+
+
+def test_a_discussion_moderated_with_long_comma_spliced_messages_gets_its_untimed_verdict():
+    """Messages of 1000 characters cut into hundreds of comma-spliced clauses, shared until the
+    step limit, then a decision with one as its rationale: grading them used to overrun the final
+    step's clock (`timeout`, out of the statistics); it is the verdict the verifier gives untimed."""
+    task = DISCUSSION.generate(3, 5)
+    facts = DISCUSSION.facts_of(task)
+    spliced = ", ".join([facts.participants[0].name, facts.options[0]] * 200)[:1000]
+    *calls, decide = task.hidden.reference
+    calls += [ToolCall(name="share", arguments={"message": spliced})] * (task.budget.max_steps - len(calls) - 1)
+    calls.append(decide.model_copy(update={"arguments": {**decide.arguments, "rationale": spliced}}))
+    # a step clock any tool here meets and no grading of these messages does
+    rollout = run_episode(task, Plays(calls), 0, limits=task.budget.model_copy(update={"step_timeout_s": 0.1}))
+    assert rollout.termination == Termination.failure, rollout.termination_reason
+    untimed = verifier_for(task.env_id).verify(task, rollout.steps)
+    assert rollout.outcome == untimed and not untimed.success
+
+
+# -- no rate over zero model outcomes ------------------------------------------------------------
+def test_an_evaluation_or_a_cell_with_no_model_outcome_has_no_rate_and_says_why(tmp_path):
+    tasks = generate_tasks("inventory", 3, seed=4)
+    rollouts = [run_episode(task, Raises(), n) for n, task in enumerate(tasks)]
+    assert {r.termination for r in rollouts} == {Termination.policy_error}
+    report = summarize(rollouts, tasks)
+    assert (report["success_rate"], report["model_outcomes"], report["excluded"], report["excluded_by_class"],
+            report["by_level"]) == (None, 0, 3, {"policy_error": 3}, {})
+    with Warehouse(tmp_path) as wh:
+        wh.land(tasks=tasks, rollouts=rollouts).checked()
+        cells = wh.sql("select success_rate, sum(model_outcomes) as counted, sum(excluded) as excluded, "
+                       "sum(policy_errors) as policy_errors, sum(grader_faults) as grader_faults "
+                       "from success_by_cell group by all").to_pylist()
+    assert cells and all(c["success_rate"] is None and c["counted"] == 0 and c["grader_faults"] == 0 for c in cells)
+    assert sum(c["excluded"] for c in cells) == 3 and sum(c["policy_errors"] for c in cells) == 3
