@@ -682,6 +682,34 @@ class HoldoutLock(Record):
     holdout_fraction: float = Field(ge=0, le=1)
 
 
+class FamilyAudit(Record):
+    """One row of a family's gameability audit (tasks/audit.py): how one adversary did at one
+    level against the oracle (the task's reference), under the versions that made the verdicts.
+    `passed`: its success rate is at most its chance floor, its mean return stays below the
+    oracle's, none of its episodes left the statistics, and the oracle succeeded every time."""
+
+    audit_id: str  # one audit run of a family: its rows share it
+    family: str = Field(pattern=FAMILY_NAME)
+    env_version: str
+    generator_version: str
+    verifier_id: str
+    verifier_version: str
+    rules_version: str
+    adversary: str
+    level: int = Field(ge=1, le=5)
+    episodes: int = Field(ge=0)
+    successes: int = Field(ge=0)
+    excluded: int = Field(ge=0)  # episodes out of the statistics (faults, timeouts)
+    success_rate: float | None = Field(default=None, ge=0, le=1)
+    mean_return: float | None = None
+    oracle_success_rate: float | None = Field(default=None, ge=0, le=1)
+    oracle_return: float | None = None
+    floor: float = Field(default=0.0, ge=0, le=1)
+    passed: bool
+    reasons: list[str] = Field(default_factory=list)
+    audited_at: str = ""
+
+
 class DatasetManifest(Record):
     """A dataset assembled from the warehouse: its file, the curriculum behind its sampling
     weights (per-rollout success rates per "family/level" for one policy, the learnability

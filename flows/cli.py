@@ -108,11 +108,30 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 
 def cmd_check_family(args: argparse.Namespace) -> int:
-    """Exit 1, with the report, when a conformance check fails."""
+    """Exit 1, with the report, when a conformance check or the gameability audit fails."""
     from envs.check import check_family
 
     report = check_family(args.name, seeds=args.seeds)
     print(report.render(), file=sys.stdout if report.ok else sys.stderr)
+    if args.no_audit:
+        return 0 if report.ok else 1
+    audited = cmd_audit_family(argparse.Namespace(name=args.name, episodes=args.audit_episodes, data_dir=None))
+    return 0 if report.ok and audited == 0 else 1
+
+
+def cmd_audit_family(args: argparse.Namespace) -> int:
+    """Exit 1, with the table, when an adversary beats its floor or reaches the oracle's return.
+    With a data dir, the audit lands in `family_audits` (what dataset assembly asks for)."""
+    from tasks.audit import audit_family, land_audit
+
+    report = audit_family(args.name, episodes=args.episodes)
+    print(report.render(), file=sys.stdout if report.ok else sys.stderr)
+    if args.data_dir:
+        from warehouse import Warehouse
+
+        with Warehouse(args.data_dir) as wh:
+            landed = land_audit(wh, report)
+        print(f"audit {report.rows[0].audit_id}: {landed} row(s) landed in family_audits under {args.data_dir}")
     return 0 if report.ok else 1
 
 
@@ -445,7 +464,17 @@ def build_parser() -> argparse.ArgumentParser:
     check_cmd = sub.add_parser("check-family", help="run the conformance checks on a registered family")
     check_cmd.add_argument("name", help="a family name (its newest env) or an env id")
     check_cmd.add_argument("--seeds", type=int, default=3, help="tasks generated per level (seeds 0..N-1)")
+    check_cmd.add_argument("--audit-episodes", type=int, default=1, help="tasks per level of the gameability audit "
+                                                                         "(default: 1)")
+    check_cmd.add_argument("--no-audit", action="store_true", help="the conformance checks only")
     check_cmd.set_defaults(func=cmd_check_family)
+
+    audit_cmd = sub.add_parser("audit-family", help="play the gameability adversaries against a family's verifier "
+                                                    "beside its oracle (docs/integrity.md)")
+    audit_cmd.add_argument("name", help="a family name")
+    audit_cmd.add_argument("--episodes", type=int, default=2, help="tasks per level (default: 2)")
+    audit_cmd.add_argument("--data-dir", help="land the audit in this warehouse's family_audits (default: print only)")
+    audit_cmd.set_defaults(func=cmd_audit_family)
 
     new_cmd = sub.add_parser("new-family", help="write a small working family into one new folder (envs/NAME/)")
     new_cmd.add_argument("name", help="the family's name: ^[a-z][a-z0-9_]*$, not taken")

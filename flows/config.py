@@ -100,6 +100,12 @@ class FactoryConfig(Config):
     train_after: Method | None = Field(None, description="then train on this run's dataset of that kind (a subflow)",
                                        json_schema_extra={"cli": "--train-after"})
     train_hyperparameters: dict[str, Any] | None = Field(None, description="hyperparameters of train_after")
+    audit_episodes: int = Field(1, ge=1, le=20, description="tasks per level of a family's gameability audit, run "
+                                "before assembly where its current versions have none",
+                                json_schema_extra={"cli": "--audit-episodes"})
+    audit_override: str | None = Field(None, min_length=1, description="why to assemble datasets from a family whose "
+                                       "gameability audit failed (recorded with the datasets); none: refuse",
+                                       json_schema_extra={"cli": "--audit-override"})
 
     @field_validator("families")
     @classmethod

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, tags, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext, TagsContext
 from prefect.events import emit_event
@@ -37,6 +38,7 @@ from flows.config import FactoryConfig, flow_parameters
 from flows.report import publish_run_artifacts, publishing_run_artifacts
 from tasks import assemble as assemble_stage
 from tasks import progress
+from tasks.audit import AuditRefused, ensure_audited
 from tasks.generate import generate_tasks
 from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
 from tasks.land import land_records, land_run, stage_records
@@ -152,13 +154,29 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
             "spooled": str(landing.spooled) if landing.spooled else None}
 
 
+@task(name="audit", task_run_name="audit", cache_policy=NO_CACHE, persist_result=False)
+def audit(data_dir: str, families: list[str], episodes: int = 1) -> dict[str, Any]:
+    """Each family's gameability audit of its current versions (run and landed where there is none
+    yet), as a table artifact; assembly then refuses a family whose audit failed."""
+    from warehouse import Warehouse
+
+    with Warehouse(data_dir) as wh:
+        audits = ensure_audited(wh, families, episodes, progress=get_run_logger().info)
+    rows = [{"family": f, "adversary": r.adversary, "level": r.level, "episodes": r.episodes,
+             "success_rate": r.success_rate, "mean_return": r.mean_return, "oracle_return": r.oracle_return,
+             "passed": r.passed, "reasons": "; ".join(r.reasons)} for f, found in audits.items() for r in found]
+    create_table_artifact(key="gameability-audit", table=rows,
+                          description="Gameability audit: each adversary's success and mean return beside the oracle's")
+    return {f: {"audit_id": found[0].audit_id, "passed": all(r.passed for r in found)} for f, found in audits.items()}
+
+
 @task(name="assemble", task_run_name="assemble", cache_policy=NO_CACHE, persist_result=False)
 def assemble(data_dir: str, families: list[str], policy_version: str | None = None, learnability: str = "p(1-p)",
              min_margin: float = 0.5, policy_id: str | None = None,
-             parallelism_reward: ParallelismReward | None = None) -> dict[str, Any]:
+             parallelism_reward: ParallelismReward | None = None, audit_override: str | None = None) -> dict[str, Any]:
     return assemble_stage.assemble_datasets(data_dir, families, policy_id=policy_id, policy_version=policy_version,
                                             learnability=learnability, min_margin=min_margin,
-                                            parallelism_reward=parallelism_reward)
+                                            parallelism_reward=parallelism_reward, audit_override=audit_override)
 
 
 @task(name="record-run", task_run_name="record-run", cache_policy=NO_CACHE, persist_result=False)
@@ -344,8 +362,15 @@ def factory(**params: Any) -> dict[str, Any]:
     # The curriculum measures this run's policy (a checkpoint: its weights' fingerprint).
     policies = {(r.policy_id, r.policy_version) for r in rollouts}
     policy_id, policy_version = policies.pop() if len(policies) == 1 else (None, None)
-    datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id,
-                        config.parallelism_reward)
+    audits = audit(data_dir, families, config.audit_episodes)
+    try:
+        datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id,
+                            config.parallelism_reward, config.audit_override)
+    except AuditRefused as exc:  # what landed stays; the run is recorded as failed, with why
+        run.status, run.error = "failed", str(exc)
+        run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        record_run(data_dir, run)
+        raise
     dataset_ids = [d["dataset_id"] for d in datasets.values()]
     run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record_run(data_dir, run)
@@ -360,7 +385,7 @@ def factory(**params: Any) -> dict[str, Any]:
     # training: its training-runs table lists the run it trained.
     with nullcontext() if config.train_after else publishing_run_artifacts(data_dir, families, run.run_id,
                                                                              dataset_ids):
-        report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets,
+        report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets, "audits": audits,
                   "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
                   "quarantined": quarantined}
         if config.train_after:

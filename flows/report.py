@@ -43,6 +43,7 @@ TITLES = {
     "reward_by_layer": "Step rewards per PRM layer and scorer version",
     "dataset_composition": "Dataset composition per family and difficulty",
     "training_runs": "Training runs",
+    "gameability_audits": "Gameability audits: each adversary beside the oracle (newest audit per family)",
 }
 COUNTED = ("tasks", "task_rejections", "rollouts", "steps", "step_scores", "datasets", "training_runs")
 
@@ -124,6 +125,23 @@ def reward_boxes(wh: Warehouse, families: list[str] | None = None) -> list[dict[
     return list(boxes.values())
 
 
+def gameability_audits(wh: Warehouse, families: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per family (its newest audit) and adversary: episodes, the highest success rate and mean
+    return over its levels beside the oracle's lowest return, and the levels where it failed."""
+    where, params = _where("task_family", families)
+    return _rows(wh, f"""
+        WITH latest AS (SELECT task_family, arg_max(audit_id, audited_at) AS audit_id FROM family_audits
+                        {where} GROUP BY task_family)
+        SELECT a.task_family, a.audit_id, any_value(a.verifier_version) AS verifier_version, a.adversary,
+               CAST(sum(a.episodes) AS BIGINT) AS episodes, max(a.success_rate) AS max_success_rate, max(a.floor) AS floor,
+               max(a.mean_return) AS max_mean_return, min(a.oracle_return) AS min_oracle_return,
+               bool_and(a.passed) AS passed,
+               string_agg(CAST(a.level AS VARCHAR), ', ' ORDER BY a.level) FILTER (WHERE NOT a.passed) AS failed_levels
+        FROM family_audits a JOIN latest USING (task_family, audit_id)
+        GROUP BY a.task_family, a.audit_id, a.adversary
+        ORDER BY a.task_family, a.adversary != 'oracle', a.adversary""", params)
+
+
 _TRAINING_COLUMNS = """run_id, method, dataset_id, families, status,
     CAST(json_extract(metrics, '$.steps') AS BIGINT) AS steps,
     CAST(json_extract(metrics, '$.final_loss') AS DOUBLE) AS final_loss,
@@ -165,6 +183,7 @@ def read_report(data_dir: str | os.PathLike, families: list[str] | None = None,
                 "reward_by_layer": reward_by_layer(wh, families),
                 "dataset_composition": dataset_composition(wh, families, dataset_ids),
                 "training_runs": runs,
+                "gameability_audits": gameability_audits(wh, families),
                 "reward_boxes": reward_boxes(wh, families),
                 "curves": training_curves(wh, [r["run_id"] for r in runs]),
                 "counts": {t: wh.count(t) for t in COUNTED}}

@@ -46,6 +46,7 @@ from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, OutcomeRe
                           Split, Step, TaskSpec, Termination, ToolCall, content_hash)
 from envs.registry import make
 from tasks import curriculum
+from tasks.audit import require_audited
 from tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
 
 SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
@@ -300,8 +301,12 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
                       policy_version: str | None = None, learnability: str | curriculum.Learnability = "p(1-p)",
                       prior: float = 1.0, min_margin: float = 0.5, min_step_margin: float = 0.0,
                       kinds: tuple[str, ...] = KINDS,
-                      parallelism_reward: ParallelismReward | dict | None = None) -> dict[str, dict[str, Any]]:
+                      parallelism_reward: ParallelismReward | dict | None = None,
+                      audit_override: str | None = None) -> dict[str, dict[str, Any]]:
     """Build, write and register the datasets of `families` from what the warehouse holds.
+    Every family's current version must have passed its gameability audit (tasks.audit:
+    `AuditRefused` otherwise), unless `audit_override` gives the reason to use it anyway; the
+    audit ids, or the override, are recorded in each dataset's config.
     Success rates (hence the curriculum) are measured for `policy_id` / `policy_version`
     (all policies where None) on the train split. `parallelism_reward` offers GRPO an annealed
     auxiliary reward for delegating episodes (envs.records.ParallelismReward), stored with the
@@ -312,6 +317,7 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
     from warehouse import Warehouse
 
     with Warehouse(data_dir) as wh:
+        audits = require_audited(wh, families, audit_override)
         in_families = "task_family IN (SELECT unnest(?))"
         all_tasks = {t.task_id: t for t in wh.load_tasks(in_families, [families])}
         known = recorded_splits(wh)  # every family's: a holdout template is locked wherever it appears
@@ -331,7 +337,7 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
         config = {"families": sorted(families), "policy_id": policy_id, "policy_version": policy_version,
                   "reward_layer": "combined (newest), else rules", "dropped": dropped,
                   "params": {"min_margin": min_margin, "min_step_margin": min_step_margin, "prior": prior,
-                             "split": "train"}}
+                             "split": "train", "audits": audits}}
         builders = {"sft": lambda: sft_rows(tasks, rollouts, step_rewards),
                     "dpo": lambda: dpo_rows(tasks, rollouts, step_rewards, min_margin, min_step_margin),
                     "grpo": lambda: grpo_rows(tasks, parallelism_reward)}

@@ -92,6 +92,12 @@ class OutcomeVerifier(ABC):
     # Tools whose text arguments the verdict checks against the facts (disclosures, promises,
     # claims): {tool: (argument, ...)}. The gameability audit negates them (tasks/audit.py).
     statements: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # The gameability audit's chance floors: {adversary: (floor, why a guess can be right)}; an
+    # adversary not named here must never succeed (floor 0).
+    audit_floors: ClassVar[dict[str, tuple[float, str]]] = {}
+    # State keys that record where the agent looked, not what it changed (an event log, the page
+    # open): the audit ignores them when it asks whether an extra write changed the world.
+    ephemeral_state: ClassVar[tuple[str, ...]] = ("events",)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

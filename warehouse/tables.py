@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
+from envs.records import (DatasetManifest, DatasetRow, FamilyAudit, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, TrainingRun, Verdict)
 from warehouse.schema import Column, arrow_schema, from_row, model_columns, to_arrays, to_row
 
@@ -175,6 +175,8 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("outcomes", Verdict, key=("rollout_id", "verifier_id", "verifier_version"),
           derived=("termination = 'success' AS success",), timestamps=("verified_at",),
           references=(Reference(("rollout_id",), "rollouts"),)),
+    # Gameability audits (tasks/audit.py): per family version, adversary and level, next to the oracle.
+    Table("family_audits", FamilyAudit, key=("audit_id", "adversary", "level"), timestamps=("audited_at",)),
     # Sub-agents' episodes of a delegating rollout (their family's partition), steps inline: frozen
     # policies' work, kept apart from the rollouts that curricula, success rates and datasets read.
     Table("sub_rollouts", Rollout, key=("rollout_id",), exclude=frozenset({"subrollouts"}),

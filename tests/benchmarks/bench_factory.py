@@ -61,6 +61,7 @@ def run_plain(cfg) -> dict:
     """The flow's stages in the flow's order, as plain calls: no task runs, no subflow, no artifacts."""
     from envs.records import Run
     from tasks.assemble import assemble_datasets
+    from tasks.audit import ensure_audited
     from tasks.generate import generate_tasks
     from tasks.isolate import assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
     from tasks.land import land_records, land_run
@@ -68,6 +69,7 @@ def run_plain(cfg) -> dict:
     from tasks.retry import collect_with_retries, run_counts
     from tasks.score import score_rollouts
     from tasks.validate import validate_tasks
+    from warehouse import Warehouse
 
     data_dir, family = cfg.data_dir, cfg.families[0]
     stages: dict[str, float] = {}
@@ -95,6 +97,9 @@ def run_plain(cfg) -> dict:
     landed = land_records(data_dir, isolated, invalid + leaked, rollouts, scores, run_id=run.run_id).checked()
     lap("land_s")
     (policy_id, policy_version), = {(r.policy_id, r.policy_version) for r in rollouts}
+    with Warehouse(data_dir) as wh:  # what the flow's audit stage does
+        ensure_audited(wh, cfg.families, cfg.audit_episodes)
+    lap("audit_s")
     datasets = assemble_datasets(data_dir, cfg.families, policy_id=policy_id, policy_version=policy_version,
                                  learnability=cfg.learnability, min_margin=cfg.min_margin)
     lap("assemble_s")

@@ -19,6 +19,7 @@ from tasks.policies import make_policy
 from tasks.rollout import collect_rollouts
 from tasks.score import latest_step_rewards, score_rollouts
 from warehouse import Warehouse
+from tests.audits import audited
 
 MISTAKES = 0.35
 
@@ -30,6 +31,7 @@ def built(tmp_path_factory):
     policy = make_policy("scripted", "inventory", mistake_rate=MISTAKES)
     rollouts = collect_rollouts(tasks, policy, 4, seed=5)
     land_batch(str(data_dir), tasks, [], rollouts, score_rollouts(rollouts, tasks))
+    audited(data_dir, ["inventory"])
     result = assemble_datasets(data_dir, ["inventory"], policy_version=policy.version)
     return data_dir, result, policy.version
 

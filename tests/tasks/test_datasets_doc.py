@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from tests.audits import audited
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "datasets.md"
 
@@ -25,6 +26,7 @@ def test_the_loading_snippet_runs(tiny_model_dir, tmp_path, monkeypatch):
     policy = make_policy("scripted", "inventory", mistake_rate=0.35)
     rollouts = collect_rollouts(tasks, policy, 3, seed=5)
     land_batch(str(tmp_path / "data"), tasks, [], rollouts, score_rollouts(rollouts, tasks))
+    audited(tmp_path / "data", ["inventory"])
     result = assemble_datasets(tmp_path / "data", ["inventory"], kinds=("sft", "dpo"))
     (snippet,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
     monkeypatch.chdir(tmp_path)

@@ -13,6 +13,7 @@ from tasks.assemble import sft_rows
 from tasks.policies import make_policy
 from tasks.rollout import run_episode
 from warehouse import Warehouse
+from tests.audits import audited
 
 
 class Calls:
@@ -126,6 +127,7 @@ def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
     rollouts = [run_episode(t, Calls(t.hidden.reference), seed=s) for s, t in enumerate(tasks)]
     with Warehouse(tmp_path) as wh:
         wh.land(tasks=tasks, rollouts=rollouts, rollout_outcomes=True).checked()
+    audited(tmp_path, ["orchestrator"])
     out = assemble_datasets(tmp_path, ["orchestrator"], parallelism_reward={"weight": 0.3, "anneal_steps": 50})
     grpo = out["grpo"]
     assert grpo["rows"] > 0

@@ -18,6 +18,7 @@ from tasks.generate import generate_tasks
 from tasks.policies import make_policy
 from tasks.retry import collect_with_retries
 from warehouse import Warehouse
+from tests.audits import audited
 
 N_TASKS, SEED = 30, 3
 # At 0.5 per tool call a 13-call episode meets no fault once in 8192 attempts: with these seeds
@@ -48,6 +49,7 @@ def runs(tmp_path_factory):
         data_dir = tmp_path_factory.mktemp(f"faults-{rate}")
         with Warehouse(data_dir) as wh:
             wh.land(tasks=tasks, rollouts=rollouts).checked()
+        audited(data_dir, ["inventory"])
         datasets = assemble_datasets(data_dir, ["inventory"], min_margin=0.5)
         out[rate] = {"rollouts": rollouts, "data_dir": data_dir, "datasets": datasets}
     return tasks, out

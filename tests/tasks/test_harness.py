@@ -28,6 +28,7 @@ from tests.tasks.harness_stub import LOGPROBS, TOKEN_IDS, scripted_inventory
 from tests.tasks.policy_endpoint import always
 from tests.verifiers.openai_stub import OpenAIStub
 from warehouse import Warehouse
+from tests.audits import audited
 
 ROOT = Path(__file__).resolve().parents[2]
 set_tracing_disabled(True)  # the SDK would upload traces: no network beyond 127.0.0.1
@@ -81,6 +82,7 @@ def test_an_agents_sdk_episode_lands_with_steps_outcome_scores_and_in_the_next_s
     # what the model saw is the recorded request: the SDK's own system prompt, then the goal
     assert rollout.steps[0].observation.startswith("You reserve stock for orders with the tools you have.\nOrder ")
     assert ("combined", 4) in scores and ("rules", 4) in scores
+    audited(tmp_path, ["inventory"])
     sft = assemble_datasets(tmp_path, ["inventory"], kinds=("sft",))["sft"]
     assert sft["rows"] == 1
     with Warehouse(tmp_path, read_only=True) as wh:

@@ -22,6 +22,7 @@ from tasks.rollout import collect_rollouts
 from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
 from warehouse import Warehouse
+from tests.audits import audited
 
 FAMILIES = sorted({ENV_ID.match(i)["name"] for i, spec in _REGISTRY.items() if spec.scripted_policy})
 TASKS = {"inventory": 20}  # other families are slower (sandboxes): a few tasks each
@@ -41,6 +42,7 @@ def built(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("isolation")
     for family in FAMILIES:
         build_family(data_dir, family)
+    audited(data_dir, FAMILIES)
     return data_dir, assemble_datasets(data_dir, FAMILIES)
 
 
