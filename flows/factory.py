@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, tags, task
-from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext, TagsContext
 from prefect.events import emit_event
@@ -156,18 +155,18 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
 
 @task(name="audit", task_run_name="audit", cache_policy=NO_CACHE, persist_result=False)
 def audit(data_dir: str, families: list[str], episodes: int = 1) -> dict[str, Any]:
-    """Each family's gameability audit of its current versions (run and landed where there is none
-    yet), as a table artifact; assembly then refuses a family whose audit failed."""
+    """Each family's gameability audit of its current versions, run and landed where there is none
+    yet (the run's `gameability-audits` artifact shows it); assembly then refuses a failed one."""
     from warehouse import Warehouse
 
+    logger = get_run_logger()
     with Warehouse(data_dir) as wh:
-        audits = ensure_audited(wh, families, episodes, progress=get_run_logger().info)
-    rows = [{"family": f, "adversary": r.adversary, "level": r.level, "episodes": r.episodes,
-             "success_rate": r.success_rate, "mean_return": r.mean_return, "oracle_return": r.oracle_return,
-             "passed": r.passed, "reasons": "; ".join(r.reasons)} for f, found in audits.items() for r in found]
-    create_table_artifact(key="gameability-audit", table=rows,
-                          description="Gameability audit: each adversary's success and mean return beside the oracle's")
-    return {f: {"audit_id": found[0].audit_id, "passed": all(r.passed for r in found)} for f, found in audits.items()}
+        audits = ensure_audited(wh, families, episodes, progress=logger.info)
+    for family, rows in audits.items():
+        failing = [f"{r.adversary} at level {r.level}: {'; '.join(r.reasons)}" for r in rows if not r.passed]
+        if failing:
+            logger.error("gameability audit %s of %s FAILED: %s", rows[0].audit_id, family, " | ".join(failing))
+    return {f: {"audit_id": rows[0].audit_id, "passed": all(r.passed for r in rows)} for f, rows in audits.items()}
 
 
 @task(name="assemble", task_run_name="assemble", cache_policy=NO_CACHE, persist_result=False)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import re
 import time
@@ -97,7 +98,7 @@ class Pool:
             self.strings.append(value)
 
     def _number(self, value: float) -> None:
-        if value not in self.numbers:
+        if math.isfinite(value) and value not in self.numbers:
             self.numbers.append(value)
 
 

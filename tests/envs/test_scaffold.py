@@ -19,6 +19,7 @@ from envs.check import CHECKS, check_family
 from envs.family import _FAMILIES, add
 from envs.scaffold import ENVS_DIR, TEMPLATES, ScaffoldError, new_family
 from flows.cli import main
+from tasks.audit import audit_family
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "scaffolded_notes"  # a top-level package name nothing else uses
@@ -49,6 +50,8 @@ def test_the_scaffold_is_one_folder_that_passes_every_check_unchanged(scaffolded
     report = check_family(NAME)
     assert report.ok, report.render()
     assert [c.status for c in report.checks] == ["pass"] * len(CHECKS), report.render()
+    audit = audit_family(NAME, episodes=1)
+    assert audit.ok, audit.render()
     # the verifier lives in the family's folder and is found lazily, by "module:attr"
     assert fam.verifier == f"{NAME}.verifier:ScaffoldedNotesVerifier"
     assert str(folder) in fam.masked_dirs()
@@ -87,6 +90,8 @@ def test_written_into_the_envs_package_it_is_a_builtin_family(tmp_path):
                              cwd=tmp_path, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "family probe (gymfoundry/probe-v0) passes" in checked.stdout
+    assert "gameability audit of probe (env 0, generator 1, verifier probe-outcome@1" in checked.stdout
+    assert "): passes in" in checked.stdout  # the audit, run by check-family after the checks
     assert "the same ids in a fresh interpreter" in checked.stdout  # found by `import envs` there too
     after = {p.relative_to(tmp_path) for p in (tmp_path / "envs").rglob("*") if "__pycache__" not in p.parts}
     assert {str(p) for p in after - before} >= {"envs/probe", "envs/probe/verifier.py"}

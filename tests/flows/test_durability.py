@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUN = ["run", "--families", "inventory", "--tasks", "8", "--seed", "13", "--samples", "2"]
 # Columns that measure the run rather than describe the data (timings, clocks).
 VOLATILE = {"steps": {"latency_s"}, "runs": {"started_at", "finished_at"}, "datasets": {"created_at"},
-            "outcomes": {"verified_at"}, "rollouts": {"flow_run_id"}}
+            "outcomes": {"verified_at"}, "rollouts": {"flow_run_id"}, "family_audits": {"audited_at"}}
 
 
 def contents(data_dir: Path) -> dict:

@@ -190,7 +190,8 @@ def test_artifacts_of_a_flow_run(run_dir):
     found = {a.key: a for a in read_artifacts(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))}
     types = {key: a.type for key, a in found.items()}
     assert types == {"success-by-level": "table", "failure-classes": "table", "reward-by-layer": "table",
-                     "dataset-composition": "table", "training-runs": "table", "success-by-level-chart": "image",
+                     "dataset-composition": "table", "training-runs": "table", "gameability-audits": "table",
+                     "success-by-level-chart": "image",
                      "reward-by-layer-chart": "image", "training-chart": "image",
                      "training-run": "table", "training-run-chart": "image"}
     assert {**run_ids, **training_ids} == {key: str(a.id) for key, a in found.items()}
@@ -243,8 +244,11 @@ def test_a_factory_run_publishes_its_artifacts_before_it_ends(run_dir):
     data_dir, report, _ = run_dir
     (flow_run_id,) = {r["flow_run_id"] for r in sql(data_dir, "select distinct flow_run_id from rollouts")}
     found = {a.key: a for a in read_artifacts(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))}
-    assert {"factory-report", "success-by-level", "failure-classes", "reward-by-layer",
-            "dataset-composition", "success-by-level-chart", "reward-by-layer-chart"} == set(found)
+    assert {"factory-report", "success-by-level", "failure-classes", "reward-by-layer", "dataset-composition",
+            "gameability-audits", "success-by-level-chart", "reward-by-layer-chart"} == set(found)
+    audits = json.loads(found["gameability-audits"].data)  # the run audited inventory before assembling
+    assert {(r["task_family"], r["adversary"]) for r in audits} >= {("inventory", "oracle"), ("inventory", "stall")}
+    assert all(r["passed"] for r in audits) and report["audits"]["inventory"]["passed"]
     png = base64.b64decode(found["reward-by-layer-chart"].data.split(",", 1)[1])
     assert png == reward_chart(read_report(data_dir, ["inventory"])["reward_boxes"])
     assert {r["dataset_id"] for r in json.loads(found["dataset-composition"].data)} == \

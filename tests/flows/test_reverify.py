@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 MAX_SUCCESS_STEPS = 4  # the new version's rule: a success that took more steps is a failure
 SIDE_BY_SIDE = """
     pivot (select rollout_id, verifier_version, success from outcomes where verifier_id = 'inventory-outcome')
-    on verifier_version in ('1', '2') using first(success) order by rollout_id"""
+    on verifier_version in ('2', '3') using first(success) order by rollout_id"""
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,8 @@ def test_the_factory_lands_its_own_verdicts_and_reverify_under_the_same_version_
 
 def test_a_new_verifier_version_lands_second_outcomes_side_by_side(run_dir, monkeypatch, capsys):
     data_dir, rollouts = run_dir
-    monkeypatch.setattr(InventoryVerifier, "version", "2")
+    assert InventoryVerifier.version == "2"  # the version the run landed under; "3" is the stricter one
+    monkeypatch.setattr(InventoryVerifier, "version", "3")
     monkeypatch.setattr(InventoryVerifier, "verify", strict_verify(InventoryVerifier.verify))
 
     assert main(["reverify", "--data-dir", str(data_dir), "--batch-size", "7"]) == 0
@@ -69,18 +70,18 @@ def test_a_new_verifier_version_lands_second_outcomes_side_by_side(run_dir, monk
     demoted = {rid for rid in clean if rollouts[rid].success and len(rollouts[rid].steps) > MAX_SUCCESS_STEPS}
     assert demoted and len(demoted) < sum(r.success for r in rollouts.values())  # the versions really differ
 
-    second = outcome_rows(data_dir, "verifier_version = '2'")
+    second = outcome_rows(data_dir, "verifier_version = '3'")
     assert sorted(second["rollout_id"]) == sorted(rollouts) and set(second["source"]) == {"reverify"}
     assert second["error"].null_count() == len(rollouts)
     with Warehouse(data_dir, read_only=True) as wh:
         pairs = wh.sql_df(SIDE_BY_SIDE)
         changed = wh.sql_df("select count(*) as n from outcomes o1 join outcomes o2 using (rollout_id) "
-                            "where o1.verifier_version = '1' and o2.verifier_version = '2' "
+                            "where o1.verifier_version = '2' and o2.verifier_version = '3' "
                             "and o1.success and not o2.success")["n"][0]
     both = pairs.drop_nulls()
     assert both.height == sum(r.outcome is not None for r in rollouts.values())  # the same rollouts, both versions
-    assert set(both.filter(both["1"] != both["2"])["rollout_id"]) == demoted and changed == len(demoted)
-    assert int(both["1"].sum()) - int(both["2"].sum()) == len(demoted)
+    assert set(both.filter(both["2"] != both["3"])["rollout_id"]) == demoted and changed == len(demoted)
+    assert int(both["2"].sum()) - int(both["3"].sum()) == len(demoted)
     by_class = dict(zip(second["rollout_id"], second["termination"]))
     for rid, rollout in rollouts.items():  # what the episode's end decided stands; only verdicts moved
         expected = "failure" if rid in demoted else rollout.termination.value

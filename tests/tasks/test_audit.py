@@ -111,6 +111,11 @@ def test_negate_says_the_opposite():
     assert negate("Could you tell me your zip code? Your order is cancelled.") == \
         "Could you tell me your zip code? Your order is not cancelled."
     assert negate("Could you tell me your zip code, please?") is None  # a question claims nothing
+    # the discussion reference's rationales, as envs/discussion/tests plays them negated
+    assert negate("Every participant accepts X, and the vote on it was unanimous.") == \
+        "Every participant accepts X, and the vote on it was not unanimous."
+    assert negate("No option is acceptable to every participant, so there is no consensus.") == \
+        "some option is acceptable to every participant, so there is no consensus."
 
 
 def test_perturb_changes_ids_numbers_and_choices_but_not_free_text():

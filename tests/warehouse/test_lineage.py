@@ -26,7 +26,8 @@ def test_timestamps_are_timestamp_columns_and_records_keep_iso_strings(wh):
     timestamps = wh.sql("select table_name, column_name, data_type from duckdb_columns() "
                         "where column_name like '%\\_at' escape '\\' and schema_name = 'main' order by all")
     types = {(r["table_name"], r["column_name"]): r["data_type"] for r in timestamps.to_pylist()}
-    assert types == {("datasets", "created_at"): "TIMESTAMP", ("manifest", "landed_at"): "TIMESTAMP",
+    assert types == {("datasets", "created_at"): "TIMESTAMP", ("family_audits", "audited_at"): "TIMESTAMP",
+                     ("manifest", "landed_at"): "TIMESTAMP",
                      ("outcomes", "verified_at"): "TIMESTAMP", ("quarantine", "created_at"): "TIMESTAMP",
                      ("runs", "finished_at"): "TIMESTAMP", ("runs", "started_at"): "TIMESTAMP",
                      ("training_runs", "finished_at"): "TIMESTAMP", ("training_runs", "started_at"): "TIMESTAMP"}

@@ -5,6 +5,7 @@ products; Φ after the recommendation is the verdict; a broken gold task is reje
 reason, and no observation shows a private persona value."""
 
 import json
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -15,10 +16,9 @@ from envs.advisory.rules import TOPICS, prohibited_claims
 from envs.check import check_family, play as replay
 from envs.family import add
 from envs.leaks import find_leaks
-from envs.records import TaskSpec, ToolCall
+from envs.records import OutcomeReport, TaskSpec, ToolCall
 from envs.registry import make, verifier_for
 from envs.wrappers import standard_stack
-from tasks.rollout import run_episode
 
 add(FAMILY)  # a no-op once `import envs` found it
 
@@ -218,27 +218,35 @@ def test_a_failing_simulated_person_is_an_env_fault(reply):
 
 # -- what is said is checked against the facts; "none" needs its evidence; Φ follows the verdict --
 
-class Fixed:
-    """A policy that sends fixed calls whatever it sees: an adversary that knows the task."""
+@dataclass
+class Played:
+    """An episode of fixed calls through the runtime's stack: its steps, the verifier's outcome and
+    the class that outcome gives (the runtime's classify adds faults, which these calls never meet)."""
 
-    policy_id, version = "fixed-calls", "1"
+    steps: list
+    outcome: OutcomeReport
 
-    def __init__(self, calls):
-        self.calls = calls
-
-    def reset(self, seed=None):
-        self.sent = 0
-
-    def act(self, observation):
-        call = self.calls[min(self.sent, len(self.calls) - 1)]
-        self.sent += 1
-        return json.dumps({"name": call.name, "arguments": call.arguments})
+    @property
+    def termination(self) -> str:
+        if self.outcome.success:
+            return "success"
+        return "constraint_violation" if self.outcome.constraint_violation else "failure"
 
 
 def episode(task, calls):
-    """The rollout of `calls` through the runtime, and Φ after its last step."""
-    rollout = run_episode(task, Fixed(calls), seed=0)
-    return rollout, verifier_for(FAMILY.env_id).potentials(task, rollout.steps)[-1]
+    """The episode of `calls` (an adversary that knows the task) through the standard stack, and
+    Φ after its last step."""
+    env = standard_stack(make(FAMILY.env_id))
+    try:
+        env.reset(task)
+        for call in calls:
+            ts = env.step(call)
+            if ts.done:
+                break
+        played = Played(list(env.steps), OutcomeReport.model_validate(ts.info["outcome"]))
+    finally:
+        env.close()
+    return played, verifier_for(FAMILY.env_id).potentials(task, played.steps)[-1]
 
 
 def sold_with_lockup():

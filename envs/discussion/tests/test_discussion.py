@@ -691,8 +691,6 @@ def test_the_reference_rationale_negated_as_the_audit_does_fails_at_every_level(
     option is acceptable to every participant, ...") succeeded at every level: what a rationale said
     of the vote or of a consensus was never checked. Each negation now fails naming what it said;
     Φ after the decision is 0 for it and 1 for the reference."""
-    from tasks.audit import negate
-
     verifier = verifier_for(FAMILY.env_id)
     kinds = set()
     for level in (1, 2, 3, 4, 5):
@@ -700,13 +698,14 @@ def test_the_reference_rationale_negated_as_the_audit_does_fails_at_every_level(
             task = FAMILY.generate(seed, level)
             facts = FAMILY.facts_of(task)
             rationale = task.hidden.reference[-1].arguments["rationale"]
-            said = negate(rationale)
-            if facts.feasible:
+            if facts.feasible:  # what tasks.audit.negate makes of the reference's rationale
                 pick = task.hidden.reference[-1].arguments["option"]
-                assert said == f"Every participant accepts {pick}, and the vote on it was not unanimous."
+                assert rationale == f"Every participant accepts {pick}, and the vote on it was unanimous."
+                said = f"Every participant accepts {pick}, and the vote on it was not unanimous."
                 reason = f"the vote on {pick} was not unanimous"
             else:
-                assert said == "some option is acceptable to every participant, so there is no consensus."
+                assert rationale == "No option is acceptable to every participant, so there is no consensus."
+                said = "some option is acceptable to every participant, so there is no consensus."
                 reason = "some option is acceptable to every participant"
             kinds.add(bool(facts.feasible))
             env, ts = play(task, with_decision(task, rationale=said))
