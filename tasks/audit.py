@@ -299,9 +299,6 @@ class _verifier_as:
             verifier_for.cache_clear()
 
 
-_SEEDS = itertools.count()
-
-
 def _tasks(fam: Any, level: int, seed: int, episodes: int) -> list[tuple[int, TaskSpec]]:
     """`episodes` tasks of the level, covering as many kinds of right ending as the first seeds
     show (`_ending_kind`): a blind ending is tried on a task whose right ending it is."""
@@ -330,9 +327,15 @@ def _ending_kind(fam: Any, task: TaskSpec) -> tuple:
     return last.name, words, acted
 
 
-def _play(adversary: str, task: TaskSpec, policy: Any, level: int, limits: Budget | None = None) -> Episode:
-    """One episode; each gets a seed of its own, so each has its own rollout id."""
-    return Episode(adversary, level, task, run_episode(task, policy, next(_SEEDS), limits=limits))
+class _Player:
+    """Plays one task's episodes, each with a seed of its own (so each has its own rollout id),
+    counted from 0 for the task: the same audit plays the same episodes."""
+
+    def __init__(self, task: TaskSpec, level: int):
+        self.task, self.level, self.seeds = task, level, itertools.count()
+
+    def __call__(self, adversary: str, policy: Any, limits: Budget | None = None) -> Episode:
+        return Episode(adversary, self.level, self.task, run_episode(self.task, policy, next(self.seeds), limits=limits))
 
 
 def _limits(task: TaskSpec, **update: Any) -> Budget:
@@ -342,7 +345,8 @@ def _limits(task: TaskSpec, **update: Any) -> Budget:
 def _audit_task(fam: Any, verifier: Any, task: TaskSpec, level: int, names: list[str],
                 rng: random.Random) -> list[Episode]:
     reference = list(task.hidden.reference)
-    oracle = _play(ORACLE, task, Calls(ORACLE, reference), level)
+    play = _Player(task, level)
+    oracle = play(ORACLE, Calls(ORACLE, reference))
     out = [oracle]
     pool = Pool()
     pool.see(task.goal)
@@ -353,26 +357,26 @@ def _audit_task(fam: Any, verifier: Any, task: TaskSpec, level: int, names: list
     writes = [t for t in tools if t.spec.category != ToolCategory.read]
     endings: list[ToolCall] = []
     if "blind_ending" in names or "spray" in names or "collateral" in names:
-        for episode in _blind_endings(task, writes, reference, goal_pool, rng, level):
+        for episode in _blind_endings(play, task, writes, reference, goal_pool, rng):
             if episode.counts:
                 endings.append(episode.rollout.steps[-1].tool_call)
             if "blind_ending" in names:
                 out.append(episode)
     ending_names = {c.name for c in endings} | ({reference[-1].name} if reference else set())
     if "do_nothing" in names:
-        out.append(_play("do_nothing", task, Calls("do_nothing", []), level, _limits(task, max_steps=3)))
+        out.append(play("do_nothing", Calls("do_nothing", []), _limits(task, max_steps=3)))
     if "stall" in names:
-        out.append(_play("stall", task, Calls("stall", reference, stall_s=STALL_CLOCK_S * 1.5), level,
-                         _limits(task, episode_timeout_s=STALL_CLOCK_S)))
+        out.append(play("stall", Calls("stall", reference, stall_s=STALL_CLOCK_S * 1.5),
+                        _limits(task, episode_timeout_s=STALL_CLOCK_S)))
     if "spray" in names:
         ways = endings + reference[-1:]
         for i in range(PER_TASK):
             spray = Spray(tools, ways[i % len(ways)] if ways else make_call(rng.choice(writes), rng, pool),
                           Pool(list(goal_pool.strings), list(goal_pool.numbers), goal_pool.text), rng.randrange(2**31))
-            out.append(_play("spray", task, spray, level))
+            out.append(play("spray", spray))
     if "reference_perturbed" in names:
         for at, calls in _perturbed(reference, fam):
-            episode = _play("reference_perturbed", task, Calls("reference_perturbed", calls), level)
+            episode = play("reference_perturbed", Calls("reference_perturbed", calls))
             # A change the world refused only dropped the call; one it read as the same value (a name
             # in other case) changed nothing: neither is a broken reference.
             steps = episode.rollout.steps
@@ -385,18 +389,18 @@ def _audit_task(fam: Any, verifier: Any, task: TaskSpec, level: int, names: list
         reads = {t.name for t in tools if t.spec.category == ToolCategory.read}
         if declared and any(c.name in reads for c in reference):
             calls = [c for c in reference if c.name not in reads]
-            out.append(_play("reference_no_reads", task, Calls("reference_no_reads", calls), level))
+            out.append(play("reference_no_reads", Calls("reference_no_reads", calls)))
     if "collateral" in names:
         extra = [t for t in writes if t.name not in ending_names and _targets(t)]
         for i in range(min(PER_TASK, len(extra))):
             call = make_call(extra[(rng.randrange(len(extra)) + i) % len(extra)], rng, pool)
             calls = reference[:-1] + [call] + reference[-1:]
-            episode = _play("collateral", task, Calls("collateral", calls), level)
+            episode = play("collateral", Calls("collateral", calls))
             _judge_collateral(episode, verifier, oracle, len(reference) - 1)
             out.append(episode)
     if "negated" in names:
         for calls in _negated(reference, type(verifier).statements):
-            out.append(_play("negated", task, Calls("negated", calls), level))
+            out.append(play("negated", Calls("negated", calls)))
     return out
 
 
@@ -407,8 +411,8 @@ def _targets(tool: Any) -> bool:
                for schema in tool.spec.parameters.get("properties", {}).values())
 
 
-def _blind_endings(task: TaskSpec, writes: list[Any], reference: list[ToolCall], pool: Pool,
-                   rng: random.Random, level: int) -> list[Episode]:
+def _blind_endings(play: _Player, task: TaskSpec, writes: list[Any], reference: list[ToolCall], pool: Pool,
+                   rng: random.Random) -> list[Episode]:
     """Each non-read tool called at turn 1 with the reference's arguments, each enum value and
     values from the goal; the reference's own ending also after the last thing the reference said
     (its announcement: "I cannot do that", said blind). An episode counts where its last call
@@ -429,8 +433,7 @@ def _blind_endings(task: TaskSpec, writes: list[Any], reference: list[ToolCall],
             if key in seen:
                 continue
             seen.add(key)
-            episode = _play("blind_ending", task, Calls("blind_ending", calls), level,
-                            _limits(task, max_steps=len(calls)))
+            episode = play("blind_ending", Calls("blind_ending", calls), _limits(task, max_steps=len(calls)))
             steps = episode.rollout.steps
             episode.counts = (episode.rollout.termination != "truncated" and len(steps) == len(calls)
                               and all(s.tool_call is not None and s.error is None for s in steps))

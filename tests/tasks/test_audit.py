@@ -143,6 +143,12 @@ def inventory_audit():
     return audit_family("inventory", episodes=1)
 
 
+def test_the_same_versions_audited_again_give_the_same_rows_and_id(inventory_audit):
+    again = audit_family("inventory", episodes=1)
+    assert [r.model_dump(exclude={"audited_at"}) for r in again.rows] == \
+        [r.model_dump(exclude={"audited_at"}) for r in inventory_audit.rows]
+
+
 def test_audit_lands_and_is_found_for_the_current_versions(tmp_path, inventory_audit):
     assert inventory_audit.ok, inventory_audit.render()
     with Warehouse(tmp_path) as wh:
