@@ -43,10 +43,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, OutcomeReport, ParallelismReward, Rollout,
-                          Split, Step, TaskSpec, Termination, ToolCall, content_hash)
+                          Split, Step, TaskSpec, Termination, ToolCall, Verdict, content_hash)
 from envs.registry import make
 from tasks import curriculum
-from tasks.audit import require_audited
+from tasks.audit import current_versions, require_audited
 from tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
 
 SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
@@ -297,6 +297,34 @@ def _rollout_ids(row: dict[str, Any]) -> list[str]:
     return []
 
 
+def judged_now(wh: Any, rollouts: list[Rollout]) -> tuple[list[Rollout], int]:
+    """The rollouts as the family's current verifier version judges them (the version its audit
+    is of): a rollout judged by another version takes the verdict `gymfoundry reverify` landed for
+    the current one, or is left out (counted) until there is one. A rollout without a verdict (an
+    episode a fault ended) is kept as it is: its class keeps it out of every dataset."""
+    current = {f: (v["verifier_id"], v["verifier_version"])
+               for f, v in ((f, current_versions(f)) for f in {r.family for r in rollouts})}
+    later: dict[str, Verdict] = {}
+    for family, (verifier_id, version) in current.items():
+        ids = [r.rollout_id for r in rollouts if r.family == family and r.outcome is not None
+               and (r.outcome.verifier_id, r.outcome.verifier_version) != (verifier_id, version)]
+        if ids:
+            later.update((v.rollout_id, v) for v in wh.load(
+                "outcomes", "verifier_id = ? AND verifier_version = ? AND rollout_id IN (SELECT unnest(?))",
+                [verifier_id, version, ids]))
+    kept, stale = [], 0
+    for r in rollouts:
+        if r.outcome is None or (r.outcome.verifier_id, r.outcome.verifier_version) == current[r.family]:
+            kept.append(r)
+        elif r.rollout_id in later:
+            verdict = later[r.rollout_id]
+            kept.append(r.model_copy(update={"outcome": verdict.outcome, "termination": verdict.termination,
+                                             "termination_reason": verdict.termination_reason}))
+        else:
+            stale += 1
+    return kept, stale
+
+
 def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: str | None = None,
                       policy_version: str | None = None, learnability: str | curriculum.Learnability = "p(1-p)",
                       prior: float = 1.0, min_margin: float = 0.5, min_step_margin: float = 0.0,
@@ -326,7 +354,7 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
         dropped = {"holdout_tasks": sum(s == Split.holdout for s in splits.values()),
                    "other_split_tasks": sum(s in (Split.val, Split.test) for s in splits.values())}
         eligible = "task_id IN (SELECT unnest(?))"
-        rollouts = wh.load_rollouts(eligible, [sorted(tasks)])
+        rollouts, dropped["stale_verdict_rollouts"] = judged_now(wh, wh.load_rollouts(eligible, [sorted(tasks)]))
         step_rewards = latest_step_rewards(wh, "rollout_id IN (SELECT unnest(?))",
                                            [sorted(r.rollout_id for r in rollouts)])
         rates = curriculum.success_rates(

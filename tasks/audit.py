@@ -18,8 +18,10 @@ the world's replies show:
 - `reference_no_reads`: the reference without its reads, where it ends by an ending the verifier
   declares evidence for (`verifiers.base.Ending`);
 - `collateral`: the reference plus one extra write before its ending that changed the world
-  (a write that was refused, changed only `ephemeral_state`, or only said free text to a person,
-  is no collateral): it must fail or be reported as a side effect or regression;
+  (the reference's own writes aimed at another target it saw, then random writes; a write that
+  was refused, changed only `ephemeral_state`, only said free text to a person or is a statement
+  the verdict checks, is no collateral): it must fail or be reported as a side effect or
+  regression;
 - `negated`: where the verifier checks what the agent says (`statements`), the reference with
   one of those texts negated.
 
@@ -375,7 +377,7 @@ def _audit_task(fam: Any, verifier: Any, task: TaskSpec, level: int, names: list
                           Pool(list(goal_pool.strings), list(goal_pool.numbers), goal_pool.text), rng.randrange(2**31))
             out.append(play("spray", spray))
     if "reference_perturbed" in names:
-        for at, calls in _perturbed(reference, fam):
+        for at, calls in _perturbed(reference, fam, pool):
             episode = play("reference_perturbed", Calls("reference_perturbed", calls))
             # A change the world refused only dropped the call; one it read as the same value (a name
             # in other case) changed nothing: neither is a broken reference.
@@ -391,9 +393,13 @@ def _audit_task(fam: Any, verifier: Any, task: TaskSpec, level: int, names: list
             calls = [c for c in reference if c.name not in reads]
             out.append(play("reference_no_reads", Calls("reference_no_reads", calls)))
     if "collateral" in names:
-        extra = [t for t in writes if t.name not in ending_names and _targets(t)]
-        for i in range(min(PER_TASK, len(extra))):
-            call = make_call(extra[(rng.randrange(len(extra)) + i) % len(extra)], rng, pool)
+        # Writes that act on something; what the verdict reads as speech (`statements`) is talk.
+        said = set(type(verifier).statements)
+        extra = [t for t in writes if t.name not in ending_names and t.name not in said and _targets(t)]
+        # the reference's own writes aimed at something else it saw first, then random writes
+        aimed = [calls[at] for at, calls in _perturbed(reference[:-1], fam, pool) if calls[at].name not in said]
+        drawn = [make_call(extra[(rng.randrange(len(extra)) + i) % len(extra)], rng, pool) for i in range(len(extra))]
+        for call in (aimed + drawn)[:PER_TASK]:
             calls = reference[:-1] + [call] + reference[-1:]
             episode = play("collateral", Calls("collateral", calls))
             _judge_collateral(episode, verifier, oracle, len(reference) - 1)
@@ -441,9 +447,10 @@ def _blind_endings(play: _Player, task: TaskSpec, writes: list[Any], reference: 
     return out
 
 
-def _perturbed(reference: list[ToolCall], fam: Any) -> list[tuple[int, list[ToolCall]]]:
+def _perturbed(reference: list[ToolCall], fam: Any, pool: Pool) -> list[tuple[int, list[ToolCall]]]:
     """The reference with one argument changed (and where): its ending's, then writes' from the
-    end. Free text is left alone: rewording it is no error (`negated` says the opposite)."""
+    end, each argument in turn until the world takes a change. Free text is left alone: rewording
+    it is no error (`negated` says the opposite)."""
     categories = {t.name: t.spec.category for t in fam.env.tools}
     schemas = {t.name: t.spec.parameters.get("properties", {}) for t in fam.env.tools}
     out = []
@@ -452,18 +459,24 @@ def _perturbed(reference: list[ToolCall], fam: Any) -> list[tuple[int, list[Tool
         if categories.get(call.name) == ToolCategory.read:
             continue
         for name, value in call.arguments.items():
-            changed = _perturb(value, schemas.get(call.name, {}).get(name, {}))
+            changed = _perturb(value, schemas.get(call.name, {}).get(name, {}), pool)
             if changed is not None:
                 out.append((i, [*reference[:i], ToolCall(name=call.name, arguments={**call.arguments, name: changed}),
                                  *reference[i + 1:]]))
-                break
         if len(out) >= PER_TASK:
             break
-    return out
+    return out[:PER_TASK]
 
 
-def _perturb(value: Any, schema: dict[str, Any]) -> Any:
-    """Another value of the same kind, or None where changing it would only reword free text."""
+def _shape(value: str) -> str:
+    """What kind of name a string is: "#W121669" and "#W276862" are both "#a9", "P-104" is "a-9"."""
+    return re.sub(r"[^\W\d_]+", "a", re.sub(r"\d+", "9", value))
+
+
+def _perturb(value: Any, schema: dict[str, Any], pool: Pool | None = None) -> Any:
+    """Another value of the same kind, or None where changing it would only reword free text. A
+    name is changed to another name of its shape the episode saw (another order, participant or
+    service, which the world takes), else its number moved or its letters reversed."""
     if isinstance(value, bool):
         return not value
     if "enum" in schema:
@@ -475,6 +488,10 @@ def _perturb(value: Any, schema: dict[str, Any]) -> Any:
     if isinstance(value, float):
         return round(value + 1.0, 2)
     if isinstance(value, str) and value and " " not in value.strip() and schema.get("maxLength", 10_000) < 200:
+        others = [s for s in (pool.strings if pool else []) if s != value and s.casefold() != value.casefold()
+                  and _shape(s) == _shape(value) and " " not in s]
+        if others:
+            return others[0]
         numbers = list(re.finditer(r"\d+", value))
         if numbers:
             last = numbers[-1]

@@ -9,7 +9,7 @@ accepted call), `invariants` (every outcome rule holds on the final hidden state
 is as the reference leaves it: nothing else changed), `hidden_variation` (the same calls replayed
 on each hidden variant of the world, the declared ones and the world listed in reverse order,
 meet the same rules and match the reference replayed there). The potential is the share of
-outcome rules that hold."""
+outcome rules that hold, and after the ending the state's verdict (1 or 0)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 
 from envs.family import family
 from envs.generic.domain import DOMAINS
+from envs.generic.expr import truth
 from envs.generic.facts import GenericFacts
 from envs.generic.rules import failed_rules, held, state_diff, variant_worlds
 from envs.generic.world import class_name
@@ -32,7 +33,9 @@ _GOLD_LOCK = threading.Lock()
 
 
 class DomainVerifier(ReplayVerifier):
-    version = "1"  # bump when a verdict changes; `gymfoundry reverify` re-judges stored rollouts
+    # Bump when a verdict or the potential changes; `gymfoundry reverify` re-judges stored rollouts.
+    # 2: after the ending, Phi follows the state's verdict.
+    version = "2"
 
     def verify(self, task: TaskSpec, steps: list[Step], final_state: dict[str, Any] | None = None) -> OutcomeReport:
         facts, calls = self.facts(task), calls_of(steps)
@@ -56,9 +59,14 @@ class DomainVerifier(ReplayVerifier):
                              side_effects=changed, reasons=reasons, checks=checks)
 
     def potential(self, task: TaskSpec, state: dict[str, Any]) -> float:
-        """Phi in [0, 1]: the share of the task's outcome rules that hold on the state."""
+        """Phi in [0, 1]: the share of the task's outcome rules that hold on the state; once the
+        episode has ended, what the state's verdict says: 1.0 where every rule holds and nothing
+        else changed (as `invariants` judges), else 0.0, so a wrong ending earns no progress."""
         facts = self.facts(task)
-        return round(held(facts, task.initial_state, state) / len(facts.outcome), 6)
+        share = held(facts, task.initial_state, state) / len(facts.outcome)
+        if not truth(self.domain.finish_when, {"state": state}):
+            return round(share, 6)
+        return 1.0 if share == 1 and not state_diff(state, self._gold(task)[0], self.domain.compare) else 0.0
 
     def precondition(self, task: TaskSpec) -> str | None:
         """A task whose rules all hold before any action is no exercise."""

@@ -8,12 +8,14 @@ import pytest
 
 import envs
 from envs import registry
-from envs.records import ToolCall
+from envs.family import family
+from envs.records import ToolCall, Verdict
 from envs.sandbox import bubblewrap
 from flows.cli import main
 from tasks.assemble import assemble_datasets
-from tasks.audit import (ADVERSARIES, AuditRefused, Pool, _perturb, audit_family, current_versions, land_audit,
+from tasks.audit import (ADVERSARIES, AuditRefused, Calls, Pool, _perturb, audit_family, current_versions, land_audit,
                          latest_audit, negate, require_audited)
+from tasks.rollout import run_episode
 from tests.sandbox_guard import require_sandbox
 from envs.advisory.verifier import AdvisoryVerifier
 from envs.browser.verifier import BrowserVerifier
@@ -184,6 +186,30 @@ def test_assembly_refuses_a_failed_audit_naming_adversaries_and_levels(tmp_path,
         with pytest.raises(AuditRefused, match="inventory: audit audit-failed failed: spray at level\\(s\\) 4"):
             require_audited(wh, ["inventory"])
         assert require_audited(wh, ["inventory"], override="known") == {"inventory": "override: known"}
+
+
+def test_datasets_use_the_audited_verifier_versions_verdicts_only(tmp_path, inventory_audit):
+    """Hostile: rollouts judged by an older verifier version (a blind ending it let through) are
+    no training data under the new version's audit: left out and counted, until `reverify`
+    lands the current version's verdict, which is then the one used."""
+    fam = family("inventory")
+    tasks = [fam.generate(seed, 1) for seed in range(3)]
+    played = [run_episode(t, Calls("oracle", list(t.hidden.reference)), seed=0) for t in tasks]
+    assert [r.termination.value for r in played] == ["success"] * 3
+    old = [r.model_copy(update={"outcome": r.outcome.model_copy(update={"verifier_version": "0-old"})})
+           for r in played]
+    with Warehouse(tmp_path) as wh:
+        wh.land(tasks=tasks, rollouts=old).checked()
+        land_audit(wh, inventory_audit)
+    first = assemble_datasets(tmp_path, ["inventory"], kinds=("sft",))["sft"]
+    assert first["rows"] == 0 and first["dropped"]["stale_verdict_rollouts"] == 3
+    verdicts = [Verdict(rollout_id=r.rollout_id, task_id=r.task_id, family="inventory", verifier_id="inventory-outcome",
+                        verifier_version=InventoryVerifier.version, source="reverify", outcome=r.outcome,
+                        termination=r.termination) for r in played[:2]]
+    with Warehouse(tmp_path) as wh:
+        wh.land(outcomes=verdicts).checked()
+    second = assemble_datasets(tmp_path, ["inventory"], kinds=("sft",))["sft"]
+    assert second["rows"] == 2 and second["dropped"]["stale_verdict_rollouts"] == 1
 
 
 def test_cli_audit_family_prints_lands_and_exits_by_the_verdict(tmp_path, capsys):
