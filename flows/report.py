@@ -130,14 +130,15 @@ def gameability_audits(wh: Warehouse, families: list[str] | None = None) -> list
     return over its levels beside the oracle's lowest return, and the levels where it failed."""
     where, params = _where("task_family", families)
     return _rows(wh, f"""
-        WITH latest AS (SELECT task_family, arg_max(audit_id, audited_at) AS audit_id FROM family_audits
+        WITH latest AS (SELECT task_family, max(audited_at) AS audited_at,
+                               arg_max(audit_id, audited_at) AS audit_id FROM family_audits
                         {where} GROUP BY task_family)
         SELECT a.task_family, a.audit_id, any_value(a.verifier_version) AS verifier_version, a.adversary,
                CAST(sum(a.episodes) AS BIGINT) AS episodes, max(a.success_rate) AS max_success_rate, max(a.floor) AS floor,
                max(a.mean_return) AS max_mean_return, min(a.oracle_return) AS min_oracle_return,
                bool_and(a.passed) AS passed,
                string_agg(CAST(a.level AS VARCHAR), ', ' ORDER BY a.level) FILTER (WHERE NOT a.passed) AS failed_levels
-        FROM family_audits a JOIN latest USING (task_family, audit_id)
+        FROM family_audits a JOIN latest USING (task_family, audit_id, audited_at)
         GROUP BY a.task_family, a.audit_id, a.adversary
         ORDER BY a.task_family, a.adversary != 'oracle', a.adversary""", params)
 

@@ -92,7 +92,7 @@ class Pool:
             self._string(found[0] or found[1])
         for found in re.findall(r"\b[A-Z][A-Z0-9]{0,5}-?\d{1,7}\b", text):
             self._string(found)
-        for found in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])", text)[:200]:
+        for found in re.findall(r"(?<![\w.])-?\d{1,15}(?:\.\d{1,15})?(?![\w.])", text)[:200]:
             self._number(float(found))
 
     def _string(self, value: str) -> None:
@@ -116,7 +116,7 @@ def _walk(value: Any, pool: Pool, depth: int = 0) -> None:
             _walk(v, pool, depth + 1)
     elif isinstance(value, bool):
         return
-    elif isinstance(value, (int, float)):
+    elif isinstance(value, (int, float)) and abs(value) < 1e15:
         pool._number(float(value))
     elif isinstance(value, str):
         pool._string(value)
@@ -124,7 +124,7 @@ def _walk(value: Any, pool: Pool, depth: int = 0) -> None:
 
 def make_value(schema: dict[str, Any], rng: random.Random, pool: Pool) -> Any:
     """A value the schema accepts, drawn from what was seen where one fits."""
-    if "enum" in schema:
+    if schema.get("enum"):
         return rng.choice(schema["enum"])
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -146,11 +146,20 @@ def make_value(schema: dict[str, Any], rng: random.Random, pool: Pool) -> Any:
     if kind == "object":
         return {}
     most, least = schema.get("maxLength", 10_000), schema.get("minLength", 0)
-    pattern = schema.get("pattern")
-    fits = [s for s in pool.strings if least <= len(s) <= most and (pattern is None or re.search(pattern, s))]
+    fits = [s for s in pool.strings if least <= len(s) <= most and _matches(schema.get("pattern"), s)]
     if most >= 200 and rng.random() < 0.5:  # free text: say something of the goal's
         return (pool.text or "Done.")[:most]
     return rng.choice(fits) if fits else "x" * max(1, least)
+
+
+def _matches(pattern: str | None, text: str) -> bool:
+    """Whether `text` fits the schema's pattern (a pattern Python cannot read fits nothing)."""
+    if pattern is None:
+        return True
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        return False
 
 
 def make_call(tool: Any, rng: random.Random, pool: Pool) -> ToolCall:
@@ -661,15 +670,16 @@ def land_audit(wh: Any, report: AuditReport) -> int:
 
 
 def latest_audit(wh: Any, name: str) -> list[FamilyAudit]:
-    """The rows of the newest audit of the family's current versions (empty where none)."""
+    """The rows of the newest audit of the family's current versions (empty where none): the one
+    landed last, even where the same audit (the same id) was landed before another."""
     from warehouse.tables import TABLES
 
     if not wh.files("family_audits"):
         return []
     versions = current_versions(name)
     where = " AND ".join(f"{'task_family' if k == 'family' else k} = ?" for k in versions)
-    rows = wh.sql(f"""SELECT * FROM family_audits WHERE audit_id = (
-                          SELECT audit_id FROM family_audits WHERE {where}
+    rows = wh.sql(f"""SELECT * FROM family_audits WHERE (audit_id, audited_at) = (
+                          SELECT (audit_id, audited_at) FROM family_audits WHERE {where}
                           ORDER BY audited_at DESC, audit_id DESC LIMIT 1)
                       ORDER BY adversary, level""", list(versions.values())).to_pylist()
     return [TABLES["family_audits"].record(row) for row in rows]

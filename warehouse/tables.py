@@ -176,7 +176,9 @@ TABLES: dict[str, Table] = {t.name: t for t in [
           derived=("termination = 'success' AS success",), timestamps=("verified_at",),
           references=(Reference(("rollout_id",), "rollouts"),)),
     # Gameability audits (tasks/audit.py): per family version, adversary and level, next to the oracle.
-    Table("family_audits", FamilyAudit, key=("audit_id", "adversary", "level"), timestamps=("audited_at",)),
+    # The same audit (its id is its content) run again lands again, at its own time: the newest decides.
+    Table("family_audits", FamilyAudit, key=("audit_id", "adversary", "level", "audited_at"),
+          timestamps=("audited_at",)),
     # Sub-agents' episodes of a delegating rollout (their family's partition), steps inline: frozen
     # policies' work, kept apart from the rollouts that curricula, success rates and datasets read.
     Table("sub_rollouts", Rollout, key=("rollout_id",), exclude=frozenset({"subrollouts"}),

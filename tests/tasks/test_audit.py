@@ -212,6 +212,41 @@ def test_datasets_use_the_audited_verifier_versions_verdicts_only(tmp_path, inve
     assert second["rows"] == 2 and second["dropped"]["stale_verdict_rollouts"] == 1
 
 
+def test_the_audit_landed_last_decides_even_one_landed_before(tmp_path, inventory_audit):
+    """A failing audit, then a passing one, then the failing one again (the same id, run later):
+    the newest landing decides, not the newest id."""
+    failed = type(inventory_audit)(family="inventory", rows=[
+        r.model_copy(update={"audit_id": "audit-failed", "passed": r.adversary != "spray",
+                             "audited_at": "2026-12-01T10:00:00+00:00"}) for r in inventory_audit.rows])
+    passing = type(inventory_audit)(family="inventory", rows=[
+        r.model_copy(update={"audited_at": "2026-12-01T11:00:00+00:00"}) for r in inventory_audit.rows])
+    again = type(inventory_audit)(family="inventory", rows=[
+        r.model_copy(update={"audited_at": "2026-12-01T12:00:00+00:00"}) for r in failed.rows])
+    with Warehouse(tmp_path) as wh:
+        land_audit(wh, failed)
+        land_audit(wh, passing)
+        assert require_audited(wh, ["inventory"]) == {"inventory": inventory_audit.rows[0].audit_id}
+        assert land_audit(wh, again) == len(again.rows)
+        with pytest.raises(AuditRefused, match="audit audit-failed failed: spray"):
+            require_audited(wh, ["inventory"])
+        assert len(latest_audit(wh, "inventory")) == len(again.rows)  # that landing's rows, once each
+
+
+def test_odd_values_in_replies_and_schemas_never_crash_the_adversaries():
+    import random
+
+    from tasks.audit import make_value
+
+    pool = Pool()
+    pool.see('{"stock": 1' + "0" * 400 + ', "x": NaN, "y": Infinity, "z": -1e999}')
+    pool.see("order 9" + "9" * 400)
+    assert all(abs(n) < 1e15 for n in pool.numbers)
+    rng = random.Random(0)
+    assert make_value({"enum": []}, rng, pool) in pool.strings  # an empty enum: a string like any other
+    assert make_value({"type": "string", "maxLength": 9, "pattern": "(["}, rng, Pool(strings=["a"])) == "x"
+    assert make_value({"type": "integer", "minimum": 3, "maximum": 3}, rng, pool) == 3
+
+
 def test_cli_audit_family_prints_lands_and_exits_by_the_verdict(tmp_path, capsys):
     assert main(["audit-family", "inventory", "--episodes", "1", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
