@@ -79,12 +79,16 @@ class TimeLimit(Wrapper):
 
     - steps: past `max_steps` the episode is `truncated`.
     - the environment's time: each step within `step_timeout_s`, all steps together within
-      `episode_timeout_s`. A step past either is abandoned while it runs, the caller gets the
-      episode's end at the deadline, and the attempt is an environment fault (`env_fault`:
-      retried, out of every statistic): a slow tool or world is not the agent's doing.
+      `episode_timeout_s`. A step past either is abandoned while it runs and the caller gets the
+      episode's end at the deadline. One step past its own limit is an environment fault
+      (`env_fault`: retried, out of every statistic): the world hung, not the agent's doing. Steps
+      that each finished within it but together used up the episode's time ran the agent's own
+      actions (its commands, its sleeps): the episode ends `truncated`, a model outcome, so no
+      agent leaves the statistics through the environment's clock.
     - the agent's own time: whatever passes outside the steps and the grading (a policy thinking,
       a harness between its calls), within `episode_timeout_s`; `deadline` is when it runs out
-      (each step and grading moves it later by what they took). Past it, the next step is not
+      (each step and grading moves it later by what they took, and `act` by what the policy
+      reports it waited on failed inference: `inference_wait_s`). Past it, the next step is not
       run and the episode ends `truncated`, a model outcome: stalling never takes an attempt out
       of the statistics.
     - tokens, where the policy reports them (`step(action, tokens=n)`, as `Recorder` passes them):
@@ -213,10 +217,14 @@ class TimeLimit(Wrapper):
         self._over = True
         if kind == "step":
             self.steps_taken += 1
-            which = "step" if timeout == self.step_timeout_s else "episode"
-            reason = (f"environment fault: the environment's {which} time limit of {timeout:.3g}s reached during "
-                      "the step")
-            return _end(render_error(None, TIMEOUT, reason), ENV_FAULT, reason,
+            if timeout == self.step_timeout_s:  # this one step hung past its own limit
+                reason = (f"environment fault: the environment's step time limit of {timeout:.3g}s reached during "
+                          "the step")
+                return _end(render_error(None, TIMEOUT, reason), ENV_FAULT, reason,
+                            {"error": {"kind": TIMEOUT, "message": reason}})
+            reason = (f"the episode's time ran out on the agent's own actions: the environment's time running them "
+                      f"reached the episode's limit of {self.episode_timeout_s:.3g}s")
+            return _end(render_error(None, TIMEOUT, reason), TRUNCATED, reason,
                         {"error": {"kind": TIMEOUT, "message": reason}})
         reason = f"grader fault: grading ran past its {timeout:.3g}s budget"
         if kind == "verdict":  # the step stands as the world answered it; its verdict never came
@@ -227,15 +235,35 @@ class TimeLimit(Wrapper):
         return _end(render_error(None, TIMEOUT, reason), GRADER_FAULT, reason)
 
 
+def _time_limit(env: AgentEnv) -> TimeLimit | None:
+    while not isinstance(env, TimeLimit):
+        env = getattr(env, "env", None)
+        if env is None:
+            return None
+    return env
+
+
 def grading(env: AgentEnv, fn: Callable[[], Any]) -> tuple[bool, Any]:
     """`fn` (grader work during or after an episode of `env`) on the grader's clock of the
     stack's TimeLimit (`TimeLimit.grading`); run here, untimed, in a stack without one."""
-    limit = env
-    while not isinstance(limit, TimeLimit):
-        limit = getattr(limit, "env", None)
-        if limit is None:
-            return True, fn()
-    return limit.grading(fn)
+    limit = _time_limit(env)
+    return (True, fn()) if limit is None else limit.grading(fn)
+
+
+def act(env: AgentEnv, policy: Any, observation: str) -> Any:
+    """`policy.act(observation)` for an episode of `env`. The seconds the policy reports it spent
+    waiting on inference infrastructure that failed (its cumulative `inference_wait_s`: failed
+    requests and the backoff between them; absent, none) are not the model's: the agent's deadline
+    of the stack's TimeLimit moves by them. Each request stays bounded by the endpoint's own
+    deadline, and an endpoint that never answers is an inference fault, as the policy raises it."""
+    waited = getattr(policy, "inference_wait_s", 0.0)
+    try:
+        return policy.act(observation)
+    finally:
+        excused = getattr(policy, "inference_wait_s", 0.0) - waited
+        limit = _time_limit(env)
+        if limit is not None and excused > 0:
+            limit.deadline += excused
 
 
 class Abandoned(BaseException):

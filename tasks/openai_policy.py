@@ -129,6 +129,7 @@ class OpenAIPolicy:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.timeout_s = timeout_s
         self.request_token_ids = request_token_ids
+        self.inference_wait_s = 0.0  # seconds waited on failed requests and backoff (envs.wrappers.act)
         # One connection pool for the policy and all its forks: as many connections as episodes in flight.
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.client = DeadlineClient(timeout_s, base_url=self.base_url, headers=headers, transport=transport,
@@ -232,20 +233,22 @@ class OpenAIPolicy:
         request that got no connection, no answer in time, 429 or 5xx; then an EndpointError."""
         where = redact(self.base_url)
         for attempt in range(self.max_retries + 1):
-            if attempt:
+            if attempt:  # the backoff is the infrastructure's time, not the model's (envs.wrappers.act)
+                slept = time.monotonic()
                 self._sleep(min(self.retry_backoff_s * 2 ** (attempt - 1), 10.0))
+                self.inference_wait_s += time.monotonic() - slept
+            started = time.monotonic()
             try:
                 response = self.client.post("/chat/completions", json=body)
             except httpx.TimeoutException:
                 error = f"{where} gave no complete answer within the {self.timeout_s:g} s deadline"
-                continue
             except httpx.TransportError as exc:
                 error = redact(f"connection to {where} failed: {type(exc).__name__}: {exc}")
-                continue
-            if response.status_code in RETRIED_STATUS:
+            else:
+                if response.status_code not in RETRIED_STATUS:
+                    return response
                 error = f"HTTP {response.status_code} from {where}: {redact(response.text)[:300]}"
-                continue
-            return response
+            self.inference_wait_s += time.monotonic() - started  # a failed request: the infrastructure's too
         raise EndpointError(f"{error} (after {self.max_retries + 1} request(s))")
 
     def _complete(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig
                           TaskSpec, content_hash)
 from envs.registry import load, make, spec, verifier_for
 from envs.secrets import redact
-from envs.wrappers import ENV_FAULT, GRADER_FAULT, grading, play_watched, standard_stack
+from envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, play_watched, standard_stack
 from tasks.classify import classify
 from tasks.collector import frozen_before
 from tasks.policies import Policy, PolicyOutput
@@ -233,7 +233,7 @@ def _turns(env, policy: Policy, played: _Played, ts, progress) -> None:
     """The policy's turns until the episode ends; Φ observed after each recorded step."""
     while not ts.done and played.policy_error is None:
         try:
-            out = policy.act(ts.observation)
+            out = act(env, policy, ts.observation)
         except ContextLengthExceeded as exc:
             played.inference["context"] = f"the model's context is full: {exc}"
             return

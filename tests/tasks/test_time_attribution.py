@@ -4,7 +4,10 @@ interface (`tasks.rollout.run_episode` with small policies, the real stack and v
 - the policy's own time (a stall in `act`) and its reported tokens running out end the episode
   `truncated`, a counted model outcome: stalling cannot take a failure out of a success rate;
 - a step past the environment's limit is an environment fault, and the environment's time is
-  not the policy's;
+  not the policy's; steps each within their limit that together use up the episode's time ran
+  the agent's own actions: `truncated`, counted;
+- the time an endpoint policy waits on failed inference (its retries and backoff) is not the
+  model's;
 - grading runs on a clock of its own, outside the step: past its budget a grader fault (retried,
   out of every statistic), within it the verdict, however slow the step clock;
 - a discussion moderated with long comma-spliced messages gets its untimed verdict;
@@ -20,14 +23,18 @@ import pytest
 
 import envs  # noqa: F401
 from envs.discussion import FAMILY as DISCUSSION
-from envs.records import (MODEL_OUTCOMES, Budget, OutcomeReport, RetryPolicy, TaskSpec, Termination, ToolCall)
+from envs.records import (MODEL_OUTCOMES, Budget, OutcomeReport, PolicySpec, RetryPolicy, TaskSpec, Termination,
+                          ToolCall)
 from envs.registry import register, verifier_for
 from tasks.evaluate import summarize
 from tasks.generate import generate_tasks
+from tasks.policies import make_policy
 from tasks.policies import PolicyOutput
 from tasks.retry import collect_with_retries
 from tasks.rollout import run_episode
 from tests.envs.counter_env import CounterEnv
+from tests.tasks.test_openai_history import scripted_model
+from tests.verifiers.openai_stub import OpenAIStub
 from warehouse import Warehouse
 
 COUNTER = "gymfoundry/counter-v0"
@@ -177,6 +184,52 @@ def test_a_step_past_the_environments_limit_is_an_environment_fault_retried():
     assert rollout.termination == Termination.env_fault and rollout.termination not in MODEL_OUTCOMES
     assert rollout.termination_reason.startswith("environment fault: the environment's step time limit of 0.3s")
     assert Termination.env_fault in RetryPolicy().retry_on
+
+
+def test_the_agents_own_actions_using_up_the_environments_time_end_truncated_and_counted():
+    """A coding agent's way out of the statistics: commands that each sleep a little under the
+    step limit until the episode's environment time is gone. Before, `env_fault` (retried, out of
+    every rate); it is the agent's own doing, a counted outcome. One step past its own limit (the
+    world hung) stays an environment fault."""
+    task = CounterEnv.generate_task(3)
+    sleeps = [{"name": "sleep", "arguments": {"seconds": 0.2}}]
+    started = time.monotonic()
+    rollout = run_episode(task, Plays(sleeps), 0, limits=Budget(step_timeout_s=CLOCK_S, episode_timeout_s=0.5))
+    assert time.monotonic() - started < 1.0  # the third sleep is cut off at the episode's deadline
+    assert rollout.termination == Termination.truncated and rollout.termination in MODEL_OUTCOMES
+    assert rollout.termination_reason == ("the episode's time ran out on the agent's own actions: the environment's "
+                                          "time running them reached the episode's limit of 0.5s")
+    assert [s.error for s in rollout.steps] == [None, None, "timeout"]
+    report = summarize([rollout], [task])
+    assert (report["model_outcomes"], report["excluded"]) == (1, 0)
+    hung = run_episode(task, Plays([{"name": "sleep", "arguments": {"seconds": 1.0}}]), 0,
+                       limits=Budget(step_timeout_s=CLOCK_S, episode_timeout_s=5.0))
+    assert hung.termination == Termination.env_fault
+    assert hung.termination_reason.startswith("environment fault: the environment's step time limit of 0.3s")
+
+
+def test_an_endpoints_retries_and_backoff_are_not_the_models_time():
+    """A busy server (429 on every other request) and the policy's backoff before each answer
+    together take longer than the episode's clock; the model itself answers at once. Before, the
+    waiting was charged to the policy: `truncated`."""
+    task = generate_tasks("inventory", 1, seed=3)[0]
+    model, asked = scripted_model(task), []
+
+    def busy(body, headers):
+        asked.append(1)
+        if len(asked) % 2:
+            return 429, {"error": {"message": "rate limited", "type": "rate_limit"}}
+        return 200, model(body)
+
+    limits = task.budget.model_copy(update={"episode_timeout_s": 0.5})
+    with OpenAIStub(respond=busy) as server:
+        policy = make_policy(PolicySpec(kind="openai", model="stub", base_url=server.base_url, max_retries=1,
+                                        timeout_s=5, options={"retry_backoff_s": 0.2}), "inventory")
+        started = time.monotonic()
+        rollout = run_episode(task, policy, 0, limits=limits)
+    assert rollout.termination == Termination.success, rollout.termination_reason
+    assert time.monotonic() - started > 0.5 and len(asked) == 2 * len(task.hidden.reference)
+    assert policy.inference_wait_s >= 0.2 * len(task.hidden.reference)
 
 
 def test_a_grader_past_its_own_budget_is_a_grader_fault_retried_and_out_of_the_statistics():
