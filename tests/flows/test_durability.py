@@ -37,10 +37,16 @@ def contents(data_dir: Path) -> dict:
                     row["cost"] = {k: v for k, v in json.loads(row["cost"]).items() if k != "wall_time_s"}
                 rows.append(json.dumps(row, sort_keys=True, default=str))
             out[name] = sorted(rows)
-        out["manifest"] = sorted(map(str, wh.sql("select table_name, task_family, path, row_count from manifest")
-                                     .to_pylist()))
-    out["lake"] = sorted(p.relative_to(data_dir).as_posix() for p in (data_dir / "lake").rglob("*") if p.is_file())
+        out["manifest"] = sorted(map(str, wh.sql(
+            "select table_name, task_family, if(table_name = 'family_audits', '', path) as path, row_count "
+            "from manifest").to_pylist()))
+    # A file's name comes from its rows' keys; an audit's key holds when it was landed (volatile).
+    out["lake"] = sorted(_lake_name(p.relative_to(data_dir)) for p in (data_dir / "lake").rglob("*") if p.is_file())
     return out
+
+
+def _lake_name(path: Path) -> str:
+    return (path.parent if "family_audits" in path.parts else path).as_posix()
 
 
 def kill_during_landing(data_dir: Path, marker: Path) -> str:
