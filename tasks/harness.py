@@ -15,9 +15,14 @@ led to a tool call is on disk before the tool call reaches the hub."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
 import logging
+import os
 import queue
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -25,6 +30,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from envs.base import render_error
 from envs.errors import EnvFault
@@ -61,9 +68,45 @@ class TooManyEpisodes(RuntimeError):
     """A harness asked for more episodes at once than the server keeps open."""
 
 
+class EpisodeExists(ValueError):
+    """The name is open, or was already used in this server run."""
+
+
+class EpisodeNotOpen(LookupError):
+    """No episode of that name is open (never opened, or already closed)."""
+
+
+class WrongToken(PermissionError):
+    """The request did not carry the token its episode was opened with."""
+
+
+class UnreadableCall(ValueError):
+    """A model call record that the reader could not read back: never appended."""
+
+
+def unreadable(exc: ValueError) -> str:
+    """Why a record could not be read, in one short line (pydantic's own message is several)."""
+    errors = exc.errors() if isinstance(exc, ValidationError) else None
+    return (errors[0]["msg"] if errors else str(exc).splitlines()[0])[:160]
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` survive a crash of the machine, not only of the process."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class CallLog:
     """The model calls of each episode, one JSON line per call, appended by the proxy and read
-    by the hub (possibly another process) when the episode ends."""
+    by the hub (possibly another process) when the episode ends; and which episodes are open, with
+    the sha256 of each one's token (`<name>.open`), which both processes check."""
 
     def __init__(self, data_dir: str | Path):
         self.dir = Path(data_dir) / "harness" / "calls"
@@ -71,6 +114,49 @@ class CallLog:
         self._lock = threading.Lock()
         self._next: dict[str, int] = {}
 
+    # -- who owns an episode -----------------------------------------------------------------
+    def open(self, name: str, token: str | None = None) -> str:
+        """Open `name` and return its token (a fresh one unless given: a stdio launcher's). Only
+        its sha256 is written. EpisodeExists when the name is open already."""
+        path = self.dir / f"{check_episode_name(name)}.open"
+        token = token or secrets.token_urlsafe(32)
+        temp = self.dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(temp, "w", encoding="ascii") as fh:
+            fh.write(token_digest(token))
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(temp, path)  # unlike a rename, never replaces an episode opened meanwhile
+        except FileExistsError:
+            raise EpisodeExists(f"episode {name!r} is open already") from None
+        finally:
+            temp.unlink()
+        fsync_dir(self.dir)
+        return token
+
+    def check(self, name: str, token: str | None) -> None:
+        """EpisodeNotOpen unless `name` is open; WrongToken unless `token` is the one it was opened with."""
+        if not isinstance(name, str) or not EPISODE_NAME.fullmatch(name):
+            raise EpisodeNotOpen(f"no episode {str(name)[:80]!r}")
+        try:
+            digest = (self.dir / f"{name}.open").read_text(encoding="ascii").strip()
+        except (FileNotFoundError, UnicodeDecodeError):
+            raise EpisodeNotOpen(f"no open episode {name!r}") from None
+        if not isinstance(token, str) or not hmac.compare_digest(token_digest(token), digest):
+            raise WrongToken(f"the token of episode {name!r} is required (Authorization: Bearer <token>)")
+
+    def close(self, name: str) -> None:
+        """The episode's token opens nothing any more (the proxy records no more calls for it)."""
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir / f"{check_episode_name(name)}.open").unlink()
+
+    def is_open(self, name: str) -> bool:
+        return isinstance(name, str) and bool(EPISODE_NAME.fullmatch(name)) and (self.dir / f"{name}.open").exists()
+
+    def open_names(self) -> list[str]:
+        return sorted(p.name[:-len(".open")] for p in self.dir.glob("*.open"))
+
+    # -- the calls ---------------------------------------------------------------------------
     def next_index(self, episode: str) -> int:
         """The order of a new call of `episode` in this process (the proxy numbers at arrival)."""
         with self._lock:
@@ -80,16 +166,46 @@ class CallLog:
             return self._next[episode] - 1
 
     def append(self, call: ModelCall) -> None:
-        line = call.model_dump_json() + "\n"
-        with self._lock, open(self.dir / f"{check_episode_name(call.episode_id)}.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(line)
+        """Append one call, on disk (fsynced) when this returns. A record the reader could not read
+        back (JSON nested past its limit) raises UnreadableCall and is not written: a caller records
+        a refusal instead. After a torn line (a full disk) the call starts a line of its own."""
+        line = call.model_dump_json()
+        try:
+            ModelCall.model_validate_json(line)
+        except ValueError as exc:
+            raise UnreadableCall(f"the model call could not be read back: {unreadable(exc)}") from None
+        path = self.dir / f"{check_episode_name(call.episode_id)}.jsonl"
+        with self._lock:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+                os.write(fd, (b"\n" if torn else b"") + line.encode("utf-8") + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def read(self, episode: str) -> list[ModelCall]:
+        """The episode's calls in order; a line that cannot be read is left out (see `scan`)."""
+        return self.scan(episode)[0]
+
+    def scan(self, episode: str) -> tuple[list[ModelCall], list[str]]:
+        """(the calls that could be read, in order; what could not: one reason per line). A last
+        line without its newline is still being written, and is neither."""
         path = self.dir / f"{check_episode_name(episode)}.jsonl"
-        if not path.exists():
-            return []
-        lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # a line still being written has no newline yet
-        return sorted((ModelCall.model_validate_json(line) for line in lines if line), key=lambda c: c.index)
+        try:
+            lines = path.read_bytes().split(b"\n")[:-1]
+        except FileNotFoundError:
+            return [], []
+        calls, bad = [], []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                calls.append(ModelCall.model_validate_json(line))
+            except ValueError as exc:  # malformed, too deep, not UTF-8, not a ModelCall
+                bad.append(f"line {number} of {path.name}: {unreadable(exc)}")
+        return sorted(calls, key=lambda c: c.index), bad
 
 
 def records_of(calls: list[ModelCall]) -> int:
