@@ -26,13 +26,16 @@ those train tasks and check no split themselves. Every row is scanned
 for hidden values and deduplicated by content. Rows carry a sampling `weight` from the
 curriculum (tasks/curriculum.py), reduced per rollout. Each dataset is a content-addressed
 Parquet file under `<data_dir>/datasets/` plus a `datasets` row (mixture, success rates,
-parameters) and `dataset_rows` (lineage to rollouts) in the warehouse. `load_dataset` reads one
-for TRL, with tool-call arguments as the chat template wants them (docs/datasets.md).
+parameters) and `dataset_rows` (lineage to rollouts) in the warehouse, and the file's checksum in
+the catalog's `dataset_files` (`warehouse check` verifies it, `rebuild_dataset` restores a damaged
+file from the warehouse). `load_dataset` reads one for TRL, refusing a damaged file, with
+tool-call arguments as the chat template wants them (docs/datasets.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -48,12 +51,14 @@ from envs.registry import make
 from tasks import curriculum
 from tasks.audit import current_versions, require_audited
 from tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
+from warehouse import catalog
+from warehouse.lake import file_sha256
 
 SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
                  "turn; the tool's result comes back as the next message.")
 
 MODEL_FAILURES = MODEL_OUTCOMES - {Termination.success}
-DATASETS_DIR = "datasets"
+DATASETS_DIR = catalog.DATASETS_DIR
 KINDS = ("sft", "dpo", "grpo")
 TOOL_ARGUMENTS = ("dict", "string")
 MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected")
@@ -247,20 +252,30 @@ def _rewards(rollout: Rollout, step_rewards: dict[str, list[float]]) -> list[flo
 
 
 def write_dataset(rows: list[dict[str, Any]], dataset_id: str, out_dir: Path) -> Path | None:
-    """Write rows once under their content-addressed name (temp file, then an atomic rename)."""
+    """Write rows under their content-addressed name (temp file, then an atomic rename). A file
+    already there is kept only when its bytes are exactly those the rows make: a damaged one is
+    replaced."""
     if not rows:
         return None
     path = out_dir / f"{dataset_id}.parquet"
-    if not path.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        table = pa.Table.from_pylist(rows)
-        if "masked_turns" in table.column_names:  # all rows without one would infer list<null>
-            table = table.set_column(table.schema.get_field_index("masked_turns"), "masked_turns",
-                                     table["masked_turns"].cast(pa.list_(pa.int64())))
-        pq.write_table(table, tmp)
-        tmp.replace(path)
+    temp = _write_temp(rows, path)
+    if path.is_file() and file_sha256(path) == file_sha256(temp):
+        temp.unlink()
+    else:
+        os.replace(temp, path)
     return path
+
+
+def _write_temp(rows: list[dict[str, Any]], path: Path) -> Path:
+    """The rows as a Parquet file beside `path`, under a temp name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    table = pa.Table.from_pylist(rows)
+    if "masked_turns" in table.column_names:  # all rows without one would infer list<null>
+        table = table.set_column(table.schema.get_field_index("masked_turns"), "masked_turns",
+                                 table["masked_turns"].cast(pa.list_(pa.int64())))
+    pq.write_table(table, temp)
+    return temp
 
 
 def finish(kind: str, rows: list[dict[str, Any]], tasks: dict[str, TaskSpec], rates: dict[str, float],
@@ -369,7 +384,7 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
         builders = {"sft": lambda: sft_rows(tasks, rollouts, step_rewards),
                     "dpo": lambda: dpo_rows(tasks, rollouts, step_rewards, min_margin, min_step_margin),
                     "grpo": lambda: grpo_rows(tasks, parallelism_reward)}
-        result, manifests, lineage = {}, [], []
+        result, manifests, lineage, written = {}, [], [], []
         out_dir = Path(data_dir) / DATASETS_DIR
         for kind in kinds:
             kind_config = config
@@ -380,12 +395,59 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
             path = write_dataset(rows, manifest.dataset_id, out_dir)
             if path is not None:
                 manifest.path = path.resolve().relative_to(wh.data_dir).as_posix()
+                written.append(catalog.DatasetFile(manifest.dataset_id, manifest.path, len(rows), file_sha256(path),
+                                                   datetime.now(timezone.utc).replace(tzinfo=None)))
             manifests.append(manifest)
             lineage += kind_lineage
             result[kind] = {"dataset_id": manifest.dataset_id, "rows": len(rows), "path": str(path) if path else None,
                             "mixture": manifest.mixture, "dropped": manifest.dropped}
         wh.land(datasets=manifests, dataset_rows=lineage).checked()
+        for file in written:  # after the landing: a checksum names a dataset the warehouse holds
+            catalog.record_dataset_file(wh.con, file)
     return result
+
+
+def rebuild_dataset(wh: Any, dataset_id: str) -> str | None:
+    """Rebuild a dataset's file from the warehouse (`Warehouse.repair`'s rebuilder): the rows of
+    its lineage's tasks built again with its recorded parameters, kept and ordered as its
+    `dataset_rows` say, with their recorded weights. The file is put in place only when its
+    checksum is the one recorded; returns None then, else why the dataset cannot be rebuilt."""
+    from tasks.score import latest_step_rewards
+    from warehouse import DamagedWarehouse
+
+    [recorded] = [f for f in catalog.dataset_files(wh.con) if f.dataset_id == dataset_id]
+    try:
+        manifests = wh.load("datasets", "dataset_id = ?", [dataset_id])
+        lineage = sorted(wh.load("dataset_rows", "dataset_id = ?", [dataset_id]), key=lambda r: r.row_index)
+        if not manifests or not lineage:
+            return "the warehouse holds no `datasets` row or no lineage for it"
+        manifest, params = manifests[0], manifests[0].params
+        task_ids = sorted({r.task_id for r in lineage})
+        tasks = {t.task_id: t for t in wh.load_tasks("task_id IN (SELECT unnest(?))", [task_ids])}
+        rollouts, _ = judged_now(wh, wh.load_rollouts("task_id IN (SELECT unnest(?))", [sorted(tasks)]))
+        step_rewards = latest_step_rewards(wh, "rollout_id IN (SELECT unnest(?))",
+                                           [sorted(r.rollout_id for r in rollouts)])
+    except DamagedWarehouse as exc:
+        return f"the tables it is built from are damaged ({exc})"
+    parallelism = params.get("parallelism_reward")
+    build = {"sft": lambda: sft_rows(tasks, rollouts, step_rewards),
+             "dpo": lambda: dpo_rows(tasks, rollouts, step_rewards, params["min_margin"], params["min_step_margin"]),
+             "grpo": lambda: grpo_rows(tasks, ParallelismReward.model_validate(parallelism) if parallelism else None)}
+    built = {}
+    for row in dedupe_rows(build[manifest.kind](), CONTENT[manifest.kind])[0]:
+        built.setdefault(row["row_id"], row)
+    lost = [r.row_id for r in lineage if r.row_id not in built]
+    if lost:
+        return f"{len(lost)} of its {len(lineage)} rows can no longer be built from the warehouse"
+    rows = [{**built[r.row_id], "weight": r.weight} for r in lineage]
+    path = Path(wh.data_dir) / recorded.path
+    temp = _write_temp(rows, path)
+    digest = file_sha256(temp)
+    if digest != recorded.sha256:
+        temp.unlink()
+        return f"the rebuilt file's sha256 is {digest}, recorded {recorded.sha256}"
+    os.replace(temp, path)
+    return None
 
 
 def load_dataset(path: str | Path, tool_arguments: str | None = None):
@@ -395,8 +457,13 @@ def load_dataset(path: str | Path, tool_arguments: str | None = None):
     them as dicts, for chat templates that `tojson` them (Qwen2.5, Llama 3.x, gpt-oss: a string
     would be encoded twice), stored with `datasets.Json` so that calls of different tools keep
     their own keys; "string" as JSON strings (Qwen3, DeepSeek-V3). Applied to every assistant
-    tool call of `messages`, `prompt`, `chosen` and `rejected`."""
+    tool call of `messages`, `prompt`, `chosen` and `rejected`. A warehouse's dataset file that is
+    not the one it recorded raises `DamagedDataset` (`warehouse.store.assert_dataset_intact`)."""
     import datasets
+
+    from warehouse.store import assert_dataset_intact
+
+    assert_dataset_intact(path)
 
     if tool_arguments is None:
         return datasets.Dataset.from_parquet(str(path))

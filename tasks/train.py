@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from warehouse.store import assert_dataset_intact
+
 METHODS = ("sft", "dpo", "grpo")
 
 
@@ -59,12 +61,15 @@ def train(dataset: str | None, method: str, base_model: str, output_dir: str,
           hyperparameters: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train and save under `output_dir`; returns metrics (loss, steps, seconds per step, peak
     memory). `dataset` is a Parquet file of the factory's datasets (GRPO needs none: it acts
-    in the live environments)."""
-    import torch
-
+    in the live environments). A warehouse's dataset file that is not the one it recorded (a
+    flipped bit, a rewrite) is refused, naming it, before anything is loaded."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
     hp = Hyperparameters.from_dict(hyperparameters)
+    if dataset is not None:
+        assert_dataset_intact(dataset)
+    import torch
+
     torch.set_num_threads(hp.num_threads or max(1, os.cpu_count() or 1))
     torch.manual_seed(hp.seed)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

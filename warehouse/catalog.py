@@ -55,6 +55,24 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 
+# Dataset files (`<data_dir>/datasets/<dataset_id>.parquet`, written by `tasks.assemble`) are no lake
+# batches, but as much part of the warehouse: each one's checksum is kept here when it is written,
+# `warehouse check` verifies it, the trainer refuses a file that does not match. Mutable, unlike the
+# `datasets` rows: a dataset rebuilt by `warehouse repair`, or quarantined, updates its entry.
+DATASETS_DIR = "datasets"
+DATASET_FILES_DDL = """
+CREATE TABLE IF NOT EXISTS dataset_files (
+    dataset_id  VARCHAR PRIMARY KEY,
+    path        VARCHAR NOT NULL,   -- relative to the data dir
+    row_count   BIGINT NOT NULL,
+    sha256      VARCHAR NOT NULL,   -- of the file's bytes, as written
+    written_at  TIMESTAMP NOT NULL, -- UTC
+    quarantine  VARCHAR             -- where `warehouse repair` moved a damaged file it could not rebuild
+)
+"""
+DATASET_FILE_COLUMNS = ("dataset_id", "path", "row_count", "sha256", "written_at", "quarantine")
+
+
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -244,6 +262,35 @@ def migrate_manifest(con: duckdb.DuckDBPyConnection, data_dir: Path) -> list[str
         notes.append(f"{len(left)} registered lake files have no checksum (missing or unreadable): "
                      f"{', '.join(left[:5])}; `gymfoundry warehouse check` reports them")
     return notes
+
+
+@dataclass(frozen=True)
+class DatasetFile:
+    """One dataset file, as `dataset_files` has it."""
+
+    dataset_id: str
+    path: str
+    row_count: int
+    sha256: str
+    written_at: object
+    quarantine: str | None = None
+
+
+def dataset_files(con: duckdb.DuckDBPyConnection) -> list[DatasetFile]:
+    """Every recorded dataset file (none in a catalog from before dataset checksums)."""
+    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main' "
+                        "AND table_name = 'dataset_files'").fetchall()
+    if not found[0][0]:
+        return []
+    rows = con.execute(f"SELECT {', '.join(DATASET_FILE_COLUMNS)} FROM dataset_files ORDER BY dataset_id").fetchall()
+    return [DatasetFile(*row) for row in rows]
+
+
+def record_dataset_file(con: duckdb.DuckDBPyConnection, file: DatasetFile) -> None:
+    """Keep (or replace) a dataset file's checksum (writer only)."""
+    con.execute(DATASET_FILES_DDL)
+    con.execute(f"INSERT OR REPLACE INTO dataset_files ({', '.join(DATASET_FILE_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",
+                [getattr(file, c) for c in DATASET_FILE_COLUMNS])
 
 
 def has_manifest(con: duckdb.DuckDBPyConnection) -> bool:

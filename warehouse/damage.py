@@ -6,6 +6,10 @@ steps and scores sit in other files than the rollout. Repair therefore quarantin
 landings, and then every landing whose rows reference what left (a later score of a lost step,
 a dataset row naming a lost task), so the rest stays consistent; re-running the runs that landed
 them lands the same rows again under the same file names.
+
+Dataset files (`datasets/<dataset_id>.parquet`) are checked the same way against the checksums in
+`dataset_files`; their repair is a rebuild from the warehouse (`Warehouse.repair`), not a landing's
+quarantine.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ DAMAGE = ("missing", "changed")  # the kinds `check` fails on and `repair` quara
 # kept, seen read-only), `unregistered` (invisible to every view; a writer killed after writing
 # leaves one in staging, the next writer removes it), `temp` (a writer killed before its rename),
 # `staged` (registered, still in staging: the writer was killed before it moved it; the next writer does),
-# `incoming` (a worker's staged batch, not landed: in flight, or left by a worker that died).
+# `incoming` (a worker's staged batch, not landed: in flight, or left by a worker that died),
+# `quarantined` (a damaged dataset file `repair` could not rebuild: moved away, assembling again builds it).
 INCOMING_STALE_S = 3600  # `repair` removes incoming files older than this: no live worker stages that long
 
 
@@ -45,6 +50,7 @@ class FileProblem:
     table: str | None = None
     batch_id: str | None = None
     landing_id: str | None = None
+    dataset_id: str | None = None  # a dataset file's problem (then `table` is "datasets")
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -54,34 +60,75 @@ def inspect(con: duckdb.DuckDBPyConnection, data_dir: Path, checksums: bool = Tr
     """Every registered file checked (exists, checksum, row count), then the files nobody registered."""
     entries = catalog.entries(con)
     problems = [p for e in entries for p in [verify(data_dir, e, checksums)] if p is not None]
-    return problems + strays(data_dir, {e.path for e in entries})
+    return problems + strays(data_dir, {e.path for e in entries}) + datasets(con, data_dir, checksums)
 
 
 def verify(data_dir: Path, entry: catalog.Entry, checksum: bool = True) -> FileProblem | None:
     file = data_dir / entry.path
+    if not file.is_file() and (data_dir / staging_path(entry.path)).is_file():
+        return FileProblem(entry.path, "staged", "registered, but the landing was killed before it moved the file "
+                                                 "from staging into the lake; the next landing (or `warehouse "
+                                                 "repair`) moves it", entry.table_name, entry.batch_id,
+                           entry.landing_id)
+    found = compare(file, entry.sha256 if checksum else None, entry.row_count)
+    if found is None and checksum and entry.sha256 is None:
+        found = ("unknown_checksum", "registered before checksums were kept; opening the warehouse for writing "
+                                     "(any landing or repair) records it")
+    if found is None:
+        return None
+    kind, reason = found
+    if kind == "missing":
+        reason = f"registered file of table {entry.table_name} is missing"
+    return FileProblem(entry.path, kind, reason, entry.table_name, entry.batch_id, entry.landing_id)
 
-    def problem(kind: str, reason: str) -> FileProblem:
-        return FileProblem(entry.path, kind, reason, entry.table_name, entry.batch_id, entry.landing_id)
 
+def compare(file: Path, sha256: str | None, row_count: int) -> tuple[str, str] | None:
+    """(kind, reason) when `file` is missing or is not the one recorded (its checksum when one is
+    given, its row count); the one rule for lake and dataset files."""
     if not file.is_file():
-        if (data_dir / staging_path(entry.path)).is_file():
-            return problem("staged", "registered, but the landing was killed before it moved the file from "
-                                     "staging into the lake; the next landing (or `warehouse repair`) moves it")
-        return problem("missing", f"registered file of table {entry.table_name} is missing")
-    if checksum and entry.sha256 is not None:
+        return "missing", "the file is missing"
+    if sha256 is not None:
         digest = file_sha256(file)
-        if digest != entry.sha256:
-            return problem("changed", f"sha256 is {digest}, registered {entry.sha256}")
+        if digest != sha256:
+            return "changed", f"sha256 is {digest}, recorded {sha256}"
     try:
         rows = pq.read_metadata(file).num_rows
     except (OSError, ValueError) as exc:
-        return problem("changed", f"not readable as Parquet: {exc}")
-    if rows != entry.row_count:
-        return problem("changed", f"holds {rows} rows, registered {entry.row_count}")
-    if entry.sha256 is None:
-        return problem("unknown_checksum", "registered before checksums were kept; opening the warehouse "
-                                           "for writing (any landing or repair) records it")
+        return "changed", f"not readable as Parquet: {exc}"
+    if rows != row_count:
+        return "changed", f"holds {rows} rows, recorded {row_count}"
     return None
+
+
+def datasets(con: duckdb.DuckDBPyConnection, data_dir: Path, checksums: bool = True) -> list[FileProblem]:
+    """Every recorded dataset file checked (exists, checksum, row count); a dataset whose file has
+    no checksum (assembled before they were kept) is reported, not damage."""
+    files = catalog.dataset_files(con)
+    problems = [p for f in files for p in [verify_dataset(data_dir, f, checksums)] if p is not None]
+    recorded = {f.dataset_id for f in files}
+    try:
+        named = con.execute("SELECT DISTINCT dataset_id, path FROM datasets WHERE path IS NOT NULL "
+                            "ORDER BY dataset_id").fetchall()
+    except duckdb.Error:  # the `datasets` table's own lake file is damaged: `inspect` reports that file
+        named = []
+    for dataset_id, path in named:
+        if dataset_id not in recorded:
+            problems.append(FileProblem(path, "unknown_checksum", f"dataset {dataset_id} was assembled before "
+                                        "dataset checksums were kept; `warehouse repair` records its checksum, "
+                                        "trusting the file as it is now", "datasets", dataset_id=dataset_id))
+    return problems
+
+
+def verify_dataset(data_dir: Path, file: catalog.DatasetFile, checksum: bool = True) -> FileProblem | None:
+    def problem(kind: str, reason: str) -> FileProblem:
+        return FileProblem(file.path, kind, f"dataset {file.dataset_id}: {reason}", "datasets",
+                           dataset_id=file.dataset_id)
+
+    if file.quarantine is not None:
+        return problem("quarantined", f"its file was damaged and could not be rebuilt from the warehouse; moved to "
+                                      f"{file.quarantine}; assemble the datasets again to build it anew")
+    found = compare(data_dir / file.path, file.sha256 if checksum else None, file.row_count)
+    return None if found is None else problem(*found)
 
 
 def strays(data_dir: Path, registered: set[str]) -> list[FileProblem]:
@@ -124,7 +171,7 @@ def landings_to_quarantine(con: duckdb.DuckDBPyConnection, data_dir: Path,
     the manifest (inside the caller's transaction), every landing left with dangling references."""
     out: dict[str, list[dict[str, Any]]] = {}
     for p in problems:
-        if p.kind in DAMAGE:
+        if p.kind in DAMAGE and p.dataset_id is None:  # a dataset file is rebuilt, not a landing's
             out.setdefault(p.landing_id, []).append(failure(p))
     pending = set(out)
     while pending:

@@ -22,7 +22,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,11 +34,12 @@ import duckdb
 import pandas as pd
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
-from warehouse.lake import LAKE_DIR, staging_path, write_batches
+from warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
 from warehouse.staged import (OWNED_BY_ROLLOUT, Part, Staged, as_rows, column_values, frame, keys_of,
                              rows_part, stage, take, to_arrow)
 from warehouse.tables import PARTITION, TABLES, Reference, Table
@@ -377,11 +378,12 @@ class Warehouse:
         """Verify every registered file (exists, checksum, row count) and list the files nobody
         registered; then re-validate what is intact with the same suites as the gates, plus
         integrity checks across tables (no holdout task in a dataset, no template group in two
-        splits, dataset lineage that names landed rollouts). Damage is reported, never raised."""
+        splits, dataset lineage that names landed rollouts). Dataset files are verified against
+        their recorded checksums too. Damage is reported, never raised."""
         problems = damage.inspect(self.con, self.data_dir)
         damaged = [p for p in problems if p.kind in damage.DAMAGE]
-        results = {"files": quality.TableResult("files", len(catalog.entries(self.con)), not damaged,
-                                                [damage.failure(p) for p in damaged])}
+        files = len(catalog.entries(self.con)) + len(catalog.dataset_files(self.con))
+        results = {"files": quality.TableResult("files", files, not damaged, [damage.failure(p) for p in damaged])}
         # Files still in staging are no damage (the next writer moves them) but no view can read them yet.
         with self._views_without({p.path for p in problems if p.kind in (*damage.DAMAGE, "staged")}):
             for name, table in TABLES.items():
@@ -416,10 +418,16 @@ class Warehouse:
         finally:
             catalog.rebuild_views(self.con, self.data_dir, temporary=True)
 
-    def repair(self) -> Repair:
+    def repair(self, rebuild: Callable[[Warehouse, str], str | None] | None = None) -> Repair:
         """Move every landing with a missing or changed file to quarantine, with every landing whose
         rows reference what left, and rebuild the views; remove temp files of killed writers.
-        Re-running the runs that landed them lands the same rows again."""
+        Re-running the runs that landed them lands the same rows again.
+
+        A missing or changed dataset file is rebuilt by `rebuild(warehouse, dataset_id)` (the
+        warehouse cannot build datasets itself: `tasks.assemble.rebuild_dataset` does), which puts
+        back a file with the recorded checksum and returns None, or says why it cannot; a dataset
+        not rebuilt is quarantined (its file, where there is one, moved away) with that reason.
+        A dataset file assembled before checksums were kept gets its checksum recorded."""
         if self.read_only:
             raise PermissionError("this warehouse was opened read-only")
         problems = damage.inspect(self.con, self.data_dir)
@@ -453,8 +461,60 @@ class Warehouse:
                 or p.kind == "incoming" and (self.data_dir / p.path).stat().st_mtime < stale]
         for p in temp:
             (self.data_dir / p.path).unlink(missing_ok=True)
-        return Repair({folder: [e.path for e in es] for folder, es, _ in moves},
-                      {folder.name: f for folder, _, f in moves}, [p.path for p in temp])
+        # Datasets last: a rebuild reads the tables, which the lake's repair left intact.
+        rebuilt, datasets_moved = self._repair_datasets(problems, rebuild)
+        moved = {folder: [e.path for e in es] for folder, es, _ in moves}
+        failures = {folder.name: f for folder, _, f in moves}
+        for folder, path, failure in datasets_moved:
+            moved[folder], failures[folder.name] = [path], [failure]
+        return Repair(moved, failures, [p.path for p in temp], rebuilt)
+
+    def _repair_datasets(self, problems: list[damage.FileProblem], rebuild: Callable[[Warehouse, str], str | None]
+                         | None) -> tuple[list[str], list[tuple[Path, str, dict[str, Any]]]]:
+        """Rebuild each damaged dataset file, or quarantine it; record the checksums of dataset files
+        from before checksums, trusting them as they are now (as `catalog.migrate_manifest` does)."""
+        recorded = {f.dataset_id: f for f in catalog.dataset_files(self.con)}
+        rebuilt, moved = [], []
+        for p in problems:
+            if p.dataset_id is None:
+                continue
+            if p.kind == "unknown_checksum":
+                file = self.data_dir / p.path
+                try:
+                    rows = pq.read_metadata(file).num_rows
+                except (OSError, ValueError):
+                    continue  # nothing to trust: `check` keeps reporting it
+                catalog.record_dataset_file(self.con, catalog.DatasetFile(
+                    p.dataset_id, p.path, rows, file_sha256(file), _utcnow()))
+                continue
+            if p.kind not in damage.DAMAGE:
+                continue
+            why = "no rebuilder was given (`tasks.assemble.rebuild_dataset` rebuilds datasets)"
+            if rebuild is not None:
+                why = rebuild(self, p.dataset_id)
+                if why is None:
+                    rebuilt.append(p.dataset_id)
+                    continue
+            created = _utcnow()
+            qid = damage.quarantine_id(p.dataset_id, created.isoformat())
+            folder = self.data_dir / QUARANTINE_DIR / qid
+            failure = damage.failure(p, f"dataset_{p.kind}")
+            failure["error"] += f"; not rebuilt: {why}"
+            source = self.data_dir / p.path
+            if source.is_file():
+                (folder / p.path).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, folder / p.path)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "report.json").write_text(json.dumps(
+                {"created_at": created.isoformat() + "Z", "reason": "damaged dataset file (warehouse repair)",
+                 "failures": [failure]}, indent=2, default=str) + "\n")
+            relative = folder.relative_to(self.data_dir).as_posix()
+            self.con.execute("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?)",
+                             [qid, created, relative, ["dataset_files"], recorded[p.dataset_id].row_count,
+                              json.dumps([failure], default=str)])
+            self.con.execute("UPDATE dataset_files SET quarantine = ? WHERE dataset_id = ?", [relative, p.dataset_id])
+            moved.append((folder, p.path, failure))
+        return rebuilt, moved
 
     def _found_references(self, table: Table, ref: Reference) -> set[tuple]:
         parent = TABLES[ref.table]
@@ -487,7 +547,7 @@ class Warehouse:
             text = str(exc)
             if catalog.DAMAGED in text:
                 raise DamagedWarehouse(text[text.index(catalog.DAMAGED):]) from None
-            if str(self.data_dir / LAKE_DIR) in text:
+            if any(str(self.data_dir / e.path) in text for e in catalog.entries(self.con)):
                 raise DamagedWarehouse(f"{catalog.DAMAGED} reading a registered lake file failed ({text}); run "
                                        "`gymfoundry warehouse check` to see the damage and `gymfoundry "
                                        "warehouse repair` to quarantine it") from None
@@ -578,24 +638,54 @@ class Repair:
     moved: dict[Path, list[str]] = field(default_factory=dict)
     failures: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     removed_temp: list[str] = field(default_factory=list)
+    rebuilt: list[str] = field(default_factory=list)  # ids of the damaged datasets whose file was rebuilt
 
 
 class DamagedWarehouse(RuntimeError):
     """A registered lake file is missing or changed: `gymfoundry warehouse repair` quarantines it."""
 
 
+class DamagedDataset(DamagedWarehouse):
+    """A dataset file is missing, changed or unknown to its warehouse: the trainer refuses it."""
+
+
 def assert_intact(data_dir: str | os.PathLike) -> None:
     """Raise DamagedWarehouse when a registered file is missing or changed (no catalog: nothing to
-    damage). Hashes the lake once: the factory calls it before a run."""
+    damage). Hashes the lake once: the factory calls it before a run. Dataset files are not checked here: a
+    run reads none of its rows from them, and assembling again rewrites a damaged one."""
     if not (Path(data_dir) / CATALOG_FILE).exists():
         return
     with Warehouse(data_dir, read_only=True) as wh:
-        damaged = [p for p in damage.inspect(wh.con, wh.data_dir) if p.kind in damage.DAMAGE]
+        damaged = [p for p in damage.inspect(wh.con, wh.data_dir) if p.kind in damage.DAMAGE and p.dataset_id is None]
     if damaged:
         listed = "; ".join(f"{p.path}: {p.kind} ({p.reason})" for p in damaged[:5])
         more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
         raise DamagedWarehouse(f"{catalog.DAMAGED} {len(damaged)} registered lake files are damaged: {listed}{more}; "
                                "run `gymfoundry warehouse repair` to quarantine them, then re-run")
+
+
+def assert_dataset_intact(path: str | os.PathLike) -> None:
+    """Raise DamagedDataset, naming the file, when a warehouse's dataset file
+    (`<data_dir>/datasets/<id>.parquet`) is not the one its warehouse recorded: missing, changed,
+    quarantined, or named by no dataset there. A file outside a warehouse has nothing to check
+    against and passes; one assembled before checksums were kept passes with a warning."""
+    file = Path(path).resolve()
+    data_dir = file.parent.parent
+    if file.parent.name != catalog.DATASETS_DIR or not (data_dir / CATALOG_FILE).is_file():
+        return
+    relative = file.relative_to(data_dir).as_posix()
+    with Warehouse(data_dir, read_only=True) as wh:
+        found = [p for p in damage.datasets(wh.con, wh.data_dir) if p.path == relative]
+        known = found or any(f.path == relative for f in catalog.dataset_files(wh.con))
+    if not known:
+        raise DamagedDataset(f"dataset file {file} is named by no dataset of the warehouse {data_dir}: "
+                             "refusing to train on it (assemble the datasets again)")
+    for p in found:
+        if p.kind == "unknown_checksum":
+            log.warning("dataset file %s: %s", file, p.reason)
+        else:
+            raise DamagedDataset(f"dataset file {file} is damaged ({p.kind}: {p.reason}): refusing to train on it; "
+                                 "`gymfoundry warehouse repair` rebuilds it")
 
 
 class CatalogLocked(RuntimeError):
