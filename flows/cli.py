@@ -363,9 +363,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from tasks.proxy import build_proxy
+    from tasks.proxy import build_proxy, proxy_server
 
     key = None
     if args.api_key_env:
@@ -373,14 +371,23 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         if not key:
             print(f"gymfoundry proxy: the key variable {args.api_key_env} is not set", file=sys.stderr)
             return 2
-    print(f"gymfoundry proxy: forwarding http://{args.host}:{args.port}/episodes/<name>/v1 to {args.upstream}, "
-          f"recording in {args.data_dir}", file=sys.stderr)
     retries = {} if args.max_retries is None else {"max_retries": max(0, args.max_retries)}
     if args.max_request_bytes is not None:
         retries["max_request_bytes"] = args.max_request_bytes
-    app = build_proxy(args.upstream, args.data_dir, api_key=key, timeout_s=args.request_timeout,
-                      request_logprobs=args.request_logprobs, request_token_ids=args.request_token_ids, **retries)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    if args.read_timeout is not None:
+        retries["read_timeout_s"] = args.read_timeout
+    try:
+        app = build_proxy(args.upstream, args.data_dir, api_key=key, timeout_s=args.request_timeout,
+                          request_logprobs=args.request_logprobs, request_token_ids=args.request_token_ids,
+                          max_connections=args.max_connections, **retries)
+        server = proxy_server(app, args.host, args.port, max_connections=args.max_connections,
+                              header_timeout_s=args.header_timeout)
+    except ValueError as exc:
+        print(f"gymfoundry proxy: {exc}", file=sys.stderr)
+        return 2
+    print(f"gymfoundry proxy: forwarding http://{args.host}:{args.port}/episodes/<name>/v1 to {args.upstream}, "
+          f"recording in {args.data_dir}", file=sys.stderr)
+    server.run()
     return 0
 
 
@@ -415,7 +422,13 @@ def add_harness_commands(sub) -> None:
     proxy.add_argument("--request-token-ids", action="store_true",
                        help="ask a vLLM upstream for the sampled token ids (return_token_ids)")
     proxy.add_argument("--max-request-bytes", type=int, default=None,
-                       help="refuse (413) a request body over this many bytes (default 32 MiB)")
+                       help="refuse (413) a request body over this many bytes (default 8 MiB)")
+    proxy.add_argument("--read-timeout", type=float, default=None,
+                       help="refuse (408) a request body not in within this many seconds (default 30)")
+    proxy.add_argument("--max-connections", type=int, default=512,
+                       help="harness connections served at once; a request over it is answered 503 (default 512)")
+    proxy.add_argument("--header-timeout", type=float, default=10.0,
+                       help="close a connection whose request head is not in within this many seconds (default 10)")
     proxy.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     proxy.set_defaults(func=cmd_proxy)
 

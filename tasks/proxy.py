@@ -22,26 +22,34 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import anyio
 import httpx
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from envs.harness import ModelCall
-from envs.secrets import redact, register_secret
-from tasks.harness import EPISODE_NAME, CallLog
+from envs.secrets import known_secrets, redact, register_secret
+from tasks.harness import EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
 from tasks.mcp_server import EPISODE_HEADER
 from envs.records import PolicySpec
 from tasks.openai_policy import RETRIED_STATUS, sampled_ids
+from verifiers.endpoint import context_length_code
 
 MAX_RETRIES = PolicySpec.model_fields["max_retries"].default  # the factory's endpoint policy's own default
 RETRY_BACKOFF_S = 0.5
-MAX_REQUEST_BYTES = 32 * 2**20  # a chat request's body; a 128k-token context is a few MB
+# a chat request's body: a 1M-token context is about 4 MB of text (a body over it is refused 413)
+MAX_REQUEST_BYTES = 8 * 2**20
+READ_TIMEOUT_S = 30.0  # a request body not in by then is refused (408): a client trickling it holds a connection
+MAX_CONNECTIONS = 512  # connections served at once; a request over it is answered 503
+HEADER_TIMEOUT_S = 10.0  # a connection whose request head is not in by then is closed
 
 
 class _TooLarge(Exception):
@@ -62,15 +70,181 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _bearer(request: Request) -> str | None:
+    """The token a harness passes as its OpenAI client's api_key (`Authorization: Bearer <token>`)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
 def _retried(status: int) -> bool:
     """A status the upstream may answer differently when asked again (not 401/403: a refused key stays refused)."""
     return status in RETRIED_STATUS or status >= 500
-from verifiers.endpoint import context_length_code
+
+
+def _header_deadline(timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol closing a connection whose request head has not come in within
+    `timeout_s` of its opening or of its last answer: uvicorn itself times out only idle keep-alive
+    connections, and a client trickling its headers (slowloris) would hold one for ever."""
+
+    class HeaderDeadline(H11Protocol):
+        _deadline: Any = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(timeout_s, self._expire)
+
+        def _expire(self) -> None:
+            waiting = self.cycle is None or self.cycle.response_complete  # no request under way
+            if waiting and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderDeadline
+
+
+class _OncePerMinute(logging.Filter):
+    """Lets each warning through at most once a minute, saying how many were held back: uvicorn
+    warns once per refused connection ("Exceeded concurrency limit.", "Invalid HTTP request
+    received."), and a flood of hostile clients would otherwise write a line each."""
+
+    def __init__(self, every_s: float = 60.0):
+        super().__init__()
+        self.every_s, self.seen = every_s, {}  # message -> [when last let through, held back since]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING:
+            return True
+        message, now = record.getMessage(), time.monotonic()
+        if len(self.seen) > 256:
+            self.seen.clear()
+        seen = self.seen.setdefault(message, [-self.every_s, 0])
+        if now - seen[0] < self.every_s:
+            seen[1] += 1
+            return False
+        if seen[1]:
+            record.msg, record.args = f"{message} ({seen[1]} more like it in the last minute)", None
+        self.seen[message] = [now, 0]
+        return True
+
+
+def proxy_server(app: Any, host: str, port: int, *, max_connections: int = MAX_CONNECTIONS,
+                 header_timeout_s: float = HEADER_TIMEOUT_S) -> uvicorn.Server:
+    """uvicorn serving `app` against hostile clients: a request beyond `max_connections` open
+    connections is answered 503, a connection is closed when its request head takes over
+    `header_timeout_s` or it idles 5 s between requests, and warnings about refused connections
+    are logged once a minute."""
+    if max_connections < 1 or not header_timeout_s > 0:
+        raise ValueError(f"max_connections and header_timeout must be positive, not {max_connections} and "
+                         f"{header_timeout_s}")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=_header_deadline(header_timeout_s),
+                            limit_concurrency=max_connections + 1, timeout_keep_alive=5, timeout_graceful_shutdown=5)
+    logger = logging.getLogger("uvicorn.error")  # after Config: it configures uvicorn's loggers
+    if not any(isinstance(f, _OncePerMinute) for f in logger.filters):
+        logger.addFilter(_OncePerMinute())
+    return uvicorn.Server(config)
 
 
 def _clean(value: Any) -> Any:
     """A JSON value with the key (an upstream may echo it) redacted wherever it appears."""
     return json.loads(redact(json.dumps(value)))
+
+
+def _relayed(text: str) -> tuple[str, Any]:
+    """A whole reply as the harness gets it, redacted (in its decoded strings too: an upstream may
+    escape what it echoes), and what it reads as (None: not JSON)."""
+    text = redact(text)
+    try:
+        payload = json.loads(text)
+    except (ValueError, RecursionError):
+        return text, None
+    try:
+        clean = _clean(payload)
+    except RecursionError:
+        return text, payload
+    return (text, payload) if clean == payload else (json.dumps(clean, ensure_ascii=False), clean)
+
+
+# the fields a stream spreads over its chunks: the generated text (other fields come whole in each chunk)
+STREAMED_FIELDS = frozenset({"content", "arguments", "reasoning_content", "reasoning", "refusal", "text"})
+
+
+def _streamed(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any, Any]]:
+    """(field, container, key) for each streamed text in an event: a list item with an `index` (a
+    choice, a tool call) is named by it, so a field names the same text in every chunk."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        name = item.get("index", key) if isinstance(value, list) and isinstance(item, dict) else key
+        if isinstance(item, str):
+            if key in STREAMED_FIELDS:
+                yield path + (name,), value, key
+        else:
+            yield from _streamed(item, path + (name,))
+
+
+class StreamRedactor:
+    """A streamed reply's lines, each given out only once no known secret can straddle it: each text
+    a stream spreads over its chunks (a choice's content, a tool call's arguments) is read whole
+    across them and redacted, and a line waits until each of its texts has run `reach` characters
+    further, another text of its choice has begun (content gives way to tool calls), or the stream
+    ended. A key the upstream split between chunks is so redacted before the harness sees any of
+    it; with no known secret (`reach` 0) nothing waits."""
+
+    def __init__(self, reach: int):
+        self.reach = reach
+        self.pending: list[list] = []  # [line, its event or None, whether the event was changed]
+
+    def feed(self, line: str) -> list[str]:
+        event = None
+        if line.startswith("data:"):
+            with contextlib.suppress(ValueError, RecursionError):
+                event = json.loads(line[5:])
+        self.pending.append([line, event if isinstance(event, (dict, list)) else None, False])
+        fields: dict[tuple, list] = {}
+        for n, entry in enumerate(self.pending):
+            if entry[1] is not None:
+                for field, container, key in _streamed(entry[1]):
+                    fields.setdefault(field, []).append((n, entry, container, key))
+        waits, newest = set(), len(self.pending) - 1  # the pending lines some text still waits on
+        for field, pieces in fields.items():
+            text = "".join(container[key] for _, _, container, key in pieces)
+            new = sum(len(container[key]) for n, _, container, key in pieces if n == newest)
+            # only what the newest chunk can complete: its text and the `reach` characters before it
+            if new and redact(text[-new - self.reach:]) != text[-new - self.reach:] and (clean := redact(text)) != text:
+                # the whole redacted text in the first piece, the others emptied
+                for n, (_, entry, container, key) in enumerate(pieces):
+                    container[key], entry[2] = clean if n == 0 else "", True
+            last = pieces[-1][0]
+            if any(other[:2] == field[:2] and any(n > last and container[key] for n, _, container, key in more)
+                   for other, more in fields.items() if other != field):
+                continue  # another text of this choice has begun after it: this one has ended
+            after = 0
+            for n, _, container, key in reversed(pieces):
+                if after < self.reach:
+                    waits.add(n)
+                after += len(container[key])
+        ready = min(waits, default=len(self.pending))
+        return self._give(ready)
+
+    def flush(self) -> list[str]:
+        return self._give(len(self.pending))
+
+    def _give(self, count: int) -> list[str]:
+        out, self.pending = self.pending[:count], self.pending[count:]
+        return [redact("data: " + json.dumps(event, ensure_ascii=False) if changed else line)
+                for line, event, changed in out]
 
 
 def merged(events: list[str]) -> Any:
@@ -110,7 +284,7 @@ def merged(events: list[str]) -> Any:
 def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                 request_logprobs: bool = False, request_token_ids: bool = False, max_connections: int = 256,
                 max_retries: int = MAX_RETRIES, retry_backoff_s: float = RETRY_BACKOFF_S,
-                max_request_bytes: int = MAX_REQUEST_BYTES,
+                max_request_bytes: int = MAX_REQUEST_BYTES, read_timeout_s: float = READ_TIMEOUT_S,
                 transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     """`request_logprobs` asks the upstream for the sampled tokens' logprobs, and `request_token_ids`
     a vLLM server for their ids (`return_token_ids`, `return_tokens_as_token_ids`), whatever the
@@ -118,6 +292,8 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
     `max_request_bytes` is refused (413) without being read whole, and recorded as refused."""
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes must be a positive number of bytes, not {max_request_bytes}")
+    if not read_timeout_s > 0:
+        raise ValueError(f"read_timeout must be a positive number of seconds, not {read_timeout_s}")
     upstream = upstream.rstrip("/")
     where = redact(upstream)
     register_secret(api_key)
@@ -159,10 +335,21 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             return JSONResponse({"error": {"message": "name the episode: base URL /episodes/<name>/v1 or the "
                                                       f"{EPISODE_HEADER} header", "type": "invalid_request_error"}},
                                 status_code=404)
+        try:  # before a byte of the body is read: only an open episode's owner is recorded or forwarded
+            calls.check(name, _bearer(request))
+        except EpisodeNotOpen as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=404)
+        except WrongToken as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
         try:
-            text, error = await _body(request, max_request_bytes), None
+            with anyio.fail_after(read_timeout_s):
+                text, error = await _body(request, max_request_bytes), None
         except _TooLarge:
             text, error = b"", f"the request body is over the proxy's limit of {max_request_bytes} bytes"
+        except TimeoutError:  # no call made, as for a harness hanging up mid-body
+            return JSONResponse({"error": {"message": f"the request body did not arrive within {read_timeout_s:g} s",
+                                           "type": "invalid_request_error"}}, status_code=408)
         # numbered once the body is in (a harness that hangs up while sending it made no call)
         record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
         if error is not None:
@@ -177,13 +364,19 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             try:  # a request the proxy could not record is never forwarded: the harness's, said as such
                 shown = dict(messages=_clean(body["messages"]), tools=_clean(body.get("tools")) or None,
                              model=str(body.get("model") or ""))
-                ModelCall(**record, **shown).model_dump_json()
                 json.dumps(body, ensure_ascii=False).encode("utf-8")
-                record.update(shown)
-                error = None
+                line = ModelCall(**record, **shown).model_dump_json()
             except (ValueError, TypeError, RecursionError) as exc:  # pydantic's ValidationError, UnicodeError
                 error = f"the request is not a chat completion the proxy can record: {type(exc).__name__}: " + \
                     " ".join(str(exc).split())[:300]
+            else:
+                try:  # read back as the call log's reader reads it (JSON nested past its limit is not)
+                    ModelCall.model_validate_json(line)
+                    record.update(shown)
+                    error = None
+                except ValueError as exc:
+                    error = "the request is not a chat completion the proxy can record: the call log could not " \
+                        f"read it back ({unreadable(exc)})"
         if error is not None:
             calls.append(ModelCall(**record, status="refused", error=error))
             return JSONResponse({"error": {"message": error, "type": "invalid_request_error"}}, status_code=400)
@@ -199,11 +392,7 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         if response is None:
             calls.append(ModelCall(**record, status="fault", error=failure))
             return JSONResponse({"error": {"message": failure, "type": "upstream_error"}}, status_code=502)
-        text = redact(response.text)
-        try:
-            payload = json.loads(text)
-        except ValueError:
-            payload = None
+        text, payload = _relayed(response.text)
         if response.status_code != 200:
             keep_failure(record, response.status_code, payload, text)
         elif not keep_reply(record, payload):
@@ -226,14 +415,12 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         except (TypeError, KeyError, IndexError, ValueError, AttributeError):
             return False
         fingerprint = payload.get("system_fingerprint")
-        try:  # a reply that cannot be stored (not valid Unicode, not a message) is unreadable: the upstream's
-            call = ModelCall(**{**record, "model": str(payload.get("model") or record["model"])},
-                             response=_clean(message), token_ids=ids, logprobs=logprobs,
-                             fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None)
-            call.model_dump_json()
-        except (ValueError, TypeError, RecursionError):
+        try:  # a reply that cannot be stored or read back (not Unicode, not a message, too deep): the upstream's
+            calls.append(ModelCall(**{**record, "model": str(payload.get("model") or record["model"])},
+                                   response=_clean(message), token_ids=ids, logprobs=logprobs,
+                                   fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None))
+        except (ValueError, TypeError, RecursionError):  # UnreadableCall is a ValueError
             return False
-        calls.append(call)
         return True
 
     def keep_failure(record: dict, status: int, payload: Any, text: str) -> None:
@@ -266,32 +453,35 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
             calls.append(ModelCall(**record, status="fault", error=failure, latency_s=time.perf_counter() - started))
             return JSONResponse({"error": {"message": failure, "type": "upstream_error"}}, status_code=502)
         if response.status_code != 200:
-            text = redact((await response.aread()).decode(errors="replace"))
+            text, payload = _relayed((await response.aread()).decode(errors="replace"))
             await response.aclose()
-            try:
-                payload = json.loads(text)
-            except ValueError:
-                payload = None
             record["latency_s"] = round(time.perf_counter() - started, 6)
             keep_failure(record, response.status_code, payload, text)
             return Response(text, status_code=response.status_code,
                             media_type=response.headers.get("content-type", "application/json"))
 
         async def relay():
-            # `held`: time spent handing lines to the harness (a harness reading slowly holds the stream
-            # itself); `whole`: the upstream's stream ran to its end. A harness that closes its stream
+            # `waited`: time spent waiting on the upstream (not on a harness reading slowly, nor on the
+            # proxy's own work); `whole`: the upstream's stream ran to its end. A harness that closes its stream
             # before then cut its own call: `cancelled`, never a fault nor a whole answer.
-            events, failure, deadline, held, whole = [], None, time.monotonic() + timeout_s, 0.0, False
+            events, failure, waited, whole = [], None, 0.0, False
+            # a known secret is never relayed, even split between chunks: a line waits for the text after it
+            redactor = StreamRedactor(max(map(len, known_secrets()), default=1) - 1)
+            lines = response.aiter_lines()
             try:
-                async for line in response.aiter_lines():
-                    handed = time.monotonic()
-                    yield line + "\n"
-                    held += time.monotonic() - handed
-                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                        events.append(line[5:].strip())
-                    if time.monotonic() - held > deadline:
+                while True:
+                    asked = time.monotonic()
+                    line = await anext(lines, None)
+                    waited += time.monotonic() - asked
+                    if waited > timeout_s:
                         failure = f"{where} gave no complete answer within {timeout_s:g} s"
                         raise TimeoutError(failure)
+                    for out in redactor.feed(line) if line is not None else redactor.flush():
+                        yield out + "\n"
+                        if out.startswith("data:") and out[5:].strip() != "[DONE]":
+                            events.append(out[5:].strip())
+                    if line is None:
+                        break
                 whole = True
             except httpx.HTTPError as exc:  # the stream was cut: the upstream's, whatever came before
                 failure = redact(f"the stream from {where} broke: {type(exc).__name__}: {exc}")

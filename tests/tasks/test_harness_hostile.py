@@ -41,6 +41,10 @@ def slow_stream(delay_s: float = 1.0):
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 def wait_for_calls(hub: EpisodeHub, name: str, n: int) -> list:
     deadline = time.monotonic() + 10
     while len(calls := hub.log.read(name)) < n and time.monotonic() < deadline:
@@ -60,14 +64,17 @@ def test_a_failing_harness_cannot_leave_the_statistics_by_ending_on_a_request_of
     with OpenAIStub(respond=upstream_answer) as upstream, served(build_proxy(upstream.base_url, str(tmp_path))) as px:
         for name, request in [("garbage", {"content": b"not json"}),
                               ("nomodel", {"json": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}})]:
+            token = hub.open(name)
             hub.goal(name)
             hub.call(name, "find_items", {"query": "definitely not an item"})  # a failing episode
-            assert httpx.post(f"{px}/episodes/{name}/v1/chat/completions", **request).status_code in (400, 404)
+            assert httpx.post(f"{px}/episodes/{name}/v1/chat/completions", headers=auth(token),
+                              **request).status_code in (400, 404)
             rollout = hub.finish(name)
             assert rollout.termination in MODEL_OUTCOMES and rollout.termination != Termination.success, name
             assert "the harness's last model request was refused" in rollout.termination_reason
-        hub.goal("denied")  # the env ends this one with a wrong submit, its tool calls not from any model call
-        assert httpx.post(f"{px}/episodes/denied/v1/chat/completions", content=b"[]").status_code == 400
+        token = hub.open("denied")  # the env ends this one with a wrong submit, its tool calls from no model call
+        assert httpx.post(f"{px}/episodes/denied/v1/chat/completions", content=b"[]",
+                          headers=auth(token)).status_code == 400
         hub.call("denied", "submit", {"status": "denied", "note": "no"})
         assert hub.finish("denied").termination in (Termination.failure, Termination.constraint_violation)
     hub.close()
@@ -76,11 +83,12 @@ def test_a_failing_harness_cannot_leave_the_statistics_by_ending_on_a_request_of
 def test_a_stream_the_harness_closes_is_its_own_never_a_fault_nor_a_whole_answer(tmp_path):
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with served(slow_stream()) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path))) as px:
+        early, midway = hub.open("early"), hub.open("midway")
         body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": hub.goal("early")}]}
-        with httpx.stream("POST", f"{px}/episodes/early/v1/chat/completions", json=body) as reply:
+        with httpx.stream("POST", f"{px}/episodes/early/v1/chat/completions", json=body, headers=auth(early)) as reply:
             assert reply.status_code == 200  # and the harness walks away before the first chunk
-        hub.goal("midway")
-        with httpx.stream("POST", f"{px}/episodes/midway/v1/chat/completions", json=body) as reply:
+        with httpx.stream("POST", f"{px}/episodes/midway/v1/chat/completions", json=body,
+                          headers=auth(midway)) as reply:
             for line in reply.iter_lines():
                 if line.startswith("data:"):
                     break  # one chunk, then it walks away
@@ -98,9 +106,9 @@ def test_finishing_an_episode_tells_the_harness_no_verdict(tmp_path):
     """The pool repeats its tasks: a verdict shown for one episode is the answer to another."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with served(build_app(hub)) as env_url:
-        hub.goal("probe")
+        token = hub.open("probe")
         hub.call("probe", "submit", {"status": "denied", "note": "guess"})
-        reply = httpx.post(f"{env_url}/episodes/probe/finish")
+        reply = httpx.post(f"{env_url}/episodes/probe/finish", headers=auth(token))
         assert reply.status_code == 200
         assert set(reply.json()) == {"episode", "rollout_id", "task_id"}
         assert not any(t.value in reply.text for t in Termination)
@@ -119,22 +127,23 @@ def test_a_chat_request_the_proxy_cannot_record_is_refused_clearly_and_the_proxy
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     user = {"role": "user", "content": "x"}
     with OpenAIStub(respond=answer) as upstream, served(build_proxy(upstream.base_url, str(tmp_path))) as px:
-        url = f"{px}/episodes/bad/v1/chat/completions"
+        url, headers = f"{px}/episodes/bad/v1/chat/completions", auth(hub.open("bad"))
         bodies = [json.dumps({"model": "m", "messages": [1, "x", None]}),
                   json.dumps({"model": "m", "messages": [user], "tools": "not a list"}),
                   '{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
                   '{"model": "m", "messages": [' + "[" * 100_000 + "]" * 100_000 + "]}"]
         for body in bodies:
-            reply = httpx.post(url, content=body, headers={"content-type": "application/json"})
+            reply = httpx.post(url, content=body, headers={"content-type": "application/json", **headers})
             assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error", reply.text
         assert len(upstream.requests) == 0  # never forwarded
         assert [c.status for c in hub.log.read("bad")] == ["refused"] * 4
-        reply = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "surrogate please"}]})
+        reply = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "surrogate please"}]},
+                           headers=headers)
         assert reply.status_code == 502
         assert hub.log.read("bad")[-1].status == "fault"
-        goal = hub.goal("good")  # the proxy goes on serving
-        reply = httpx.post(f"{px}/episodes/good/v1/chat/completions",
-                           json={"model": "m", "messages": [{"role": "user", "content": goal}]})
+        good = hub.open("good")  # the proxy goes on serving
+        reply = httpx.post(f"{px}/episodes/good/v1/chat/completions", headers=auth(good),
+                           json={"model": "m", "messages": [{"role": "user", "content": hub.goal("good")}]})
         assert reply.status_code == 200 and [c.status for c in hub.log.read("good")] == ["ok"]
     hub.close()
 
@@ -147,16 +156,18 @@ def test_a_failing_harness_cannot_drop_its_episode_by_spraying_candidate_secrets
     with OpenAIStub(respond=lambda body, headers: (200, {"model": "m", "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "ok"}}]})) as upstream, \
             served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        token = hub.open("sprayer")
         goal = hub.goal("sprayer")
         hub.call("sprayer", "find_items", {"query": "definitely not an item"})  # a failing episode
         limit = hub.episode("sprayer").task.hidden.secrets[0]
         cents = int(limit.replace(".", ""))
         spray = " ".join(f"{c // 100}.{c % 100:02d}" for c in range(cents - 2000, cents + 2000))  # in the test: near it
         body = {"model": "m", "messages": [{"role": "user", "content": goal}, {"role": "user", "content": spray}]}
-        assert httpx.post(f"{px}/episodes/sprayer/v1/chat/completions", json=body).status_code == 200
+        assert httpx.post(f"{px}/episodes/sprayer/v1/chat/completions", json=body,
+                          headers=auth(token)).status_code == 200
+        episode = hub.episode("sprayer")
         hub.finish("sprayer")
     hub.close()
-    episode = hub.episode("sprayer")
     assert episode.landing_error is None and episode.harness_leak
     [rollout] = hub.rollouts
     assert rollout.termination in MODEL_OUTCOMES and rollout.termination != Termination.success
@@ -175,10 +186,12 @@ def test_a_harness_that_asks_a_stronger_model_for_a_turn_credits_both_models(tmp
 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with OpenAIStub(respond=two_models) as upstream, served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        token = hub.open("mixed")
         messages = [{"role": "user", "content": hub.goal("mixed")}]
         for turn in range(4):
             body = {"model": "big" if turn == 0 else "small", "messages": messages}
-            message = httpx.post(f"{px}/episodes/mixed/v1/chat/completions", json=body).json()["choices"][0]["message"]
+            message = httpx.post(f"{px}/episodes/mixed/v1/chat/completions", json=body,
+                                 headers=auth(token)).json()["choices"][0]["message"]
             call = message["tool_calls"][0]
             text, _ = hub.call("mixed", call["function"]["name"], json.loads(call["function"]["arguments"]))
             messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": text}]
@@ -194,7 +207,7 @@ def test_a_harness_that_sleeps_past_the_episode_limit_gets_no_timeout_outside_th
     the harness's own (no tool or model call took it), so it is a model outcome."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with served(build_app(hub)):
-        hub.goal("sleeper")
+        hub.open("sleeper")
         hub.call("sleeper", "find_items", {"query": "definitely not an item"})
         clock = hub.episode("sleeper").env.env
         clock.deadline = time.monotonic() - 1  # as if it slept the task's 120 s away
@@ -209,7 +222,7 @@ def test_a_harness_that_sleeps_past_the_episode_limit_gets_no_timeout_outside_th
 def test_a_step_over_its_own_limit_is_an_environment_fault(tmp_path, monkeypatch):
     """The other side of the rule: a tool that runs past the step's limit is the env's time."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
-    hub.goal("slow-tool")
+    hub.open("slow-tool")
     clock = hub.episode("slow-tool").env.env
     clock.step_timeout_s = 0.2
     inner = clock.env
@@ -225,13 +238,13 @@ def test_a_step_over_its_own_limit_is_an_environment_fault(tmp_path, monkeypatch
     assert rollout.termination == Termination.env_fault
 
 
-def mcp_tool_call(client: httpx.AsyncClient, url: str, tool: str, arguments: dict):
+def mcp_tool_call(client: httpx.AsyncClient, url: str, tool: str, arguments: dict, auth: dict | None = None):
     """One tools/call of the current (stateless) MCP protocol, as a harness's client sends it."""
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"_meta": meta, "name": tool,
                                                                           "arguments": arguments}}
     headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
-               "mcp-method": "tools/call", "mcp-name": tool}
+               "mcp-method": "tools/call", "mcp-name": tool, **(auth or {})}
     return client.post(url, json=body, headers=headers, timeout=60)
 
 
@@ -242,7 +255,7 @@ def test_many_calls_on_one_slow_episode_do_not_wedge_the_other_sessions(tmp_path
     import asyncio
 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
-    hub.goal("hog"), hub.goal("other")
+    hog, other = auth(hub.open("hog")), auth(hub.open("other"))
     inner = hub.episode("hog").env.env.env
 
     def slow_step(action):
@@ -253,10 +266,10 @@ def test_many_calls_on_one_slow_episode_do_not_wedge_the_other_sessions(tmp_path
     async def attack(env_url):
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=100)) as client:
             flood = [asyncio.create_task(mcp_tool_call(client, f"{env_url}/episodes/hog/mcp", "get_stock",
-                                                       {"sku": "nope"})) for _ in range(45)]
+                                                       {"sku": "nope"}, hog)) for _ in range(45)]
             await asyncio.sleep(0.5)  # the flood is in
             started = time.perf_counter()
-            reply = await mcp_tool_call(client, f"{env_url}/episodes/other/mcp", "find_items", {"query": "a"})
+            reply = await mcp_tool_call(client, f"{env_url}/episodes/other/mcp", "find_items", {"query": "a"}, other)
             waited = time.perf_counter() - started
             assert reply.status_code == 200, reply.text
             replies = await asyncio.gather(*flood)
@@ -288,9 +301,11 @@ def test_a_harness_reading_its_stream_slowly_does_not_make_the_upstream_late(tmp
     fast = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with served(fast) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path), timeout_s=1.0)) as px:
+        token = hub.open("slow-reader")
         body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": hub.goal("slow-reader")}]}
         started, chunks = time.monotonic(), 0
-        with httpx.stream("POST", f"{px}/episodes/slow-reader/v1/chat/completions", json=body, timeout=60) as reply:
+        with httpx.stream("POST", f"{px}/episodes/slow-reader/v1/chat/completions", json=body, timeout=60,
+                          headers=auth(token)) as reply:
             for line in reply.iter_lines():
                 if line.startswith("data:"):
                     chunks += 1
@@ -311,8 +326,10 @@ def test_an_upstream_refusing_the_proxys_key_is_an_inference_fault_never_the_har
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with OpenAIStub(respond=always(status, {"error": {"message": "bad key"}})) as upstream, \
             served(build_proxy(upstream.base_url, str(tmp_path))) as px:
+        token = hub.open("keyless")
         body = {"model": "m", "messages": [{"role": "user", "content": hub.goal("keyless")}]}
-        assert httpx.post(f"{px}/episodes/keyless/v1/chat/completions", json=body).status_code == status
+        assert httpx.post(f"{px}/episodes/keyless/v1/chat/completions", json=body,
+                          headers=auth(token)).status_code == status
     rollout = hub.finish("keyless")
     hub.close()
     assert rollout.termination == Termination.inference_fault
@@ -340,13 +357,13 @@ def test_a_request_body_over_the_limit_is_refused_unread_and_recorded(tmp_path):
     limit = len(json.dumps(small)) + 100
     with OpenAIStub(respond=upstream_answer) as upstream, \
             served(build_proxy(upstream.base_url, str(tmp_path), max_request_bytes=limit)) as px:
-        hub.goal("big")
+        headers = auth(hub.open("big"))
         url = f"{px}/episodes/big/v1/chat/completions"
-        declared = httpx.post(url, content=huge)
-        streamed = httpx.post(url, content=chunks())  # no Content-Length: read up to the limit, then refused
+        declared = httpx.post(url, content=huge, headers=headers)
+        streamed = httpx.post(url, content=chunks(), headers=headers)  # no Content-Length: read to the limit
         assert (declared.status_code, streamed.status_code) == (413, 413)
         assert f"over the proxy's limit of {limit} bytes" in declared.json()["error"]["message"]
-        assert httpx.post(url, json=small).status_code == 200
+        assert httpx.post(url, json=small, headers=headers).status_code == 200
         calls = wait_for_calls(hub, "big", 3)
     hub.close()
     assert [c.status for c in calls] == ["refused", "refused", "ok"]
@@ -359,7 +376,7 @@ def test_a_harness_hanging_up_mid_body_spends_no_call_number_and_a_restart_conti
     never filled with a second call of the same number)."""
     from tasks.harness import CallLog
 
-    path = "/episodes/ep/v1/chat/completions"
+    path, token = "/episodes/ep/v1/chat/completions", CallLog(str(tmp_path)).open("ep")
 
     async def post(app, parts: list[bytes], hang_up: bool = False) -> list:
         messages = [{"type": "http.request", "body": p, "more_body": True} for p in parts]
@@ -377,7 +394,8 @@ def test_a_harness_hanging_up_mid_body_spends_no_call_number_and_a_restart_conti
 
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
                  "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-                 "headers": [(b"content-type", b"application/json")], "client": ("c", 1), "server": ("s", 80)}
+                 "headers": [(b"content-type", b"application/json"), (b"authorization", f"Bearer {token}".encode())],
+                 "client": ("c", 1), "server": ("s", 80)}
         try:
             await app(scope, receive, send)
         except Exception as exc:  # Starlette's ClientDisconnect reaches the server, which drops the connection

@@ -1,0 +1,224 @@
+"""The recording proxy against a hostile harness and an upstream that echoes what it is sent: only
+an open episode's owner is recorded or forwarded, what the call log could not read back is
+refused, the proxy's own key never reaches the harness or the log, and slow or many clients
+cannot hold the server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from envs.secrets import MASK
+from tasks.harness import CallLog
+from tasks.mcp_server import served
+from tasks.proxy import build_proxy, proxy_server
+
+pytestmark = pytest.mark.timeout(240)
+KEY = "sk-proxy-upstream-7Qm2Zr9Xw4Lp8Vn3"  # the proxy's own key for the upstream
+USER = {"role": "user", "content": "hi"}
+
+
+def counting_upstream(seen: list):
+    """An upstream that answers every chat completion and keeps what it was sent."""
+    async def chat(request: Request):
+        seen.append(await request.body())
+        return JSONResponse({"model": "m", "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                                 "content": "ok"}}]})
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def echo_upstream():
+    """An upstream that repeats the Authorization header it received: in a streamed reply (content
+    and tool-call arguments, the key cut into 5-character chunks), in a reply whose JSON escapes
+    every character of it, and in an error body."""
+    async def chat(request: Request):
+        body = await request.json()
+        echoed = request.headers.get("authorization", "")
+        ask = body["messages"][-1]["content"]
+        if ask == "error":
+            return JSONResponse({"error": {"message": f"bad header {echoed}"}}, status_code=400)
+        text = f"the header I was sent: {echoed} thanks, the end"
+        if not body.get("stream"):
+            escaped = "".join(f"\\u{ord(c):04x}" for c in echoed)
+            return StreamingResponse(iter(['{"model": "m", "choices": [{"index": 0, "message": {"role": "assistant", '
+                                           f'"content": "header: {escaped}"}}}}]}}']), media_type="application/json")
+
+        async def events():
+            for n in range(0, len(text), 5):
+                delta = {"content": text[n:n + 5]} if n else {"role": "assistant", "content": text[n:n + 5]}
+                yield "data: " + json.dumps({"model": "m", "choices": [{"index": 0, "delta": delta}]}) + "\n\n"
+            arguments = json.dumps({"note": echoed})
+            for n in range(0, len(arguments), 5):
+                part = {"index": 0, "function": {"arguments": arguments[n:n + 5]}}
+                if not n:
+                    part.update(id="call_1", type="function", function={"name": "note", "arguments": arguments[:5]})
+                yield "data: " + json.dumps({"model": "m", "choices": [{"index": 0, "delta": {"tool_calls": [part]}}]}) \
+                    + "\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_only_an_open_episodes_token_is_recorded_or_forwarded(tmp_path):
+    """Before: any name, opened or not, with any key or none, was recorded and forwarded."""
+    log, seen = CallLog(tmp_path), []
+    token, other = log.open("mine"), log.open("theirs")
+    log.open("over")
+    log.close("over")
+    with served(counting_upstream(seen)) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path))) as px:
+        def ask(name: str, token: str | None, **headers) -> httpx.Response:
+            auth = {"Authorization": f"Bearer {token}"} if token else {}
+            url = f"{px}/episodes/{name}/v1/chat/completions" if name else f"{px}/v1/chat/completions"
+            return httpx.post(url, json={"model": "m", "messages": [USER]}, headers={**auth, **headers})
+
+        assert ask("mine", None).status_code == 401
+        assert ask("mine", "not-the-token").status_code == 401
+        assert ask("mine", other).status_code == 401  # another episode's token
+        assert ask("", None, **{"X-Gymfoundry-Episode": "mine"}).status_code == 401
+        reply = ask("never", token)
+        assert reply.status_code == 404 and reply.json()["error"]["message"] == "no open episode 'never'"
+        assert ask("over", token).status_code == 404  # closed
+        assert seen == [] and log.read("mine") == log.read("never") == log.read("over") == []
+        assert ask("mine", token).status_code == 200
+        assert ask("", token, **{"X-Gymfoundry-Episode": "mine"}).status_code == 200
+    assert len(seen) == 2 and [c.status for c in log.read("mine")] == ["ok", "ok"]
+    assert log.read("theirs") == []
+
+
+def test_a_request_the_call_log_could_not_read_back_is_refused_and_the_episode_goes_on(tmp_path):
+    """JSON nested 250 levels: before, forwarded and recorded, and the episode's log unreadable for
+    good. Now a clear 400, recorded as the harness's refused request, and the next call is fine."""
+    log, seen = CallLog(tmp_path), []
+    auth = {"Authorization": f"Bearer {log.open('deep')}"}
+    deep = {"role": "user", "content": "x", "extra": json.loads("[" * 250 + "]" * 250)}
+    with served(counting_upstream(seen)) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path))) as px:
+        url = f"{px}/episodes/deep/v1/chat/completions"
+        reply = httpx.post(url, json={"model": "m", "messages": [deep]}, headers=auth)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["message"].startswith(
+            "the request is not a chat completion the proxy can record: the call log could not read it back (Invalid "
+            "JSON: recursion limit exceeded")
+        assert seen == []
+        assert httpx.post(url, json={"model": "m", "messages": [USER]}, headers=auth).status_code == 200
+    calls, unreadable = log.scan("deep")
+    assert unreadable == [] and [(c.index, c.status) for c in calls] == [(0, "refused"), (1, "ok")]
+    assert calls[0].messages == [] and len(seen) == 1
+
+
+def test_a_request_over_8_mib_is_refused_by_default(tmp_path):
+    """Before: up to 32 MiB per call was recorded."""
+    log = CallLog(tmp_path)
+    auth = {"Authorization": f"Bearer {log.open('big')}"}
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (8 * 2**20)}]})
+    with served(build_proxy("http://127.0.0.1:9/v1", str(tmp_path))) as px:
+        reply = httpx.post(f"{px}/episodes/big/v1/chat/completions", content=body, headers=auth)
+    assert reply.status_code == 413
+    assert [(c.status, c.error) for c in log.read("big")] == \
+        [("refused", "the request body is over the proxy's limit of 8388608 bytes")]
+
+
+def test_an_upstream_echoing_the_proxys_key_shows_it_neither_to_the_harness_nor_to_the_log(tmp_path, monkeypatch):
+    """Before: a streamed reply was relayed unredacted, and a key split between chunks or escaped
+    in JSON passed every per-chunk redaction: the harness received the proxy's own key."""
+    monkeypatch.setattr("envs.secrets._registered", set())  # the key is this test's alone, not the process's
+    log = CallLog(tmp_path)
+    auth = {"Authorization": f"Bearer {log.open('echo')}"}
+    with served(echo_upstream()) as upstream, \
+            served(build_proxy(upstream + "/v1", str(tmp_path), api_key=KEY)) as px:
+        url = f"{px}/episodes/echo/v1/chat/completions"
+        with httpx.stream("POST", url, json={"model": "m", "stream": True, "messages": [USER]}, headers=auth) as reply:
+            lines = list(reply.iter_lines())
+        plain = httpx.post(url, json={"model": "m", "messages": [USER]}, headers=auth)
+        error = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "error"}]}, headers=auth)
+        streamed_error = httpx.post(url, json={"model": "m", "stream": True,
+                                               "messages": [{"role": "user", "content": "error"}]}, headers=auth)
+    chunks = [json.loads(line[5:]) for line in lines if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    content = "".join(d.get("content") or "" for d in deltas)
+    arguments = "".join(t["function"]["arguments"] for d in deltas for t in d.get("tool_calls") or [])
+    assert lines[-2:] == ["data: [DONE]", ""]
+    assert content.startswith("the header I was sent: Bearer [REDACTED]") and content.endswith(" thanks, the end")
+    assert json.loads(arguments)["note"].startswith("Bearer [REDACTED]")
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"].startswith("header: Bearer ")
+    assert error.status_code == streamed_error.status_code == 400
+    seen = [content, arguments, plain.json()["choices"][0]["message"]["content"], error.text, streamed_error.text]
+    for text in seen:
+        assert KEY not in text and KEY[-12:] not in text and MASK in text, text
+    records = (tmp_path / "harness" / "calls" / "echo.jsonl").read_text()
+    assert KEY not in records and KEY[-12:] not in records
+    calls = log.read("echo")
+    assert [c.status for c in calls] == ["ok", "ok", "refused", "refused"]
+    assert calls[0].response["content"] == content and calls[0].tool_calls[0]["function"]["arguments"] == arguments
+
+
+@contextlib.contextmanager
+def running(server):
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive()
+        time.sleep(0.02)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def slow_client(port: int, sent: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(sent)
+    sock.settimeout(60)
+    return sock
+
+
+def test_a_client_trickling_its_headers_or_body_is_cut_off_and_nothing_is_recorded(tmp_path):
+    """Before: neither the head nor the body of a request had a deadline (slowloris)."""
+    log = CallLog(tmp_path)
+    token = log.open("slow")
+    app = build_proxy("http://127.0.0.1:9/v1", str(tmp_path), read_timeout_s=1.0)
+    with running(proxy_server(app, "127.0.0.1", 0, header_timeout_s=1.0)) as port:
+        head = slow_client(port, b"POST /episodes/slow/v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        body = slow_client(port, f"POST /episodes/slow/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                                 f"Bearer {token}\r\nContent-Length: 100\r\n\r\n{{\"mod".encode())
+        assert head.recv(1024) == b""  # closed unanswered
+        answer = b""
+        while not answer.endswith(b"}}") and (part := body.recv(4096)):
+            answer += part
+        answer = answer.decode()
+        assert answer.startswith("HTTP/1.1 408 ") and "did not arrive within 1 s" in answer
+        head.close(), body.close()
+    assert log.read("slow") == []
+
+
+def test_connections_over_the_cap_are_answered_503_with_one_log_line(tmp_path):
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    app = build_proxy("http://127.0.0.1:9/v1", str(tmp_path))
+    server = proxy_server(app, "127.0.0.1", 0, max_connections=2, header_timeout_s=120)
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        with running(server) as port:
+            held = [slow_client(port, b"POST /v1/chat/completions HTTP/1.1\r\n") for _ in range(2)]
+            time.sleep(0.5)  # both connections are the server's before the others come
+            statuses = [httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={}).status_code
+                        for _ in range(20)]
+            for sock in held:
+                sock.close()
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert statuses == [503] * 20
+    assert [line for line in lines if "concurrency" in line] == ["Exceeded concurrency limit."]
