@@ -16,7 +16,13 @@ is a full context (the episode is truncated); another 4xx is the harness's malfo
 harness gets the upstream's status and body as they were, so its client retries as it would. A
 streamed completion is relayed as it comes and recorded as what its chunks add up to; a stream the
 upstream cuts is a fault, and the harness's stream is cut there too.
-The upstream's key is the proxy's (`api_key`), never the harness's, and is redacted from records."""
+The upstream's key is the proxy's (`api_key`), never the harness's, and is redacted from records and
+from every reply relayed, streamed ones across chunk boundaries (`StreamRedactor`).
+
+Only an open episode's owner is served: the harness passes the token its episode was opened with
+(`Authorization: Bearer <token>`, its OpenAI client's api_key); a wrong or missing one is 401 and a
+name not open 404, before the body is read. A request whose record the call log could not read back
+is refused (400), as is one over `max_request_bytes` (413) or slower than `read_timeout_s` (408)."""
 
 from __future__ import annotations
 
