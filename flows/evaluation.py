@@ -44,15 +44,16 @@ def landed_rollouts(data_dir: str, tasks: list[TaskSpec], agent, seed: int, samp
 
 @task(name="land-evaluation", task_run_name="land-evaluation", cache_policy=NO_CACHE)
 def land_evaluation(data_dir: str, rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, int]:
+    """One batch, as the factory lands one: the tasks (already there for held-out tasks; GRPO's training
+    tasks may be new), the rollouts with their verdicts in `outcomes`, and their scores; waited for and
+    spooled like every writer's (`tasks.land.land_or_spool`): {} when spooled."""
+    from tasks.land import land_or_spool
     from tasks.score import score_rollouts
-    from warehouse import Warehouse
 
     scores = score_rollouts(rollouts, tasks)
-    with Warehouse(data_dir) as wh:
-        wh.land_tasks(tasks)  # already there for held-out tasks; GRPO's training tasks may be new
-        landed = dict(wh.land_rollouts(rollouts))
-        landed.update(wh.land_scores(scores, {r.rollout_id: r.family for r in rollouts}))
-    return landed
+    landing = land_or_spool(data_dir, {"tasks": tasks, "rollouts": rollouts, "scores": scores},
+                            {"rollout_outcomes": True})
+    return landing.checked()
 
 
 def evaluation_spec(policy: PolicySpec | str, model: str | None, max_new_tokens: int | None,

@@ -33,11 +33,12 @@ from prefect.utilities.annotations import quote
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import (FaultConfig, ParallelismReward, PolicySpec, RetryPolicy, Rollout, Run, StepScore,
                           TaskRejection, TaskSpec)
+from envs.secrets import redact
 from flows.config import FactoryConfig, flow_parameters
 from flows.report import publish_run_artifacts, publishing_run_artifacts
 from tasks import assemble as assemble_stage
 from tasks import progress
-from tasks.audit import AuditRefused, ensure_audited
+from tasks.audit import ensure_audited
 from tasks.generate import generate_tasks
 from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
 from tasks.land import land_records, land_run, stage_records
@@ -45,7 +46,7 @@ from tasks.policies import make_policy
 from tasks.retry import RetryExhausted, collect_with_retries, run_counts
 from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
-from warehouse import Staged
+from warehouse import CatalogLocked, Staged
 
 
 @task(name="generate", task_run_name="generate", cache_policy=NO_CACHE, persist_result=False)
@@ -56,8 +57,9 @@ def generate(family: str, n: int, seed: int) -> quote:
 
 
 @task(name="validate", task_run_name="validate", cache_policy=NO_CACHE, persist_result=False)
-def validate(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]]:
-    return validate_tasks(tasks)
+def validate(tasks: list[TaskSpec], retry: RetryPolicy | None = None) -> tuple[list[TaskSpec], list[TaskRejection]]:
+    """An environment fault while checking a task is retried under the run's retry policy, as rollouts are."""
+    return validate_tasks(tasks, retry)
 
 
 @task(name="isolate", task_run_name="isolate", cache_policy=NO_CACHE, persist_result=False)
@@ -149,7 +151,11 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
             key="quarantined-batch", description="A batch failed the quality gates and went to quarantine",
             markdown=f"# Quarantined batch\n\nNothing of it landed. Rows and report: `{landing.quarantine}`\n\n"
                      + "\n".join(f"- {line}" for line in report.split("; ")))
+    if landing.refused:
+        get_run_logger().error("QUARANTINED: rollouts holding values no column can store did not land (the rest "
+                               "did); rows and reasons: %s", landing.refused)
     return {"counts": landing.counts, "quarantine": str(landing.quarantine) if landing.quarantine else None,
+            "refused": str(landing.refused) if landing.refused else None,
             "spooled": str(landing.spooled) if landing.spooled else None}
 
 
@@ -179,8 +185,9 @@ def assemble(data_dir: str, families: list[str], policy_version: str | None = No
 
 
 @task(name="record-run", task_run_name="record-run", cache_policy=NO_CACHE, persist_result=False)
-def record_run(data_dir: str, run: Run) -> dict[str, int]:
-    return land_run(data_dir, run)
+def record_run(data_dir: str, run: Run, spooled: list[str] | None = None) -> dict[str, int]:
+    """The run's row; behind its own `spooled` batches where the spool holds them (landed with them)."""
+    return land_run(data_dir, run, spooled=[Path(p) for p in spooled or []])
 
 
 @flow(name="factory-family", flow_run_name="{family}", persist_result=False)
@@ -199,7 +206,7 @@ def family_pipeline(family: str, tasks_per_family: int, seed: int, policy: Polic
     with TagsContext(current_tags=TagsContext.get().current_tags - {f"family:{family}"}):
         named = lambda t, stage: t.with_options(task_run_name=f"{family} · {stage}")  # noqa: E731
         generated = named(generate, "generate")(family, tasks_per_family, seed).unquote()
-        valid, invalid = named(validate, "validate")(quote(generated))
+        valid, invalid = named(validate, "validate")(quote(generated), retry)
         isolated, leaked = named(isolate, "isolate")(quote(valid), data_dir, holdout_fraction)
         size = batch_size_for(len(isolated), runner_workers(), batch_size)
         batches = [isolated[i:i + size] for i in range(0, len(isolated), size)]
@@ -322,9 +329,50 @@ def factory(**params: Any) -> dict[str, Any]:
     `train_after="sft"` (or dpo / grpo) calls the training flow directly as a subflow."""
     config = FactoryConfig(**params)
     data_dir, families = config.data_dir, config.families
+    # The warehouse does not record where it lives (a moved or copied data dir is the same data),
+    # nor which cluster played it.
+    params = config.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
+    # Refused inputs (a fraction the warehouse did not lock) start no run; from here on one is recorded.
     lock_holdout_fraction(data_dir, families, config.holdout_fraction)  # before any episode or landing
     logger = get_run_logger()
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    record = RunRecord(data_dir, Run(params=params, retry_policy=config.retry, faults=config.faults,
+                                     started_at=datetime.now(timezone.utc).isoformat(timespec="seconds")))
+    try:
+        return _factory(config, params, record, logger)
+    except Exception as exc:  # whatever stage failed, the run is recorded, with why
+        if not record.recorded:
+            record.failed(exc)
+        raise
+
+
+class RunRecord:
+    """A factory run's `runs` row, landed once whatever happens: `run` is the run as far as it got,
+    `stamped` once its id is on rollouts, `spooled` the run's own batches the spool holds (the row
+    then waits behind them, `tasks.land.land_run`)."""
+
+    def __init__(self, data_dir: str, run: Run):
+        self.data_dir, self.run, self.spooled, self.recorded, self.stamped = data_dir, run, [], False, False
+
+    def land(self, run: Run) -> None:
+        self.run = run
+        self.run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        record_run(self.data_dir, self.run, [str(p) for p in self.spooled])
+        self.recorded = True
+
+    def failed(self, exc: BaseException) -> None:
+        error = redact(f"{type(exc).__name__}: {exc}")
+        if self.stamped:  # the row keeps the id its landed rollouts carry
+            failed = self.run.model_copy(update={"status": "failed", "error": error})
+        else:  # a failed run's own id: a later completed run of this configuration is recorded beside it
+            failed = Run(**{**self.run.model_dump(exclude={"run_id"}), "status": "failed", "error": error})
+        try:
+            self.land(failed)
+        except Exception as also:  # the run's own error is what the caller sees
+            get_run_logger().error("could not record the failed run %s: %s", self.run.run_id, also)
+
+
+def _factory(config: FactoryConfig, params: dict[str, Any], record: RunRecord, logger) -> dict[str, Any]:
+    data_dir, families = config.data_dir, config.families
     spec = config.collecting_policy()
     pipeline = family_pipeline.with_options(task_runner=make_task_runner(config.task_runner,
                                                                          address=config.cluster_address))
@@ -337,47 +385,41 @@ def factory(**params: Any) -> dict[str, Any]:
                 subagent=config.subagent)) as outs:
             errors = [f"{family}: {out['error']}" for family, out in zip(families, outs) if out["error"]]
             error = errors[0] if errors else None
-            # The warehouse does not record where it lives (a moved or copied data dir is the same data),
-            # nor which cluster played it.
-            params = config.model_dump(mode="json", exclude={"data_dir", "cluster_address"})
-            run_id = Run(params=params, retry_policy=config.retry, faults=config.faults,
-                         status="failed" if error else "completed", error=error).run_id
+            # the run's id, which its rollouts carry (a failed run's differs from the completed one's)
+            record.run = Run(params=params, retry_policy=config.retry, faults=config.faults,
+                             started_at=record.run.started_at, status="failed" if error else "completed",
+                             error=error)
+            run_id, record.stamped = record.run.run_id, True
             # the costly, invisible part of landing, while Prefect closes the subflow runs
             staged = _stage_families(data_dir, families, outs, run_id, flow_run.id)
         # every subflow run ended well: only now does anything land
-        landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id, staged)
+        landed, rollouts, quarantined = _land_families(data_dir, families, outs, run_id, flow_run.id, staged,
+                                                       record.spooled)
     finally:
         for batch in staged:  # landed already, or never to land
             batch.discard()
-    run = Run(params=params, retry_policy=config.retry, faults=config.faults,
-              started_at=started, finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              landed=landed, quarantined=quarantined, status="failed" if error else "completed", error=error,
-              **run_counts(rollouts, config.retry))
+    run = record.run.model_copy(update={"landed": landed, "quarantined": quarantined,
+                                        **run_counts(rollouts, config.retry)})
     if error:
-        record_run(data_dir, run)
+        record.land(run)
         raise RetryExhausted(f"run {run.run_id} failed: {error}. What completed landed "
                              f"({', '.join(f'{k}={v}' for k, v in sorted(landed.items()))}) and the failed run "
                              f"is recorded in `runs`; no dataset was assembled")
-    # The curriculum measures this run's policy (a checkpoint: its weights' fingerprint).
-    policies = {(r.policy_id, r.policy_version) for r in rollouts}
-    policy_id, policy_version = policies.pop() if len(policies) == 1 else (None, None)
-    audits = audit(data_dir, families, config.audit_episodes)
-    try:
-        datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id,
-                            config.parallelism_reward, config.audit_override)
-    except AuditRefused as exc:  # what landed stays; the run is recorded as failed, with why
-        run.status, run.error = "failed", str(exc)
-        run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        record_run(data_dir, run)
-        raise
-    dataset_ids = [d["dataset_id"] for d in datasets.values()]
-    run.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    record_run(data_dir, run)
+    record.run = run
+    audits, datasets, announced = {}, {}, []
+    if record.spooled:
+        # Assembling now would build the warehouse's datasets without this run's rows (the ones an
+        # earlier run built and announced): the run that lands the spool assembles and announces them.
+        logger.error("DEFERRED: %d batch(es) of this run wait in the spool; no dataset is assembled or announced "
+                     "by this run (the run that lands them does)", len(record.spooled))
+    else:
+        audits, datasets, announced = _assemble(data_dir, families, config, rollouts, record)
+    record.land(run)
     if quarantined:
         logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
-    for kind, dataset in datasets.items():
-        if dataset["rows"]:
-            announce_dataset(kind, dataset, data_dir, run.run_id)
+    for kind in announced:
+        announce_dataset(kind, datasets[kind], data_dir, run.run_id)
+    dataset_ids = [d["dataset_id"] for d in datasets.values()]
     # Recorded and announced whatever the report does next. Its artifacts read the warehouse now and
     # are drawn and created while the summary and the markdown report are made; they exist before the
     # run ends, and a failure to publish them fails it. A run that trains publishes them after
@@ -386,7 +428,7 @@ def factory(**params: Any) -> dict[str, Any]:
                                                                              dataset_ids):
         report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets, "audits": audits,
                   "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
-                  "quarantined": quarantined}
+                  "quarantined": quarantined, "spooled": [str(p) for p in record.spooled], "announced": announced}
         if config.train_after:
             from flows.training import train
 
@@ -398,6 +440,35 @@ def factory(**params: Any) -> dict[str, Any]:
         create_markdown_artifact(key="factory-report", markdown=render_report(report),
                                  description="Factory run: landed rows, datasets and outcomes")
     return report
+
+
+def _assemble(data_dir: str, families: list[str], config: FactoryConfig, rollouts: list[Rollout],
+              record: RunRecord) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(audits, datasets, the kinds to announce: those with rows whose dataset is new in the warehouse).
+    A catalog another process holds past the writers' wait defers the datasets to the next run (they
+    are built from what the warehouse holds then); AuditRefused fails the run (what landed stays)."""
+    # The curriculum measures this run's policy (a checkpoint: its weights' fingerprint).
+    policies = {(r.policy_id, r.policy_version) for r in rollouts}
+    policy_id, policy_version = policies.pop() if len(policies) == 1 else (None, None)
+    try:
+        before = landed_dataset_ids(data_dir)
+        audits = audit(data_dir, families, config.audit_episodes)
+        datasets = assemble(data_dir, families, policy_version, config.learnability, config.min_margin, policy_id,
+                            config.parallelism_reward, config.audit_override)
+    except CatalogLocked as exc:
+        get_run_logger().error("DEFERRED: no dataset assembled (%s); the next run assembles what landed", exc)
+        return {}, {}, []
+    return audits, datasets, [k for k, d in datasets.items() if d["rows"] and d["dataset_id"] not in before]
+
+
+def landed_dataset_ids(data_dir: str) -> set[str]:
+    """The datasets the warehouse holds: assembling what it already held builds the same ids, announced before."""
+    from warehouse import CATALOG_FILE, Warehouse
+
+    if not (Path(data_dir) / CATALOG_FILE).exists():
+        return set()
+    with Warehouse(data_dir, read_only=True) as wh:
+        return {r["dataset_id"] for r in wh.sql("SELECT dataset_id FROM datasets").to_pylist()}
 
 
 @contextmanager
@@ -436,10 +507,11 @@ def _stage_families(data_dir: str, families: list[str], outs: list[dict[str, Any
 
 
 def _land_families(data_dir: str, families: list[str], outs: list[dict[str, Any]], run_id: str,
-                   flow_run_id: str | None, staged: list[Staged]) -> tuple[dict[str, int], list[Rollout], list[str]]:
+                   flow_run_id: str | None, staged: list[Staged],
+                   spooled: list[Path]) -> tuple[dict[str, int], list[Rollout], list[str]]:
     """Each family's records (`staged` by `_stage_families`) landed in turn by this one process (a
     family whose retry policy said fail lands what it completed): (rows landed per table,
-    rollouts, quarantined batches)."""
+    rollouts, quarantined batches); the batches the spool took are added to `spooled`."""
     logger = get_run_logger()
     landed: dict[str, int] = {}
     rollouts: list[Rollout] = []
@@ -450,8 +522,9 @@ def _land_families(data_dir: str, families: list[str], outs: list[dict[str, Any]
             run_id, str(flow_run_id) if flow_run_id else None, quote(batch))
         for table, n in landing["counts"].items():
             landed[table] = landed.get(table, 0) + n
-        if landing["quarantine"]:
-            quarantined.append(landing["quarantine"])
+        quarantined += [q for q in (landing["quarantine"], landing["refused"]) if q]
+        if landing["spooled"]:
+            spooled.append(Path(landing["spooled"]))
         rollouts += out["rollouts"]
         logger.info("%s: %d tasks kept, %d rejected, %d rollouts", family, len(out["tasks"]),
                     len(out["rejections"]), len(out["rollouts"]))

@@ -17,6 +17,7 @@ from prefect.utilities.annotations import quote
 
 import envs  # noqa: F401  registers the built-in environments
 from envs.records import Rollout, TaskSpec
+from tasks.land import land_or_spool
 from tasks.reverify import Reverified, load_stored, plan, reverify_rollouts, summary, utcnow
 
 
@@ -48,8 +49,8 @@ def reverify(data_dir: str = ".gymfoundry", families: list[str] | None = None, w
     faults = [f for run in runs for f in run.faults]
     landed = {"outcomes": 0}
     if todo.backfill or verdicts:
-        with Warehouse(data_dir) as wh:
-            landed = wh.land(outcomes=todo.backfill + verdicts).checked()
+        # waited for and spooled like every writer's ({} when spooled: the next landing lands them)
+        landed = land_or_spool(data_dir, {"outcomes": todo.backfill + verdicts}).checked()
     errors = [v for v in verdicts if v.error]
     report = {
         "data_dir": data_dir, "rollouts": len(stored.rollouts), "already_verified": todo.already,

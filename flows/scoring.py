@@ -17,6 +17,7 @@ import envs  # noqa: F401  registers the built-in environments
 from envs.profile import DomainProfile
 from envs.records import Rollout, TaskSpec
 from tasks.calibrate import fit_calibrators, render_agreement
+from tasks.land import land_or_spool
 from tasks.reverify import rollout_filter
 from tasks.score import ScoringRun, score_steps
 from verifiers.judge import JudgeSettings
@@ -56,8 +57,9 @@ def rescore(data_dir: str = ".gymfoundry", families: list[str] | None = None, wh
     scores = [s for run in runs for s in run.scores]
     landed = {"step_scores": 0}
     if scores:
-        with Warehouse(data_dir) as wh:
-            landed = wh.land_scores(scores, {r.rollout_id: r.family for r in rollouts})
+        # waited for and spooled like every writer's ({} when spooled: the next landing lands them)
+        landed = land_or_spool(data_dir, {"scores": scores},
+                               {"family_of": {r.rollout_id: r.family for r in rollouts}}).checked()
     versions = Counter((s.layer, s.scorer_id, s.scorer_version) for s in scores)
     report = {
         "data_dir": data_dir, "rollouts": len(rollouts), "steps": sum(len(r.steps) for r in rollouts),

@@ -126,11 +126,10 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
 
 @task(name="land-training-run", task_run_name="land-training-run", cache_policy=NO_CACHE)
 def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
-    from warehouse import TABLES, Warehouse
+    """Waited for and spooled like every writer's ({} when spooled: the next landing lands it)."""
+    from tasks.land import land_or_spool
 
-    with Warehouse(data_dir) as wh:
-        landing = wh.land_rows({"training_runs": [TABLES["training_runs"].row(run)]})
-    return landing.checked() if hasattr(landing, "checked") else dict(landing)
+    return land_or_spool(data_dir, {"training_runs": [run]}).checked()
 
 
 @flow(name="train")

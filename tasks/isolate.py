@@ -162,13 +162,15 @@ def check_holdout_fraction(data_dir: str | Path | None, families: Iterable[str],
 
 def lock_holdout_fraction(data_dir: str | Path, families: Iterable[str], fraction: float) -> None:
     """Check the fraction (`check_holdout_fraction`), then lock it for `families` in the warehouse
-    under `data_dir` before anything of the run lands."""
+    under `data_dir` before anything of the run lands. A catalog held by another process (a notebook)
+    is not waited for here: the lock is spooled at once, and the run's first landing (which waits,
+    then spools in turn) lands it before the run's own rows."""
     from envs.records import HoldoutLock
-    from warehouse import Warehouse
+    from tasks.land import land_or_spool
 
     check_holdout_fraction(data_dir, families, fraction)
-    with Warehouse(data_dir) as wh:
-        wh.land(holdout_locks=[HoldoutLock(family=f, holdout_fraction=fraction) for f in sorted(set(families))]).checked()
+    locks = [HoldoutLock(family=f, holdout_fraction=fraction) for f in sorted(set(families))]
+    land_or_spool(str(data_dir), {"holdout_locks": locks}, lock_timeout_s=0).checked()
 
 
 def landed_splits(data_dir: str | Path | None, families: list[str] | None = None) -> dict[str, Split]:

@@ -1,32 +1,37 @@
 """Stage: land a family's records in the warehouse (the one process that writes the catalog).
 
 Everything of a batch lands in one transaction after the quality gates: a crash leaves none
-of it visible, and a batch that fails a gate goes whole to quarantine. When another process
-holds the catalog (a reader's connection blocks the writer) for longer than `lock_timeout_s`,
-the batch is spooled under `<data_dir>/spool/` instead of lost, and the next landing lands it
-first (`warehouse.spool`)."""
+of it visible, and a batch that fails a gate goes whole to quarantine. `land_or_spool` is the
+one rule of every writer (the factory's landings and run rows, the holdout lock, evaluation,
+training runs, reverify, scoring): when another process holds the catalog (a reader's
+connection blocks the writer), wait for it (`lock_timeout_s`, default `warehouse.store.lock_wait_s()`,
+logging "waiting for <program> (PID n)"), then spool the batch under `<data_dir>/spool/` instead
+of losing it; the next landing of any writer lands it first (`warehouse.spool`)."""
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from envs.records import Record, Rollout, Run, StepScore, TaskRejection, TaskSpec
-from warehouse import CatalogLocked, Landing, Staged, Warehouse, spool, stage
+from warehouse import TABLES, CatalogLocked, Landing, Staged, Warehouse, spool, stage
 
-LOCK_TIMEOUT_S = 60.0
 log = logging.getLogger("gymfoundry.warehouse")
 
 
 def land_records(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
                  scores: list[StepScore], run_id: str | None = None, flow_run_id: str | None = None,
-                 lock_timeout_s: float = LOCK_TIMEOUT_S, staged: Staged | None = None) -> Landing:
+                 lock_timeout_s: float | None = None, staged: Staged | None = None) -> Landing:
     """Land the batch; `run_id` / `flow_run_id` go on its new rollouts. Landing.spooled says where
     the batch waits when the catalog stayed locked. `staged`: what `stage_records` made of these
     same records, registered instead of staging them again (and discarded in any case)."""
     # each new rollout's own outcome also lands in `outcomes`, the first of its verdicts (see tasks/reverify.py)
-    return _land(data_dir, {"tasks": tasks, "rejections": rejections, "rollouts": rollouts, "scores": scores},
-                 {"rollout_outcomes": True, "run_id": run_id, "flow_run_id": flow_run_id}, lock_timeout_s, staged)
+    return land_or_spool(data_dir, {"tasks": tasks, "rejections": rejections, "rollouts": rollouts, "scores": scores},
+                         {"rollout_outcomes": True, "run_id": run_id, "flow_run_id": flow_run_id}, lock_timeout_s,
+                         staged)
 
 
 def stage_records(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], rollouts: list[Rollout],
@@ -45,17 +50,35 @@ def land_batch(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskReject
     return land_records(data_dir, tasks, rejections, rollouts, scores).checked()
 
 
-def land_run(data_dir: str, run: Run, lock_timeout_s: float = LOCK_TIMEOUT_S) -> dict[str, int]:
-    return _land(data_dir, {"runs": [run]}, {}, lock_timeout_s).checked()
+def land_run(data_dir: str, run: Run, lock_timeout_s: float | None = None,
+             spooled: Sequence[Path] = ()) -> dict[str, int]:
+    """Land a run's row. `spooled`: the run's own batches that went to the spool; the row then
+    waits in the spool behind them, and the landing that lands them adds what they landed to the
+    row's `landed` (a row lands once: its counts must be whole when it does)."""
+    waiting = {p.name for p in spool.pending(data_dir)} & {Path(p).name for p in spooled}
+    if waiting:
+        path = spool.save(data_dir, {"runs": [run]}, {LANDED_FROM: sorted(waiting)})
+        log.warning("run %s waits in the spool (%s) behind its spooled batches", run.run_id, path.name)
+        return {}
+    return land_or_spool(data_dir, {"runs": [run]}, {}, lock_timeout_s).checked()
+
+
+LANDED_FROM = "landed_from"  # a spooled run row's option: the spool files whose counts fill its `landed`
 
 
 def land_spooled(wh: Warehouse) -> list:
     """Land every spooled batch, oldest first, removing each once it landed (or went to quarantine,
     which keeps it)."""
-    landed = []
+    landed, counts = [], {}
     for path in spool.pending(wh.data_dir):
         records, options = spool.load(path)
-        landing = wh.land(**records, **options)
+        waited_for = options.pop(LANDED_FROM, None)
+        if waited_for:
+            records["runs"] = [r.model_copy(update={"landed": _added(r.landed, *(counts.get(n, {})
+                                                                                  for n in waited_for))})
+                               for r in records["runs"]]
+        landing = _land_into(wh, records, options)
+        counts[path.name] = landing.counts
         if landing.ok:
             log.warning("landed the batch spooled at %s: %s", path.name, landing.counts)
         else:
@@ -65,8 +88,28 @@ def land_spooled(wh: Warehouse) -> list:
     return landed
 
 
-def _land(data_dir: str, records: dict[str, list[Record]], options: dict[str, Any], lock_timeout_s: float,
-          staged: Staged | None = None) -> Landing:
+def _added(*counts: dict[str, int]) -> dict[str, int]:
+    total: Counter = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(total)
+
+
+def _land_into(wh: Warehouse, records: dict[str, list[Record]], options: dict[str, Any]) -> Landing:
+    """`Warehouse.land` of a batch by its keywords; training runs (a batch of their own) by their rows."""
+    if "training_runs" in records:
+        return wh.land_rows({"training_runs": [TABLES["training_runs"].row(r) for r in records["training_runs"]]})
+    return wh.land(**records, **options)
+
+
+def land_or_spool(data_dir: str, records: dict[str, list[Record]], options: dict[str, Any] | None = None,
+                  lock_timeout_s: float | None = None, staged: Staged | None = None) -> Landing:
+    """Land `records` (by `Warehouse.land` keyword, or `training_runs` alone) with `options` (its other
+    keywords, JSON-able) after every spooled batch; when the catalog stays locked past
+    `lock_timeout_s` (None: `lock_wait_s()`), spool them and return a Landing whose `spooled` says
+    where they wait. `staged`: these same records as `stage_records` made them (registered instead,
+    and discarded in any case)."""
+    options = options or {}
     try:
         try:
             wh = Warehouse(data_dir, lock_timeout_s=lock_timeout_s)
@@ -77,7 +120,7 @@ def _land(data_dir: str, records: dict[str, list[Record]], options: dict[str, An
             return Landing({}, spooled=path)
         with wh:
             drained = land_spooled(wh)
-            landing = wh.land_staged(staged) if staged is not None else wh.land(**records, **options)
+            landing = wh.land_staged(staged) if staged is not None else _land_into(wh, records, options)
             landing.drained = drained
             return landing
     finally:

@@ -4,17 +4,23 @@ under the outcome verifier, and the verifier's precondition must hold before any
 fails either is rejected with the reason.
 
 An environment that fails while checking (a sandbox that cannot start, an environment fault
-or bug during the replay) says nothing about the task: it is never recorded as a rejection.
-`validate_tasks` raises `ReplayEnvFault` instead, so the run stops with the environment's
-problem named. The failure is recognised by where it happened — an `EnvFault` raised (the
+or bug during the replay, a simulated person's endpoint answering 500) says nothing about the
+task: it is never recorded as a rejection. `validate_tasks` checks the task again from a fresh
+env under the run's retry policy, as rollouts retry their faults (`RetryPolicy`: backoff, retries);
+a fault that outlasts the retries raises `ReplayEnvFault`, so the run stops with the
+environment's problem named. The failure is recognised by where it happened — an `EnvFault` raised (the
 sandbox's `SandboxError`, a verifier's precondition that could not run), a step the env rolled
 back (`env_fault`, `env_bug`), or an outcome with a failed `env_fault` check — never by the
 text of a reason."""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+
 from envs.errors import EnvFault, rolled_back
-from envs.records import TaskRejection, TaskSpec
+from envs.records import RetryPolicy, TaskRejection, TaskSpec, Termination
 from envs.registry import make, verifier_for
 
 
@@ -78,13 +84,33 @@ def _replay(task: TaskSpec) -> str | None:
         env.close()
 
 
-def validate_tasks(tasks: list[TaskSpec]) -> tuple[list[TaskSpec], list[TaskRejection]]:
-    """(valid, rejected). Raises ReplayEnvFault, landing nothing, if the environment fails."""
+log = logging.getLogger("gymfoundry.validate")
+
+
+def validate_tasks(tasks: list[TaskSpec], retry: RetryPolicy | None = None,
+                   sleep: Callable[[float], None] = time.sleep) -> tuple[list[TaskSpec], list[TaskRejection]]:
+    """(valid, rejected). An environment fault is retried under `retry` (default `RetryPolicy()`) where it
+    retries environment or grader faults; past its retries, ReplayEnvFault is raised, landing nothing."""
+    retry = retry or RetryPolicy()
     valid, rejected = [], []
     for task in tasks:
-        reason = check_reference(task)
+        reason = _checked_with_retries(task, retry, sleep)
         if reason is None:
             valid.append(task)
         else:
             rejected.append(TaskRejection(task_id=task.task_id, family=task.family, stage="validate", reason=reason))
     return valid, rejected
+
+
+def _checked_with_retries(task: TaskSpec, retry: RetryPolicy, sleep: Callable[[float], None]) -> str | None:
+    retries = retry.max_retries if {Termination.env_fault, Termination.grader_fault} & set(retry.retry_on) else 0
+    attempt = 0
+    while True:
+        try:
+            return check_reference(task)  # a fresh env each time: nothing of the faulted check is kept
+        except ReplayEnvFault as exc:
+            if attempt == retries:
+                raise
+            attempt += 1
+            log.warning("%s; checking it again (retry %d of %d)", exc.problem, attempt, retries)
+            sleep(retry.delay_s(attempt))

@@ -1,10 +1,11 @@
-"""The spool: batches a landing could not land because another process held the catalog.
+"""The spool: batches a writer could not land because another process held the catalog.
 
 A reader holding the catalog (a notebook's connection, a `duckdb` CLI session) blocks every
-writer. Rather than fail the run and lose what it collected, `tasks.land` writes the batch's
-records here as one JSON file, `<data_dir>/spool/<utc time>-<hash>.json`, and the next landing
-lands every spooled batch first, in the order they were spooled, and removes each once it
-landed. Ids are content hashes, so a spooled batch that landed before its file was removed
+writer. Rather than fail the run and lose what it collected, every writer (`tasks.land`: the
+factory's landings and run rows, the holdout lock, evaluation, training runs, reverify, scoring)
+writes the batch's records here as one JSON file, `<data_dir>/spool/<utc time>-<hash>.json`, and
+the next landing lands every spooled batch first, in the order they were spooled, and removes each
+once it landed. Ids are content hashes, so a spooled batch that landed before its file was removed
 adds nothing when it lands again.
 """
 
@@ -16,12 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from envs.records import Record, Rollout, Run, StepScore, TaskRejection, TaskSpec, content_hash
+from envs.records import (HoldoutLock, Record, Rollout, Run, StepScore, TaskRejection, TaskSpec, TrainingRun, Verdict,
+                          content_hash)
 
 SPOOL_DIR = "spool"
-# `Warehouse.land` keyword -> the record it takes.
+# `Warehouse.land` keyword -> the record it takes; `training_runs` lands through `Warehouse.land_rows`.
 RECORDS: dict[str, type[Record]] = {"tasks": TaskSpec, "rejections": TaskRejection, "rollouts": Rollout,
-                                    "scores": StepScore, "runs": Run}
+                                    "scores": StepScore, "runs": Run, "outcomes": Verdict,
+                                    "holdout_locks": HoldoutLock, "training_runs": TrainingRun}
 
 
 def save(data_dir: str | os.PathLike, records: dict[str, list[Record]], options: dict[str, Any]) -> Path:

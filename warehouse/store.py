@@ -7,8 +7,9 @@ hand it the `Staged` batch, which it only checks against the catalog and registe
 A writer excludes every other process, readers included; any number of
 `read_only=True` readers may share the catalog while no writer holds it. So open for writing
 only around landing, and read with `read_only=True` (a CLI query needs no write lock). A writer
-that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s`, then
-raises `CatalogLocked` (`tasks.land` then spools the batch, see `warehouse.spool`).
+that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s` (default
+`lock_wait_s()`, the same for every writer), then raises `CatalogLocked` (`tasks.land` then
+spools the batch, see `warehouse.spool`).
 """
 
 from __future__ import annotations
@@ -90,9 +91,10 @@ class Warehouse:
     """
 
     def __init__(self, data_dir: str | os.PathLike = DEFAULT_DATA_DIR, read_only: bool = False,
-                 lock_timeout_s: float = 60.0):
+                 lock_timeout_s: float | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.read_only = read_only
+        lock_timeout_s = lock_wait_s() if lock_timeout_s is None else lock_timeout_s
         path = self.data_dir / CATALOG_FILE
         if read_only:
             if not path.exists():
@@ -750,9 +752,29 @@ def lock_holder(message: str) -> str:
     return f"{found['program']} (PID {found['pid']})" if found else "another process"
 
 
+LOCK_WAIT_S = 300.0  # a notebook left open as a nightly run lands: wait out a quick look, then spool
+LOCK_WAIT_ENV = "GYMFOUNDRY_LOCK_WAIT_S"
+
+
+def lock_wait_s() -> float:
+    """How long a writer (or a reader a writer blocks) waits for a held catalog lock before giving up
+    (a landing then spools its records): GYMFOUNDRY_LOCK_WAIT_S, else LOCK_WAIT_S."""
+    value = os.environ.get(LOCK_WAIT_ENV)
+    if value is None:
+        return LOCK_WAIT_S
+    try:
+        wait = float(value)
+    except ValueError:
+        raise ValueError(f"{LOCK_WAIT_ENV}={value!r} is not a number of seconds") from None
+    if not wait >= 0:
+        raise ValueError(f"{LOCK_WAIT_ENV}={value!r}: the wait must be 0 or more seconds")
+    return wait
+
+
 def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckDBPyConnection:
     """DuckDB lets one process write a file, and a writer and readers exclude each other: a held
-    lock is retried with backoff (0.2 s doubling to 5 s) for `lock_timeout_s`, saying who holds it."""
+    lock is retried with backoff (0.2 s doubling to 5 s) for `lock_timeout_s`, saying who holds it
+    ("waiting for <program> (PID n)") each time the holder changes."""
     start = time.monotonic()
     delay, holder = 0.2, None
     while True:
@@ -770,7 +792,7 @@ def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckD
                 raise CatalogLocked(path, lock_holder(str(exc)), waited, str(exc)) from None
             if lock_holder(str(exc)) != holder:
                 holder = lock_holder(str(exc))
-                log.warning("warehouse catalog %s is locked by %s (a reader or writer in another process: "
+                log.warning("warehouse catalog %s is locked: waiting for %s (a reader or writer in another process: "
                             "close it to let this %s proceed); retrying for up to %.0f s", path, holder,
                             "read" if read_only else "landing", lock_timeout_s)
             time.sleep(delay)

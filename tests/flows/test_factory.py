@@ -205,7 +205,7 @@ def test_the_family_subflow_hands_over_what_it_returns(tmp_path):
 
 def test_a_family_subflow_that_fails_after_its_hand_off_lands_nothing(tmp_path, monkeypatch):
     """The factory stages while the subflow runs close, and lands only once all ended well: a run
-    that fails after handing its output over leaves no rows (and no run without its `runs` row)."""
+    that fails after handing its output over leaves no rows but its failed `runs` row."""
     import flows.factory as ff
 
     hand_over = ff._hand_over
@@ -218,6 +218,7 @@ def test_a_family_subflow_that_fails_after_its_hand_off_lands_nothing(tmp_path, 
     with pytest.raises(RuntimeError, match="failed after its hand-off"):
         factory(families=["inventory"], tasks_per_family=3, seed=0, data_dir=str(tmp_path))
     with Warehouse(tmp_path, read_only=True) as wh:
-        assert {t: wh.count(t) for t in ("tasks", "rollouts", "steps", "runs")} == \
-            {"tasks": 0, "rollouts": 0, "steps": 0, "runs": 0}
+        assert {t: wh.count(t) for t in ("tasks", "rollouts", "steps")} == {"tasks": 0, "rollouts": 0, "steps": 0}
+        assert [(r.status, r.error, r.landed) for r in wh.load("runs")] == \
+            [("failed", "RuntimeError: the subflow failed after its hand-off", {})]
     assert [p for p in (tmp_path / "incoming").rglob("*") if p.is_file()] == []
