@@ -16,7 +16,9 @@ Two backends, one interface (`Simulator.reply(persona, memory, message) -> Reply
   person ends the conversation when the world settles the request (`close`), when out of
   patience, or asks for a human.
 - `LLMSimulator`: a model behind an OpenAI-compatible chat-completions endpoint, the persona in its
-  system prompt. Its reply is validated (a non-empty text of bounded length that says no private
+  system prompt. Its key is never kept: its reply and every error message pass through
+  `envs.secrets.redact` first (an endpoint may echo the key), so the agent never sees it. The
+  reply is then validated (a non-empty text of bounded length that says no private
   value); an invalid reply, or an endpoint that fails, raises `SimulatorFault`, an `EnvFault`:
   the simulator's failure is the environment's, never the agent's.
 
@@ -34,8 +36,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from envs.errors import EnvFault
+from envs.secrets import HTTP_LOGGERS, check_endpoint_url, redact, redact_logs, register_secret
 
 Style = Literal["terse", "chatty", "impatient"]
+redact_logs(*HTTP_LOGGERS)  # the simulator's endpoint may echo its key in a header httpcore logs
 
 
 class Fact(BaseModel):
@@ -174,7 +178,9 @@ class LLMSimulator(Simulator):
         self.model = model or os.environ.get("GYMFOUNDRY_USER_MODEL")
         if not self.base_url or not self.model:
             raise ValueError("the LLM user simulator needs base_url and model (or GYMFOUNDRY_USER_BASE_URL / _MODEL)")
+        check_endpoint_url(self.base_url, "the environment variable GYMFOUNDRY_USER_API_KEY")
         key = api_key or os.environ.get("GYMFOUNDRY_USER_API_KEY")
+        register_secret(key)  # a key passed in code is redacted like the environment's
         self._client_args = dict(base_url=self.base_url, timeout=timeout_s, transport=transport,
                                  headers={"Authorization": f"Bearer {key}"} if key else {})
         self.client = httpx.Client(**self._client_args)
@@ -206,10 +212,11 @@ class LLMSimulator(Simulator):
             response.raise_for_status()
             text = response.json()["choices"][0]["message"]["content"]
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            raise SimulatorFault(f"user simulator at {self.base_url} failed: {type(exc).__name__}: "
-                                 f"{str(exc)[:200]}") from None
+            raise SimulatorFault(redact(f"user simulator at {self.base_url} failed: {type(exc).__name__}: "
+                                        f"{exc}")[:300]) from None
         if not isinstance(text, str) or not text.strip() or len(text) > self.MAX_CHARS:
-            raise SimulatorFault(f"user simulator gave an invalid reply: {json.dumps(text)[:200]}")
+            raise SimulatorFault(f"user simulator gave an invalid reply: {redact(json.dumps(text))[:200]}")
+        text = redact(text)
         if any(v in text for v in persona.hidden_values()):
             raise SimulatorFault("user simulator said a private value of its persona")
         memory["history"] += [{"role": "user", "content": message}, {"role": "assistant", "content": text}]

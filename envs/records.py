@@ -9,9 +9,10 @@ import math
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from envs.errors import InvalidTask
+from envs.secrets import check_endpoint_url
 
 
 # made once: json.dumps builds an encoder per call when given options (same text either way)
@@ -383,11 +384,13 @@ class PolicySpec(Record):
     """Which policy a run collects with: `scripted` (the family's scripted policy), `hf` (a local
     checkpoint: `model` is its directory), `openai` (an OpenAI-compatible endpoint: `model` is the
     served model's name at `base_url`), or a kind registered with `tasks.policies.register_policy`.
-    The key is never part of it: `api_key_env` NAMES the environment variable holding it.
-    `timeout_s` bounds each request, `max_retries` the policy's own retries of a failed request
-    (connection, timeout, 429, 5xx) before the episode ends as `inference_fault`;
-    `max_concurrency` is how many episodes may be in flight at once. `options` are further keyword
-    arguments of a custom policy."""
+    The key is never part of it: `api_key_env` NAMES the environment variable holding it, and a
+    `base_url` holding a user name or password is refused. `timeout_s` bounds each request,
+    `max_retries` the policy's own retries of a failed request (connection, timeout, 429, 5xx)
+    before the episode ends as `inference_fault`; `max_concurrency` is how many episodes may be in
+    flight at once. `options` are further keyword arguments of a custom policy."""
+
+    model_config = ConfigDict(hide_input_in_errors=True)  # an error never repeats a URL's password
 
     kind: str = Field(default="scripted", pattern=r"^[a-z][a-z0-9_.-]*$")
     model: str | None = None
@@ -399,6 +402,12 @@ class PolicySpec(Record):
     max_concurrency: int = Field(default=1, ge=1)
     mistake_rate: float | None = Field(default=None, ge=0, le=1)  # the scripted policy's knob
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_userinfo(cls, v: str | None) -> str | None:
+        # a password in the URL would be stored with the run and sent in place of the key
+        return check_endpoint_url(v, "the environment variable named by --api-key-env (api_key_env)")
 
     @model_validator(mode="after")
     def _needs_model(self) -> PolicySpec:

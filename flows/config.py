@@ -51,7 +51,8 @@ def _policy(value: Any) -> Any:
 
 
 class Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # an error never repeats the value it refuses (a URL's password); `explain` names the field
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     def params(self) -> dict[str, Any]:
         """The fields as the flow's keyword arguments (nested records stay records)."""

@@ -26,12 +26,10 @@ from typing import Any
 import httpcore
 import httpx
 
-from envs.secrets import redact_logs
+from envs.secrets import HTTP_LOGGERS, redact_logs
 
 _local = threading.local()  # this thread's current request deadline (time.monotonic())
-# httpx logs each request's URL at INFO, httpcore the response headers at DEBUG: an endpoint
-# echoing the key in a header would put it there.
-redact_logs("httpx", "httpcore.connection", "httpcore.http11", "httpcore.http2", "httpcore.proxy", "httpcore.socks")
+redact_logs(*HTTP_LOGGERS)
 
 
 class EndpointError(RuntimeError):

@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from envs.errors import rolled_back
 from envs.profile import DomainProfile, JudgeRubric, RubricDimension
 from envs.records import Rollout, Step, StepScore, TaskSpec, construct, content_hash
-from envs.secrets import redact, register_secret
+from envs.secrets import check_endpoint_url, redact, register_secret
 from verifiers.endpoint import DeadlineClient
 
 JUDGE_PROMPT_VERSION = "2"  # 2: agent-written spans fenced as JSON data
@@ -60,9 +60,11 @@ DEFAULT_RUBRIC = JudgeRubric(dimensions=[
 class JudgeSettings(BaseModel):
     """Where the judge is and how to call it. `base_url` is the API root that serves
     `/chat/completions`, e.g. http://127.0.0.1:8000/v1 (vLLM), http://127.0.0.1:11434/v1
-    (Ollama), http://127.0.0.1:8080/v1 (llama.cpp server), https://api.openai.com/v1."""
+    (Ollama), http://127.0.0.1:8080/v1 (llama.cpp server), https://api.openai.com/v1. A URL
+    holding a user name or password is refused: the key goes in `api_key`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # an error never repeats the value it refuses (a key, a URL's password)
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     base_url: str | None = None
     model: str | None = None
@@ -91,6 +93,11 @@ class JudgeSettings(BaseModel):
                 values[name] = parse(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_userinfo(cls, v: str | None) -> str | None:
+        return check_endpoint_url(v, "the environment variable GYMFOUNDRY_JUDGE_API_KEY")
 
     @property
     def configured(self) -> bool:
