@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from envs.secrets import redact, register_secret
+from envs.secrets import check_endpoint_url, redact, register_secret
 from tasks.hf_policy import SYSTEM_PROMPT
 from tasks.policies import PolicyOutput
 from envs.records import PolicySpec
@@ -124,6 +124,7 @@ class OpenAIPolicy:
         self.base_url = (base_url or os.environ.get("GYMFOUNDRY_POLICY_BASE_URL") or "").rstrip("/")
         if not self.base_url:
             raise ValueError("no endpoint: pass base_url or set GYMFOUNDRY_POLICY_BASE_URL (e.g. http://localhost:8000/v1)")
+        check_endpoint_url(self.base_url, "api_key or GYMFOUNDRY_POLICY_API_KEY")  # httpx would send it instead
         key = api_key or os.environ.get("GYMFOUNDRY_POLICY_API_KEY") or os.environ.get("OPENAI_API_KEY")
         register_secret(key)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
