@@ -1,12 +1,53 @@
-"""`gymfoundry` command line: run the factory, list envs, query the warehouse."""
+"""`gymfoundry` command line: run the factory, list envs, query the warehouse.
+
+Exit status: 0 done; 2 the command line names something missing or not allowed (checked before
+Prefect starts, or refused by a flow as bad input: one line, no traceback); 1 the command ran and
+failed (a failed check, a refused or cancelled query, damaged or locked storage: one line; any
+other exception is a crash and shows its traceback)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import traceback
+from pathlib import Path
 
 DEFAULT_DATA_DIR = ".gymfoundry"
+
+
+class UsageError(ValueError):
+    """The command line names something that is missing or not allowed."""
+
+
+def existing_warehouse(data_dir: str) -> None:
+    """Commands that read or repair a warehouse refuse a data dir without one (a mistyped path),
+    creating nothing there."""
+    from warehouse import CATALOG_FILE
+
+    if not (Path(data_dir) / CATALOG_FILE).is_file():
+        raise UsageError(f"--data-dir {data_dir}: no warehouse there (no {CATALOG_FILE}); nothing was done")
+
+
+def check_families(families: list[str] | None) -> None:
+    """Each family named is registered (one line naming the known ones otherwise)."""
+    from flows.config import _families
+
+    if families:
+        _families(families)
+
+
+def _check_text(args: argparse.Namespace) -> None:
+    """DuckDB and most tools cannot take a path that is not valid UTF-8 (DuckDB throws std::bad_cast)."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise UsageError(f"--{name.replace('_', '-')} {item!r} is not valid UTF-8; name a path "
+                                     "that is") from None
 
 
 def _prefect_defaults() -> None:
@@ -69,7 +110,7 @@ def policy_spec(args: argparse.Namespace):
     try:
         sampling = Sampling(temperature=get("temperature"), top_p=get("top_p"), max_tokens=get("max_tokens"),
                             seed=get("sampling_seed"), stop=get("stop"))
-        return PolicySpec(kind=args.policy, model=get("model"), base_url=get("base_url"),
+        spec = PolicySpec(kind=args.policy, model=get("model"), base_url=get("base_url"),
                           api_key_env=get("api_key_env"), sampling=sampling,
                           mistake_rate=get("mistake_rate") if args.policy == "scripted" else None,
                           options={"request_token_ids": True} if get("request_token_ids") else {},
@@ -79,6 +120,14 @@ def policy_spec(args: argparse.Namespace):
                                    f"{e['msg'].removeprefix('Value error, ')}"
                                    + (f" (got {e['input']!r})" if e["type"].startswith(("greater", "less")) else "")
                                    for e in exc.errors())) from None
+    if spec.kind not in ("scripted", "hf", "openai"):  # a custom kind: the registry knows it or says which are
+        from tasks.policies import make_policy
+
+        try:
+            make_policy(spec, "inventory")
+        except ValueError as exc:
+            raise ValueError(f"--policy: {exc}") from None
+    return spec
 
 
 def print_report(report: dict) -> None:
@@ -149,11 +198,13 @@ def cmd_new_family(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from warehouse import Warehouse
-    from warehouse.console import render
+    from warehouse.console import check_size, query, render
 
-    with Warehouse(args.data_dir, read_only=True) as wh:
-        table = wh.sql(args.query)
+    existing_warehouse(args.data_dir)
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout:g}: the time limit must be more than 0 seconds")
+    table = query(args.data_dir, args.query, timeout_s=args.timeout,
+                  max_memory=check_size(args.max_memory) if args.max_memory else None)
     print(render(table, args.format, args.max_rows))
     return 0
 
@@ -165,6 +216,7 @@ def cmd_warehouse_check(args: argparse.Namespace) -> int:
 
     from warehouse import Warehouse
 
+    existing_warehouse(args.data_dir)
     try:
         with Warehouse(args.data_dir, read_only=True) as wh:
             report = wh.check()
@@ -197,6 +249,7 @@ def print_check(report) -> None:
 def cmd_warehouse_repair(args: argparse.Namespace) -> int:
     from warehouse import Warehouse
 
+    existing_warehouse(args.data_dir)
     with Warehouse(args.data_dir) as wh:
         repair = wh.repair()
     for folder, files in repair.moved.items():
@@ -216,6 +269,8 @@ def cmd_warehouse_repair(args: argparse.Namespace) -> int:
 def cmd_labels_export(args: argparse.Namespace) -> int:
     from tasks.calibrate import export_label_sample
 
+    existing_warehouse(args.data_dir)
+    check_families(args.families)
     out = export_label_sample(args.data_dir, args.out, n=args.n, seed=args.seed, families=args.families)
     print(f"{out['rows']} steps from {out['strata']} strata (family x score bucket x termination)")
     print(f"label them -1 / 0 / +1 in the `label` column, with your `labeller_id`:\n  {out['csv']}\n  {out['parquet']}")
@@ -225,6 +280,10 @@ def cmd_labels_export(args: argparse.Namespace) -> int:
 def cmd_labels_import(args: argparse.Namespace) -> int:
     from tasks.calibrate import import_labels
 
+    existing_warehouse(args.data_dir)
+    missing = [path for path in args.files if not Path(path).is_file()]
+    if missing:
+        raise UsageError(f"no such file: {', '.join(missing)}; nothing was imported")
     for path in args.files:
         out = import_labels(args.data_dir, path, labeller_id=args.labeller)
         print(f"{path}: {out['imported']} labels imported, {out['skipped_unlabelled']} unlabelled rows skipped"
@@ -233,6 +292,10 @@ def cmd_labels_import(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    existing_warehouse(args.data_dir)
+    check_families(args.families)
+    if not 0 < args.holdout < 1:
+        raise UsageError(f"--holdout {args.holdout:g}: the held-out share must be between 0 and 1")
     _prefect_defaults()
     from flows.scoring import calibrate
     from tasks.calibrate import render_agreement
@@ -249,6 +312,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
+    existing_warehouse(args.data_dir)
+    check_families(args.families)
+    missing = [path for path in args.profile or [] if not Path(path).is_file()]
+    if missing:
+        raise UsageError(f"--profile: no such file: {', '.join(missing)}")
     _prefect_defaults()
     from flows.scoring import rescore
 
@@ -332,6 +400,7 @@ def add_policy_options(parser: argparse.ArgumentParser, default: str = "scripted
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """The env's tools over MCP for an external harness; its episodes land as rollouts. Under
     stdio, stdout is the MCP channel: everything said here goes to stderr."""
+    check_families([args.family])  # before the hub locks a holdout for it
     import signal
     import uuid
 
@@ -501,6 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--max-rows", type=int, default=50, help="rows shown by --format table (default: 50)")
     sql.add_argument("--format", choices=["table", "csv", "json"], default="table",
                      help="table (default), csv with a header, or json (a list of objects; every row)")
+    sql.add_argument("--timeout", type=float, default=300.0,
+                     help="cancel the query after this many seconds (default: 300)")
+    sql.add_argument("--max-memory", help="cancel the query when it needs more memory than this, e.g. 2GB "
+                                          "(default: a quarter of this machine's memory)")
     sql.set_defaults(func=cmd_sql)
 
     warehouse_cmd = sub.add_parser("warehouse", help="warehouse maintenance")
@@ -527,13 +600,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def failures() -> tuple[type[Exception], ...]:
+    """What a command that ran can fail with for a known reason: one line and exit 1, no traceback."""
+    import duckdb
+
+    from tasks.retry import RetryExhausted
+    from verifiers.endpoint import EndpointError
+    from warehouse import CatalogLocked, ConsoleRefused, DamagedWarehouse, QuarantinedBatch
+    from warehouse.console import QueryCancelled
+
+    return (duckdb.Error, CatalogLocked, ConsoleRefused, DamagedWarehouse, QuarantinedBatch, QueryCancelled,
+            RetryExhausted, EndpointError)
+
+
+class _UserErrorsWithoutTraceback(logging.Filter):
+    """Prefect logs a failed flow or task run's exception with its traceback; bad input (a
+    ValueError a flow raised) keeps Prefect's one-line summary."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ValueError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    for name in ("prefect.flow_runs", "prefect.task_runs"):  # the loggers of Prefect's run engines
+        if not any(isinstance(f, _UserErrorsWithoutTraceback) for f in logging.getLogger(name).filters):
+            logging.getLogger(name).addFilter(_UserErrorsWithoutTraceback())
     try:
+        _check_text(args)
         return args.func(args)
-    except Exception as exc:  # a clear message, not a traceback, for user errors
+    except Exception as exc:
         if os.environ.get("GYMFOUNDRY_DEBUG"):
             raise
+        if isinstance(exc, ValueError):  # bad input, found before Prefect started or by a flow
+            print(f"gymfoundry {args.command}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(exc, failures()):  # a crash: its traceback is what a bug report needs
+            traceback.print_exc()
         print(f"gymfoundry {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from flows.cli import existing_warehouse
     from flows.report import write_html_report
 
+    existing_warehouse(args.data_dir)
     out = args.out or Path(args.data_dir) / "reports" / "report.html"
     print(write_html_report(args.data_dir, out))
     return 0

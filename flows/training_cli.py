@@ -15,9 +15,15 @@ def _prefect_defaults() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from flows.cli import UsageError
     from flows.config import TrainingConfig, from_args
 
-    hp = json.loads(args.hyperparameters) if args.hyperparameters else {}
+    try:
+        hp = json.loads(args.hyperparameters) if args.hyperparameters else {}
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--hyperparameters: not JSON ({exc})") from None
+    if not isinstance(hp, dict):
+        raise UsageError(f"--hyperparameters: a JSON object is needed, got {args.hyperparameters!r}")
     for key in ("max_steps", "learning_rate", "batch_size", "time_limit_s"):
         if getattr(args, key) is not None:
             hp[key] = getattr(args, key)
@@ -26,6 +32,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gymfoundry train: {exc}", file=sys.stderr)
         return 2
+    check_training_inputs(config)
     _prefect_defaults()
     from flows.training import train
 
@@ -40,6 +47,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     if "heldout" in metrics:
         print(f"held-out success: {100 * metrics['heldout']['success_rate']:.1f}%")
     return 0
+
+
+def check_training_inputs(config) -> None:
+    """What the train flow would refuse only after Prefect started: a missing dataset or base model."""
+    from pathlib import Path
+
+    from flows.cli import UsageError
+    from flows.training import resolve_dataset
+
+    if config.method in ("sft", "dpo") and not config.dataset:
+        raise UsageError(f"--method {config.method} trains on a dataset: name one with --dataset (an id under "
+                         f"{config.data_dir}/datasets/ or a Parquet file)")
+    if config.dataset and config.method != "grpo":
+        try:
+            resolve_dataset(config.dataset, config.data_dir)
+        except FileNotFoundError as exc:
+            raise UsageError(f"--dataset: {exc}") from None
+    if config.base_model and not Path(config.base_model).is_dir():
+        raise UsageError(f"--base-model {config.base_model}: no such checkpoint directory")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -64,6 +90,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_loop(args: argparse.Namespace) -> int:
+    from flows.cli import UsageError, check_families
+    from flows.training import ARMS
+
+    check_families([args.family])
+    unknown = [arm for arm in args.arms.split(",") if arm not in ARMS]
+    if unknown:
+        raise UsageError(f"--arms: unknown arm{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(ARMS)}")
     _prefect_defaults()
     from flows.progress_bars import progress_bars
     from flows.training import closed_loop

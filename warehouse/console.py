@@ -5,6 +5,10 @@ PRAGMA, CALL, PREPARE/EXECUTE, ...).
 A read-only DuckDB connection refuses catalog changes but still writes files (`COPY (...) TO`
 overwrote an immutable batch), so every statement of the text is classified by DuckDB's own
 parser (`duckdb.extract_statements`) before any of it runs. `render` prints a result.
+
+`query` runs a text as `gymfoundry sql` does, bounded in time and memory: a query past either
+bound is cancelled (DuckDB's own interrupt and memory limit) and its connection closed, so the
+read lock that blocks every writer is released.
 """
 
 from __future__ import annotations
@@ -14,10 +18,17 @@ import datetime
 import decimal
 import io
 import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
+
+from warehouse import store  # store imports this module too: only used when called
 
 QUERY = duckdb.StatementType.SELECT  # SELECT, WITH, FROM-first, VALUES, DESCRIBE, SHOW, SUMMARIZE, UNPIVOT
 PIVOTS = {"pivot", "pivot_wider"}    # PIVOT parses as MULTI (DuckDB plans it in two steps)
@@ -26,6 +37,84 @@ ALLOWED = "SELECT, WITH, FROM, VALUES, EXPLAIN [ANALYZE], DESCRIBE, SHOW, SUMMAR
 
 class ConsoleRefused(PermissionError):
     """A statement the read-only console does not run."""
+
+
+class QueryCancelled(RuntimeError):
+    """A console query that ran past its time or memory bound, cancelled."""
+
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def default_max_memory() -> str:
+    """A quarter of this machine's memory: a runaway query leaves the rest usable."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{total // 4 // 2**20}MiB"
+
+
+def check_size(size: str) -> str:
+    """`size` as DuckDB reads a memory limit ("2GB", "512MiB"); ValueError with DuckDB's reason if not."""
+    with duckdb.connect() as con:
+        try:
+            con.execute("SET memory_limit = ?", [size])
+        except duckdb.Error as exc:
+            raise ValueError(f"--max-memory {size!r} is not a size such as 2GB or 512MiB ({exc})") from None
+    return size
+
+
+def query(data_dir: str | os.PathLike, text: str, params: Sequence[Any] | None = None, *,
+          timeout_s: float | None = DEFAULT_TIMEOUT_S, max_memory: str | None = None) -> pa.Table:
+    """Run `text` (queries only, see `check_query`) on a data dir's warehouse, read-only. Past
+    `timeout_s` seconds, or past `max_memory` (default `default_max_memory()`; DuckDB spills to its
+    temp directory up to the same size), the query is cancelled: QueryCancelled, with one line."""
+    max_memory = max_memory or default_max_memory()
+    with _memory_bound(Path(data_dir).resolve() / store.CATALOG_FILE, max_memory), \
+            store.Warehouse(data_dir, read_only=True) as wh:
+        try:
+            with _time_bound(wh.con, timeout_s):
+                return wh.sql(text, params)
+        except duckdb.InterruptException:
+            raise QueryCancelled(f"the query ran past the console's time limit of {timeout_s:g} s (--timeout) and "
+                                 "was cancelled") from None
+        except duckdb.OutOfMemoryException:
+            raise QueryCancelled(f"the query needed more than the console's memory limit of {max_memory} "
+                                 "(--max-memory) and was cancelled") from None
+
+
+@contextmanager
+def _memory_bound(catalog_file: Path, max_memory: str) -> Iterator[None]:
+    """A process's read-only connections to one catalog share one DuckDB instance, whose settings the
+    Warehouse locks as it opens: the bound is set on that instance first, through a connection held
+    open until the Warehouse has its own. An instance another reader of this process already
+    confined keeps the bounds it has."""
+    if not catalog_file.exists():
+        raise FileNotFoundError(f"no warehouse catalog at {catalog_file}")
+    con = store._connect(catalog_file, True, 60.0)
+    try:
+        try:
+            con.execute("SET memory_limit = ?", [max_memory])
+            con.execute("SET max_temp_directory_size = ?", [max_memory])
+        except duckdb.InvalidInputException as exc:
+            if "lock" not in str(exc).lower():
+                raise
+        yield
+    finally:
+        con.close()
+
+
+@contextmanager
+def _time_bound(con: duckdb.DuckDBPyConnection, timeout_s: float | None) -> Iterator[None]:
+    """Interrupt what `con` runs once `timeout_s` seconds have passed (DuckDB then raises InterruptException)."""
+    if timeout_s is None:
+        yield
+        return
+    timer = threading.Timer(timeout_s, con.interrupt)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def check_query(text: str) -> None:

@@ -131,5 +131,5 @@ def test_cli_labels_calibrate_rescore(tmp_path, capsys):
     assert main(["rescore", "--data-dir", str(data_dir)]) == 0
     printed = capsys.readouterr().out
     assert "calibrated" in printed and "new score rows" in printed
-    assert main(["labels", "import", str(tmp_path / "missing.csv"), "--data-dir", str(data_dir)]) == 1
-    assert "error" in capsys.readouterr().err
+    assert main(["labels", "import", str(tmp_path / "missing.csv"), "--data-dir", str(data_dir)]) == 2
+    assert "no such file" in capsys.readouterr().err

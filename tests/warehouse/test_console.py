@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import stat
 
+import duckdb
 import pytest
 
 from flows.cli import main
@@ -69,7 +71,7 @@ def test_every_hostile_statement_is_refused_and_nothing_changes(data_dir, build,
     for name, statement in hostile(data_dir, registered).items():
         with Warehouse(data_dir, read_only=True) as wh, pytest.raises(ConsoleRefused, match="only runs queries"):
             wh.sql(statement)
-        assert main(["sql", "--data-dir", str(data_dir), statement]) == 1, name
+        assert main(["sql", "--data-dir", str(data_dir), statement]) == 1, name  # ran and was refused
         assert "ConsoleRefused" in capsys.readouterr().err, name
     assert state(data_dir) == before
     out = data_dir / "check.json"
@@ -187,3 +189,37 @@ def test_render_prints_a_result_as_table_csv_or_json(data_dir, build):
     assert len(json.loads(render(many, "json", 5))) == 30
     with pytest.raises(ValueError, match="table, csv, json"):
         render(many, "xml", 5)
+
+
+ENDLESS = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM t) SELECT count(*) FROM t"
+
+
+def test_a_query_past_the_time_bound_is_cancelled_and_the_catalog_freed(data_dir, build):
+    from warehouse.console import QueryCancelled, query
+
+    land(data_dir, build)
+    with pytest.raises(QueryCancelled, match=r"^the query ran past the console's time limit of 1.5 s \(--timeout\) "
+                                             r"and was cancelled$"):
+        query(data_dir, ENDLESS, timeout_s=1.5)
+    with Warehouse(data_dir, lock_timeout_s=0) as wh:  # a writer opens at once: the reader is closed
+        assert wh.count("steps") == 3
+    assert query(data_dir, "select count(*) as n from steps", timeout_s=60).to_pylist() == [{"n": 3}]
+
+
+def test_a_query_past_the_memory_bound_is_cancelled_and_the_bounds_are_set(data_dir, build):
+    from warehouse.console import QueryCancelled, default_max_memory, query
+
+    land(data_dir, build)
+    with pytest.raises(QueryCancelled, match=r"^the query needed more than the console's memory limit of 50MB "
+                                             r"\(--max-memory\) and was cancelled$"):
+        query(data_dir, "SELECT len(list(i)) FROM range(100000000) t(i)", max_memory="50MB")
+    settings = "select current_setting('memory_limit') as m, current_setting('max_temp_directory_size') as t"
+    assert query(data_dir, settings, max_memory="300MB").to_pylist() == [{"m": "286.1 MiB", "t": "286.1 MiB"}]
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert default_max_memory() == f"{total // 4 // 2**20}MiB"
+    with duckdb.connect() as con:  # the default is what the console sets
+        con.execute("SET memory_limit = ?", [default_max_memory()])
+        expected = con.execute("select current_setting('memory_limit')").fetchall()[0][0]
+    assert query(data_dir, settings).to_pylist()[0]["m"] == expected
+    with pytest.raises(ConsoleRefused):  # the bounds are the console's, not the query's to change
+        query(data_dir, "SET memory_limit = '100GB'")
