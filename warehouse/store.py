@@ -192,8 +192,12 @@ class Warehouse:
                     moved.append((target, staged.incoming(batch)))
                 catalog.register(self.con, self.data_dir, staged.batches, _utcnow(), before_commit=_landing_hook)
             except BaseException:
-                for target, source in moved:  # not registered: the batch can be landed again
-                    os.replace(target, source)
+                # Only what the manifest did not register goes back (to be landed again): after the commit
+                # (a full disk while the views are rebuilt) the batch landed, and the error is that one.
+                registered = _registered_paths(self.con)
+                for (target, source), batch in zip(moved, staged.batches):
+                    if batch.path not in registered and target.exists():
+                        os.replace(target, source)
                 raise
             staged.discard()
             counts = dict.fromkeys(staged.tables, 0)
@@ -797,6 +801,14 @@ def _connect(path: Path, read_only: bool, lock_timeout_s: float) -> duckdb.DuckD
                             "read" if read_only else "landing", lock_timeout_s)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+def _registered_paths(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The lake paths the manifest holds (none where the connection cannot answer)."""
+    try:
+        return {e.path for e in catalog.entries(con)}
+    except duckdb.Error:
+        return set()
 
 
 def _row(table: Table, record: Record, **added: Any) -> dict[str, Any]:

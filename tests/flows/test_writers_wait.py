@@ -231,3 +231,46 @@ def test_the_factorys_validate_stage_uses_the_runs_retry_policy(monkeypatch):
     policy = RetryPolicy(max_retries=5, backoff_s=0)
     factory_module.validate.fn([], policy)
     assert seen == [policy]
+
+
+def test_evaluation_rollouts_land_with_their_verdict_rows(tmp_path):
+    from flows.evaluation import evaluate
+
+    data_dir = str(tmp_path / "data")
+    factory(families=["inventory"], tasks_per_family=12, samples_per_task=1, seed=3, data_dir=data_dir)
+    report = evaluate(family="inventory", data_dir=data_dir, policy="scripted", limit=3, samples_per_task=2,
+                      policy_kwargs={"mistake_rate": 0.3}, reuse=False)
+    assert report["landed"]["rollouts"] == report["episodes"] > 0
+    rows = sql(data_dir, "SELECT r.rollout_id, r.termination AS rollout_termination, o.termination, o.verifier_id "
+                         "FROM rollouts r LEFT JOIN outcomes o USING (rollout_id) "
+                         "WHERE r.policy_version = ? AND r.run_id IS NULL", [report["policy_version"]])
+    assert len(rows) == report["episodes"]
+    assert all(r["termination"] == r["rollout_termination"] and r["verifier_id"] for r in rows), rows
+
+
+def test_a_full_disk_while_the_views_are_rebuilt_reports_the_disk_not_a_missing_file(tmp_path, monkeypatch):
+    from envs.records import Termination
+    from tasks.land import land_records
+    from tests.warehouse.conftest import make_rollout, make_task
+    from warehouse import catalog
+
+    data_dir = tmp_path / "data"
+    Warehouse(data_dir).close()
+    tasks = [make_task("inventory", i) for i in range(2)]
+    rollouts = [make_rollout(t, seed=i, termination=Termination.success) for i, t in enumerate(tasks)]
+    rebuild = catalog.rebuild_views
+
+    def full_disk(con, data_dir, tables=None, temporary=False):
+        if tables is not None and not temporary:  # the stored views, after the landing's commit
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return rebuild(con, data_dir, tables, temporary)
+
+    monkeypatch.setattr(catalog, "rebuild_views", full_disk)
+    with pytest.raises(OSError) as raised:
+        land_records(str(data_dir), tasks, [], rollouts, [])
+    assert type(raised.value) is OSError and raised.value.errno == errno.ENOSPC
+    monkeypatch.setattr(catalog, "rebuild_views", rebuild)
+    # the batch did land (its manifest committed): the next opening rebuilds the views and shows it whole
+    assert sql(data_dir, "SELECT count(*) AS n FROM rollouts") == [{"n": 2}]
+    with Warehouse(data_dir, read_only=True) as wh:
+        assert wh.check().success
