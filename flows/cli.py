@@ -409,7 +409,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
     import envs  # noqa: F401  (registers the families)
     from tasks.harness import EpisodeHub
-    from tasks.mcp_server import build_app, serve_stdio
+    from tasks.mcp_server import build_app, guarded_config, serve_stdio
 
     hub = EpisodeHub(args.family, args.data_dir, tasks=args.tasks, seed=args.seed, idle_timeout_s=args.idle_timeout,
                      land_before_reply=args.transport == "stdio", max_open=args.max_open)
@@ -418,15 +418,22 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     try:
         if args.transport == "stdio":
             episode = args.episode or uuid.uuid4().hex[:16]
-            print(f"gymfoundry serve-env: one {args.family} episode {episode!r} over stdio", file=sys.stderr)
+            given = os.environ.get("GYMFOUNDRY_EPISODE_TOKEN")  # the launcher's: it started this process
+            token = hub.open(episode, given or None)
+            print(f"gymfoundry serve-env: one {args.family} episode {episode!r} over stdio"
+                  + ("" if given else f"; its token (for the proxy): {token}"), file=sys.stderr)
             anyio.run(serve_stdio, hub, episode)
         else:
             print(f"gymfoundry serve-env: {args.family} episodes at http://{args.host}:{args.port}/episodes/<name>/mcp "
-                  f"(end one: POST /episodes/<name>/finish); landing in {args.data_dir}", file=sys.stderr)
-            uvicorn.run(build_app(hub, args.host), host=args.host, port=args.port, log_level="warning")
+                  f"(open one: POST /episodes/<name>/open; end it: POST /episodes/<name>/finish); landing in "
+                  f"{args.data_dir}", file=sys.stderr)
+            uvicorn.Server(guarded_config(build_app(hub, args.host), args.host, args.port,
+                                          max_connections=args.max_connections,
+                                          read_timeout_s=args.read_timeout)).run()
     finally:
         landed = hub.close()
-        print("gymfoundry serve-env: landed " + (", ".join(f"{k}={v}" for k, v in sorted(landed.items())) or "nothing"),
+        print("gymfoundry serve-env: landed " + (", ".join(f"{k}={v}" for k, v in sorted(landed.items())) or "nothing")
+              + (f"; {hub.unlanded} episodes stay spooled for the next landing" if hub.unlanded else ""),
               file=sys.stderr)
     return 0
 
@@ -543,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     envs_cmd = sub.add_parser("envs", help="list registered environments")
     envs_cmd.set_defaults(func=cmd_envs)
 
+    serve.add_argument("--max-connections", type=int, default=None,
+                       help="connections served at once; more are closed as they arrive (default: half the "
+                            "process's descriptor limit, at most 1024)")
+    serve.add_argument("--read-timeout", type=float, default=15.0,
+                       help="seconds a request's headers and body may take to arrive (default: 15)")
     check_cmd = sub.add_parser("check-family", help="run the conformance checks on a registered family")
     check_cmd.add_argument("name", help="a family name (its newest env) or an env id")
     check_cmd.add_argument("--seeds", type=int, default=3, help="tasks generated per level (seeds 0..N-1)")

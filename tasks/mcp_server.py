@@ -1,8 +1,10 @@
 """The env's tools over MCP (the official `mcp` SDK), one episode per harness (`gymfoundry serve-env`).
 
-An episode is named by the address the harness connects to, `/episodes/<name>/mcp`; on the plain
-`/mcp` address by the `X-Gymfoundry-Episode` header or, for a client of the stateful (2025) protocol,
-its MCP session id. Under stdio the one connection is one episode. The session shows:
+A harness opens an episode with `POST /episodes/<name>/open` and gets its token; every later
+request about it carries `Authorization: Bearer <token>` (a missing or wrong one: 401, nothing
+recorded or changed; a name not open: 404). The episode is named by the address the harness connects
+to, `/episodes/<name>/mcp`, or on the plain `/mcp` address by the `X-Gymfoundry-Episode` header.
+Under stdio the one connection is one episode, opened at start. The session shows:
 
 - the prompt `task` and the resource `gymfoundry://episode/goal`: the task's goal, as the factory's
   policies see it (the reset observation);
@@ -15,7 +17,10 @@ stays idle past the hub's limit; then it is verified, scored and landed as a fac
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import resource
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +28,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import h11
 import uvicorn
 from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
@@ -30,10 +36,14 @@ from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from tasks.harness import EPISODE_NAME, EpisodeHub, TooManyEpisodes
+from tasks.harness import EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes, WrongToken
 
 EPISODE_HEADER = "x-gymfoundry-episode"
+READ_TIMEOUT_S = 15.0  # a request's headers and body must arrive within this (slowloris)
+KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this
+log = logging.getLogger("gymfoundry.harness")
 GOAL_URI = "gymfoundry://episode/goal"
 INVALID_PARAMS = -32602
 
@@ -44,8 +54,7 @@ def episode_name(request: Any, default: str | None = None) -> str:
         if default is None:
             raise MCPError(INVALID_PARAMS, "no episode")
         return default
-    name = (request.path_params.get("episode") or request.headers.get(EPISODE_HEADER)
-            or request.headers.get("mcp-session-id"))
+    name = request.path_params.get("episode") or request.headers.get(EPISODE_HEADER)
     if not name or not EPISODE_NAME.fullmatch(name):
         raise MCPError(INVALID_PARAMS, "name the episode: connect to /episodes/<name>/mcp (letters, digits, '_.-')")
     return name
@@ -67,7 +76,7 @@ def build_server(hub: EpisodeHub, stdio_episode: str | None = None) -> Server:
         try:
             async with queues.setdefault(episode, anyio.Lock()):
                 return await anyio.to_thread.run_sync(fn, episode, *args)
-        except TooManyEpisodes as exc:  # the harness's request, said as such (not an internal error)
+        except (TooManyEpisodes, EpisodeNotOpen) as exc:  # the harness's request, said as such (not an internal error)
             raise MCPError(INVALID_PARAMS, str(exc)) from None
 
     async def list_tools(ctx, params) -> types.ListToolsResult:
@@ -106,8 +115,21 @@ def build_server(hub: EpisodeHub, stdio_episode: str | None = None) -> Server:
                   on_read_resource=read_resource)
 
 
+def bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def refused(exc: Exception) -> JSONResponse:
+    """A request about an episode it does not own (401) or that is not open (404): nothing done."""
+    status = 401 if isinstance(exc, WrongToken) else 404
+    headers = {"www-authenticate": 'Bearer realm="gymfoundry episode"'} if status == 401 else None
+    return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
+
+
 class _Episodes:
-    """The MCP endpoint at `/episodes/<name>/mcp`: refuses a bad name before MCP sees it, and ends
+    """The MCP endpoint at `/episodes/<name>/mcp` (and `/mcp` with the episode header): refuses a
+    bad name, a name not open and a request without the episode's token before MCP sees it, and ends
     the episode when a stateful client deletes its session."""
 
     def __init__(self, hub: EpisodeHub, app: Any):
@@ -115,38 +137,59 @@ class _Episodes:
 
     async def __call__(self, scope, receive, send) -> None:
         request = Request(scope)
-        named = request.path_params.get("episode")
-        if named is not None and not EPISODE_NAME.fullmatch(named):
-            await JSONResponse({"error": "bad episode name"}, status_code=404)(scope, receive, send)
+        name = request.path_params.get("episode") or request.headers.get(EPISODE_HEADER)
+        try:
+            if not name:
+                raise EpisodeNotOpen("name the episode: /episodes/<name>/mcp, or the X-Gymfoundry-Episode header")
+            self.hub.authorize(name, bearer(request))
+        except (EpisodeNotOpen, WrongToken) as exc:
+            await refused(exc)(scope, receive, send)
             return
-        ended = named or request.headers.get(EPISODE_HEADER) or request.headers.get("mcp-session-id")
-        if request.method == "DELETE" and ended in self.hub:  # ended before the client hears it is closed
-            await anyio.to_thread.run_sync(self.hub.finish, ended)
+        if request.method == "DELETE":  # ended before the client hears it is closed
+            await anyio.to_thread.run_sync(self.hub.finish, name)
         await self.app(scope, receive, send)
 
 
 def build_app(hub: EpisodeHub, host: str = "127.0.0.1"):
-    """The streamable-HTTP app: `/mcp`, `/episodes/<name>/mcp`, and `POST /episodes/<name>/finish`
-    (the episode's rollout and task ids as JSON; never its class: a verdict shown to the harness
-    would let it probe a task in one episode and play it again, knowing, in another)."""
+    """The streamable-HTTP app: `POST /episodes/<name>/open` (201 and the episode's token, shown
+    once), `/mcp` and `/episodes/<name>/mcp`, and `POST /episodes/<name>/finish` (the episode's
+    rollout and task ids as JSON; never its class: a verdict shown to the harness would let it probe
+    a task in one episode and play it again, knowing, in another). The reply to finish comes once the
+    episode is durable (spooled), so a rollout id the harness was given is never lost."""
     server = build_server(hub)
     app = server.streamable_http_app(host=host, session_idle_timeout=None)
     endpoint = _Episodes(hub, StreamableHTTPASGIApp(server.session_manager))
 
+    async def open_episode(request: Request) -> JSONResponse:
+        name = request.path_params["episode"]
+        if not EPISODE_NAME.fullmatch(name):
+            return JSONResponse({"error": "bad episode name"}, status_code=404)
+        try:
+            token = await anyio.to_thread.run_sync(hub.open, name)
+        except EpisodeExists as exc:
+            return JSONResponse({"error": str(exc)}, status_code=409)
+        except TooManyEpisodes as exc:
+            return JSONResponse({"error": str(exc)}, status_code=429)
+        return JSONResponse({"episode": name, "token": token}, status_code=201)
+
     async def finish(request: Request) -> JSONResponse:
         name = request.path_params["episode"]
-        if not EPISODE_NAME.fullmatch(name) or name not in hub:
-            return JSONResponse({"error": f"no episode {name[:80]!r}"}, status_code=404)
-        rollout = await anyio.to_thread.run_sync(hub.finish, name)
-        return JSONResponse({"episode": name, "rollout_id": rollout.rollout_id, "task_id": rollout.task_id})
+        try:
+            hub.authorize(name, bearer(request))
+        except (EpisodeNotOpen, WrongToken) as exc:
+            return refused(exc)
+        await anyio.to_thread.run_sync(hub.finish, name)
+        return JSONResponse(hub.reply(name))
 
     app.router.routes[:] = [Route("/mcp", endpoint=endpoint), Route("/episodes/{episode}/mcp", endpoint=endpoint),
+                            Route("/episodes/{episode}/open", endpoint=open_episode, methods=["POST"]),
                             Route("/episodes/{episode}/finish", endpoint=finish, methods=["POST"])]
     return app
 
 
 async def serve_stdio(hub: EpisodeHub, episode: str) -> None:
-    """One episode over stdin/stdout; it ends (and lands) when the client closes the connection."""
+    """One episode (opened by the caller) over stdin/stdout; it ends (and lands) when the client closes
+    the connection."""
     from mcp.server.stdio import stdio_server
 
     server = build_server(hub, stdio_episode=episode)
@@ -154,16 +197,118 @@ async def serve_stdio(hub: EpisodeHub, episode: str) -> None:
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
     finally:
-        if episode in hub:  # a connection that never asked for anything played no episode
-            await anyio.to_thread.run_sync(hub.finish, episode)
+        await anyio.to_thread.run_sync(hub.finish, episode)
+
+
+class _Every:
+    """A logging filter letting one record of a kind through per `seconds`, with how many it held
+    back: a flood of refused connections must not become a flood of log lines."""
+
+    def __init__(self, seconds: float = 10.0, messages: tuple[str, ...] = ("Exceeded concurrency limit.",)):
+        self.seconds, self.messages, self.last, self.held = seconds, messages, 0.0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() not in self.messages:
+            return True
+        now = time.monotonic()
+        if now - self.last < self.seconds:
+            self.held += 1
+            return False
+        if self.held:
+            record.msg, record.args = f"{record.getMessage()} ({self.held} more since the last line)", ()
+        self.last, self.held = now, 0
+        return True
+
+
+def default_max_connections() -> int:
+    """Connections served at once by default: half the descriptors this process may open (the
+    envs, sandboxes, logs and the warehouse need the rest), at most 1024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = 4096 if soft == resource.RLIM_INFINITY else soft
+    return max(8, min(1024, (soft - 64) // 2))
+
+
+def guarded_protocol(max_connections: int, read_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with what it lacks against slow and many clients: a connection past
+    `max_connections` is closed as it is accepted (uvicorn's own `limit_concurrency` answers 503 only
+    once a request is whole, so slow clients would hold every descriptor), and a request whose
+    headers and body have not all arrived `read_timeout_s` after its first byte (or after the
+    connection opened) is cut. Refusals are counted, and logged at most once per 10 s."""
+    said = {"last": 0.0, "cut": 0, "refused": 0}
+
+    def tell(kind: str) -> None:
+        said[kind] += 1
+        now = time.monotonic()
+        if now - said["last"] >= 10.0:
+            log.warning("serve-env: %d connections refused (over %d at once), %d cut (request not read within "
+                        "%g s) since the last line", said["refused"], max_connections, said["cut"], read_timeout_s)
+            said.update(last=now, cut=0, refused=0)
+
+    class Guarded(H11Protocol):
+        _read_timer: asyncio.TimerHandle | None = None
+        _refused = False
+
+        def connection_made(self, transport) -> None:
+            if len(self.connections) >= max_connections:
+                self._refused, self.transport = True, transport
+                transport.abort()
+                tell("refused")
+                return
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            if not self._refused:
+                super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # a new request on a kept-alive connection: its own clock
+            super().data_received(data)
+            if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
+                self._disarm()  # the request is read whole: what the app does with it takes its own time
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._read_timer = self.loop.call_later(read_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _too_slow(self) -> None:
+            self._read_timer = None
+            if not self.transport.is_closing():
+                tell("cut")
+                self.transport.abort()
+
+    return Guarded
+
+
+def guarded_config(app: Any, host: str = "127.0.0.1", port: int = 0, *, max_connections: int | None = None,
+                   read_timeout_s: float = READ_TIMEOUT_S, keep_alive_s: int = KEEP_ALIVE_S,
+                   **options: Any) -> uvicorn.Config:
+    """A uvicorn config with the limits a server facing many (and hostile) harnesses needs: the
+    connection cap and request-read timeout of `guarded_protocol`, uvicorn's `limit_concurrency`
+    (requests in progress; 503 past it), its keep-alive timeout, and h11's bound on an incomplete
+    request head (`h11_max_incomplete_event_size`, 64 KiB). Uvicorn's line per refused request is
+    held to one per 10 s."""
+    cap = max_connections or default_max_connections()
+    logging.getLogger("uvicorn.error").addFilter(_Every())
+    return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(cap, read_timeout_s),
+                          limit_concurrency=cap + 1,  # uvicorn counts the asking connection itself
+                          timeout_keep_alive=keep_alive_s, h11_max_incomplete_event_size=64 * 1024,
+                          **{"log_level": "warning", **options})
 
 
 @contextlib.contextmanager
-def served(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn in a thread (port 0: any free one); yields its base URL
-    (`http://host:port`) and stops it on exit."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5, backlog=512))
+def served(app: Any, host: str = "127.0.0.1", port: int = 0, **limits: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a thread (port 0: any free one), with `guarded_config`'s
+    limits (`limits`: its keywords); yields its base URL (`http://host:port`) and stops it on exit."""
+    server = uvicorn.Server(guarded_config(app, host, port, lifespan="on", timeout_graceful_shutdown=5,
+                                           backlog=512, **limits))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

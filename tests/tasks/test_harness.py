@@ -46,9 +46,20 @@ def documented(name: str):
 play = documented("play")  # a harness as its author wrote it; only the two addresses name the episode
 
 
-async def run_agent(mcp, base_url: str) -> str:
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def opened(env_url: str, name: str) -> str:
+    """Open an episode over HTTP, as a harness does: its token."""
+    reply = httpx.post(f"{env_url}/episodes/{name}/open")
+    assert reply.status_code == 201, reply.text
+    return reply.json()["token"]
+
+
+async def run_agent(mcp, base_url: str, token: str) -> str:
     goal = (await mcp.get_prompt("task")).messages[0].content.text
-    client = AsyncOpenAI(base_url=base_url, api_key="not-a-key")
+    client = AsyncOpenAI(base_url=base_url, api_key=token)
     agent = Agent(name="inventory-agent", instructions="You reserve stock for orders with the tools you have.",
                   mcp_servers=[mcp], model=OpenAIChatCompletionsModel(model="stub-model", openai_client=client))
     return (await Runner.run(agent, goal, max_turns=20)).final_output
@@ -89,11 +100,13 @@ def test_an_agents_sdk_episode_lands_with_steps_outcome_scores_and_in_the_next_s
         assert wh.sql_df("select rollout_ids from dataset_rows").rows() == [([rollout.rollout_id],)]
 
 
-def test_an_unknown_tool_or_bad_arguments_is_an_error_result_and_the_episode_goes_on(stack):
+def test_an_unknown_tool_or_bad_arguments_is_an_error_result_and_the_episode_goes_on(stack, tmp_path):
     hub, env_url, _, _ = stack
 
+    token = opened(env_url, "clumsy")
+
     async def session():
-        async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/clumsy/mcp"}) as mcp:
+        async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/clumsy/mcp", "headers": auth(token)}) as mcp:
             unknown = await mcp.call_tool("delete_everything", {})
             bad = await mcp.call_tool("get_stock", {"sku": 5})
             good = await mcp.call_tool("find_items", {"query": "a"})
@@ -103,8 +116,12 @@ def test_an_unknown_tool_or_bad_arguments_is_an_error_result_and_the_episode_goe
     assert unknown.is_error and json.loads(unknown.content[0].text)["error"]["type"] == "unknown_tool"
     assert bad.is_error and json.loads(bad.content[0].text)["error"]["type"] == "invalid_arguments"
     assert not good.is_error and json.loads(good.content[0].text)["ok"] is True
-    finished = httpx.post(f"{env_url}/episodes/clumsy/finish").json()
-    rollout = hub.finish("clumsy")  # the same rollout again: an episode ends once
+    finished = httpx.post(f"{env_url}/episodes/clumsy/finish", headers=auth(token)).json()
+    again = httpx.post(f"{env_url}/episodes/clumsy/finish", headers=auth(token))
+    assert again.status_code == 404  # an episode ends once: its name is closed
+    hub.wait_landed()
+    with Warehouse(tmp_path, read_only=True) as wh:
+        [rollout] = wh.load_rollouts()
     assert rollout.rollout_id == finished["rollout_id"]
     assert rollout.termination == Termination.truncated  # the harness stopped before the episode ended: a model outcome
     assert [s.error for s in rollout.steps] == ["unknown_tool", "invalid_arguments", None]
@@ -115,8 +132,10 @@ def test_a_session_sees_no_state_and_no_hidden_value(stack):
     """Hostile: read every prompt and resource, ask for others, call tools named after internals."""
     hub, env_url, _, _ = stack
 
+    token = opened(env_url, "snoop")
+
     async def snoop():
-        async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/snoop/mcp"}) as mcp:
+        async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/snoop/mcp", "headers": auth(token)}) as mcp:
             texts = [json.dumps([t.model_dump(mode="json") for t in await mcp.list_tools()])]
             texts += [json.dumps((await mcp.list_prompts()).model_dump(mode="json")),
                       json.dumps((await mcp.get_prompt("task")).model_dump(mode="json"))]
@@ -152,18 +171,20 @@ def test_an_episode_is_named_by_a_safe_name_only(stack, tmp_path):
         assert httpx.post(f"{env_url}/episodes/{bad}/mcp", json={}).status_code == 404
         assert httpx.post(f"{proxy_url}/episodes/{bad}/v1/chat/completions", json={"messages": []}).status_code == 404
         assert httpx.post(f"{env_url}/episodes/{bad}/finish").status_code == 404
+        assert httpx.post(f"{env_url}/episodes/{bad}/open").status_code == 404
     assert httpx.post(f"{proxy_url}/v1/chat/completions", json={"messages": []}).status_code == 404  # no name at all
-    assert sorted(p.name for p in (tmp_path / "harness" / "calls").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "harness" / "calls").iterdir() if p.suffix != ".lock") == []
     assert len(hub.rollouts) == 0
 
 
 def test_an_upstream_answering_500_gives_an_inference_fault_never_a_model_failure(tmp_path):
-    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
+    hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with OpenAIStub(respond=always(500)) as upstream, served(build_app(hub)) as env_url, \
             served(build_proxy(upstream.base_url, str(tmp_path), retry_backoff_s=0.01)) as proxy_url:
         with pytest.raises(Exception, match="500"):
             asyncio.run(play(env_url, proxy_url, "down"))
-        finished = httpx.post(f"{env_url}/episodes/down/finish").json()
+        hub.finish("down")
+        finished = hub.reply("down")
     hub.close()
     assert finished["rollout_id"] == hub.rollouts[0].rollout_id
     [rollout] = hub.rollouts
@@ -179,11 +200,11 @@ def test_an_upstream_that_cannot_be_reached_is_an_inference_fault(tmp_path):
 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with served(build_app(hub)) as env_url, served(build_proxy(closed_port_url(), str(tmp_path))) as proxy_url:
-        reply = httpx.post(f"{proxy_url}/episodes/cut/v1/chat/completions",
+        token = opened(env_url, "cut")
+        reply = httpx.post(f"{proxy_url}/episodes/cut/v1/chat/completions", headers=auth(token),
                            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 502
-        hub.goal("cut")
-        assert httpx.post(f"{env_url}/episodes/cut/finish").status_code == 200
+        assert httpx.post(f"{env_url}/episodes/cut/finish", headers=auth(token)).status_code == 200
     hub.close()
     assert hub.rollouts[0].termination == Termination.inference_fault
     assert "connection to http://127.0.0.1" in hub.rollouts[0].termination_reason
@@ -214,6 +235,7 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     hub = EpisodeHub("inventory", tmp_path, tasks=1, seed=0, land=False)
 
     def episode(name: str, summarise_at: tuple[int, ...]) -> None:
+        hub.open(name)
         history = [{"role": "system", "content": "sys"}, {"role": "user", "content": hub.goal(name)}]
         sent = list(history)
         for n in range(5):
@@ -234,6 +256,7 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     episode("one", ())
     episode("three", (2, 3))
     submit = {"id": "c", "type": "function", "function": {"name": "submit", "arguments": '{"status": "denied"}'}}
+    hub.open("gives-up")
     hub.log.append(ModelCall(episode_id="gives-up", index=0,
                              messages=[{"role": "user", "content": hub.goal("gives-up")}],
                              response={"role": "assistant", "content": None, "tool_calls": [submit]}))
@@ -261,12 +284,14 @@ def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
 
     command = [sys.executable, "-m", "flows.cli", "serve-env", "--family", "inventory", "--transport", "stdio",
                "--episode", "stdio-1", "--tasks", "4", "--data-dir", str(tmp_path)]
+    token = "launcher-chosen-token"  # the launcher owns the process it starts, and so the episode
     with OpenAIStub(respond=scripted_inventory) as upstream, \
             served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
         async def session():
-            params = {"command": command[0], "args": command[1:], "cwd": str(ROOT)}
+            params = {"command": command[0], "args": command[1:], "cwd": str(ROOT),
+                      "env": {"GYMFOUNDRY_EPISODE_TOKEN": token}}
             async with MCPServerStdio(params=params, client_session_timeout_seconds=120) as mcp:
-                return await run_agent(mcp, f"{proxy_url}/episodes/stdio-1/v1")
+                return await run_agent(mcp, f"{proxy_url}/episodes/stdio-1/v1", token)
 
         assert asyncio.run(session()) == "Done."
     deadline, rollouts = time.monotonic() + 60, []
@@ -288,12 +313,14 @@ def test_a_hidden_value_in_what_the_model_was_shown_lands_as_a_violation_without
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
     with OpenAIStub(respond=scripted_inventory) as upstream, served(build_app(hub)) as env_url, \
             served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
-        secret = hub.episode("leaky").task.hidden.secrets[-1]
+        token = opened(env_url, "leaky")
+        leaky = hub.episode("leaky")
+        secret = leaky.task.hidden.secrets[-1]
         body = {"model": "m", "messages": [{"role": "user", "content": f"{hub.goal('leaky')}\n(psst: {secret})"}]}
-        assert httpx.post(f"{proxy_url}/episodes/leaky/v1/chat/completions", json=body).status_code == 200
+        assert httpx.post(f"{proxy_url}/episodes/leaky/v1/chat/completions", json=body,
+                          headers=auth(token)).status_code == 200
         assert asyncio.run(play(env_url, proxy_url, "clean")) == "Done."
     hub.close()
-    leaky = hub.episode("leaky")
     assert leaky.landing_error is None and "show hidden values" in leaky.harness_leak and secret[:60] in leaky.harness_leak
     with Warehouse(tmp_path, read_only=True) as wh:
         landed = {r.env_info["harness"]["episode"]: r for r in wh.load_rollouts()}
@@ -304,7 +331,7 @@ def test_a_hidden_value_in_what_the_model_was_shown_lands_as_a_violation_without
 
 def test_a_header_names_the_episode_on_the_plain_addresses(stack):
     hub, env_url, proxy_url, _ = stack
-    header = {"X-Gymfoundry-Episode": "by-header"}
+    header = {"X-Gymfoundry-Episode": "by-header", **auth(opened(env_url, "by-header"))}
     body = {"model": "m", "messages": [{"role": "user", "content": hub.goal("by-header")}]}
     reply = httpx.post(f"{proxy_url}/v1/chat/completions", json=body, headers=header).json()
     call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
@@ -321,11 +348,13 @@ def test_a_header_names_the_episode_on_the_plain_addresses(stack):
 
 def test_an_idle_episode_ends_on_its_own(tmp_path):
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False, idle_timeout_s=0.3)
+    hub.open("idle")
     hub.call("idle", "find_items", {"query": "a"})
     for _ in range(100):
         if hub.rollouts:
             break
         time.sleep(0.05)
+    assert not hub.log.is_open("idle")  # its token opens nothing any more
     hub.close()
     [rollout] = hub.rollouts
     assert rollout.termination == Termination.truncated and len(rollout.steps) == 1
@@ -344,8 +373,9 @@ def test_where_a_model_call_failed_decides_the_class(tmp_path, status, payload, 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with OpenAIStub(respond=always(status, payload)) as upstream, \
             served(build_proxy(upstream.base_url, str(tmp_path))) as proxy_url:
+        token = hub.open("e")
         body = {"model": "m", "messages": [{"role": "user", "content": hub.goal("e")}]}
-        reply = httpx.post(f"{proxy_url}/episodes/e/v1/chat/completions", json=body)
+        reply = httpx.post(f"{proxy_url}/episodes/e/v1/chat/completions", json=body, headers=auth(token))
     assert reply.status_code == (502 if status == 200 else status)  # the harness sees the upstream's answer
     rollout = hub.finish("e")
     hub.close()
@@ -405,9 +435,11 @@ def test_a_stateful_client_that_deletes_its_session_ends_its_episode(stack, tmp_
     from mcp.client.streamable_http import streamable_http_client
 
     hub, env_url, _, _ = stack
+    token = opened(env_url, "stateful")
 
     async def session():
-        async with streamable_http_client(f"{env_url}/mcp") as (read, write):
+        async with httpx.AsyncClient(headers=auth(token)) as http, \
+                streamable_http_client(f"{env_url}/episodes/stateful/mcp", http_client=http) as (read, write):
             async with ClientSession(read, write) as mcp:
                 await mcp.initialize()
                 goal = (await mcp.get_prompt("task")).messages[0].content.text
@@ -418,7 +450,7 @@ def test_a_stateful_client_that_deletes_its_session_ends_its_episode(stack, tmp_
     hub.wait_landed()
     with Warehouse(tmp_path, read_only=True) as wh:
         [rollout] = wh.load_rollouts()
-    assert re.fullmatch(r"[0-9a-f]{32}", rollout.env_info["harness"]["episode"])
+    assert rollout.env_info["harness"]["episode"] == "stateful" and not hub.log.is_open("stateful")
     assert [s.tool_call.name for s in rollout.steps] == ["find_items"]
     assert rollout.termination == Termination.truncated
 
@@ -459,8 +491,11 @@ def test_the_commands_serve_a_harness_and_a_stopped_server_lands_its_open_episod
             ready(proxy_url, "/v1/chat/completions")
             assert asyncio.run(play(env_url, proxy_url, "cli-1")) == "Done."
 
+            token = opened(env_url, "cli-open")
+
             async def open_one():
-                async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/cli-open/mcp"}) as mcp:
+                async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/cli-open/mcp",
+                                                           "headers": auth(token)}) as mcp:
                     await mcp.call_tool("find_items", {"query": "a"})
 
             asyncio.run(open_one())
@@ -488,7 +523,8 @@ def test_a_coding_harness_runs_its_commands_in_the_sandbox_and_never_sees_the_gr
     masked = family("coding").masked_dirs()
 
     async def session(url):
-        async with MCPServerStreamableHttp(params={"url": f"{url}/episodes/code/mcp"},
+        token = opened(url, "code")
+        async with MCPServerStreamableHttp(params={"url": f"{url}/episodes/code/mcp", "headers": auth(token)},
                                            client_session_timeout_seconds=60) as mcp:
             whoami = await mcp.call_tool("run", {"argv": ["id", "-u"]})
             snoop = await mcp.call_tool("run", {"argv": ["ls", *masked]})
@@ -528,17 +564,14 @@ def test_a_harness_cannot_open_more_episodes_at_once_than_the_server_keeps(tmp_p
     from tasks.harness import TooManyEpisodes
 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False, max_open=2)
-    hub.goal("a"), hub.goal("b")
+    hub.open("a"), hub.open("b")
     with served(build_app(hub)) as env_url:
-        async def third():
-            async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/c/mcp"}) as mcp:
-                await mcp.list_tools()
-
-        with pytest.raises(Exception, match="2 episodes are open"):
-            asyncio.run(third())
+        third = httpx.post(f"{env_url}/episodes/c/open")
+        assert third.status_code == 429 and "2 episodes are open" in third.json()["error"]
     with pytest.raises(TooManyEpisodes):
-        hub.goal("c")
+        hub.open("c")
     hub.finish("a")
+    hub.open("c")
     assert hub.goal("c").startswith("Order ") and hub.goal("b")  # an ended episode frees its place
     hub.close()
 
@@ -568,9 +601,10 @@ def test_the_proxy_asks_for_logprobs_and_token_ids_a_harness_never_asks_for(tmp_
 
 async def play_streamed(env_url: str, proxy_url: str, name: str) -> str:
     """The same harness, streaming its model calls (`Runner.run_streamed`)."""
-    async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/{name}/mcp"}) as mcp:
+    token = opened(env_url, name)
+    async with MCPServerStreamableHttp(params={"url": f"{env_url}/episodes/{name}/mcp", "headers": auth(token)}) as mcp:
         goal = (await mcp.get_prompt("task")).messages[0].content.text
-        client = AsyncOpenAI(base_url=f"{proxy_url}/episodes/{name}/v1", api_key="not-a-key", max_retries=0)
+        client = AsyncOpenAI(base_url=f"{proxy_url}/episodes/{name}/v1", api_key=token, max_retries=0)
         agent = Agent(name="inventory-agent", instructions="You reserve stock for orders with the tools you have.",
                       mcp_servers=[mcp], model=OpenAIChatCompletionsModel(model="stub-model", openai_client=client))
         run = Runner.run_streamed(agent, goal, max_turns=20)

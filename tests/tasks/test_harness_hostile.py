@@ -169,12 +169,12 @@ def test_a_failing_harness_cannot_drop_its_episode_by_spraying_candidate_secrets
         hub.finish("sprayer")
     hub.close()
     assert episode.landing_error is None and episode.harness_leak
-    [rollout] = hub.rollouts
-    assert rollout.termination in MODEL_OUTCOMES and rollout.termination != Termination.success
-    assert limit not in rollout.model_dump_json()
     from warehouse import Warehouse
     with Warehouse(tmp_path, read_only=True) as wh:
-        assert [r.rollout_id for r in wh.load_rollouts()] == [rollout.rollout_id]
+        [rollout] = wh.load_rollouts()
+    assert rollout.rollout_id == episode.rollout.rollout_id
+    assert rollout.termination in MODEL_OUTCOMES and rollout.termination != Termination.success
+    assert limit not in rollout.model_dump_json()
 
 
 def test_a_harness_that_asks_a_stronger_model_for_a_turn_credits_both_models(tmp_path):
