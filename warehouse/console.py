@@ -89,7 +89,7 @@ def _memory_bound(catalog_file: Path, max_memory: str) -> Iterator[None]:
     confined keeps the bounds it has."""
     if not catalog_file.exists():
         raise FileNotFoundError(f"no warehouse catalog at {catalog_file}")
-    con = store._connect(catalog_file, True, 60.0)
+    con = store._connect(catalog_file, True, store.lock_wait_s())  # a writer holding it: wait as the Warehouse does
     try:
         try:
             con.execute("SET memory_limit = ?", [max_memory])

@@ -69,7 +69,8 @@ def test_an_unknown_policy_kind_is_one_line(tmp_path, command):
 def test_unknown_arms_and_families_are_refused_before_prefect_starts(tmp_path):
     done = gymfoundry(tmp_path, "loop", "--arms", "sft,bogus", "--data-dir", str(tmp_path / "d"))
     assert done.returncode == 2
-    assert one_line(done) == "gymfoundry loop: --arms: unknown arm 'bogus'; choose from sft, sft_weighted, sft_then_grpo\n"
+    assert one_line(done) == ("gymfoundry loop: --arms: unknown arm 'bogus'; choose from sft, sft_weighted, "
+                              "sft_then_grpo\n")
     done = gymfoundry(tmp_path, "reverify", "--families", "nosuch", "--data-dir", str(tmp_path / "d"))
     assert done.returncode == 2 and "no warehouse there" in one_line(done)
     no_prefect(tmp_path, done)
@@ -143,4 +144,5 @@ def test_a_crash_still_shows_its_traceback(warehouse_dir, monkeypatch, capsys):
     monkeypatch.setattr(Warehouse, "repair", crash)
     assert main(["warehouse", "repair", "--data-dir", str(warehouse_dir)]) == 1
     err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err and err.splitlines()[-1] == "gymfoundry warehouse: error: KeyError: 'boom'"
+    assert "Traceback (most recent call last)" in err
+    assert err.splitlines()[-1] == "gymfoundry warehouse: error: KeyError: 'boom'"

@@ -1,6 +1,7 @@
 """The SQL console (`gymfoundry sql`, a read-only `Warehouse`) runs queries and nothing that writes
 files or changes the catalog; every hostile statement is refused before any of the text runs, and
-the lake's files, their checksums and `warehouse check` are unchanged afterwards."""
+the lake's files, their checksums and `warehouse check` are unchanged afterwards. A query past the
+console's time or memory bound is cancelled and its reader closed."""
 
 from __future__ import annotations
 
