@@ -14,8 +14,11 @@ Each request has `timeout_s` of wall-clock time in all (verifiers/endpoint.py). 
 gets no connection, no answer in time, 429 or 5xx is sent again up to `max_retries` times with
 backoff; whatever then goes wrong at the endpoint (those, another HTTP error, an unreadable reply)
 is raised as `EndpointError`, which the rollout records as `inference_fault` (not a model
-outcome; the run retries the episode under its RetryPolicy). A 400 whose body carries the
-structured code `context_length_exceeded` is `ContextLengthExceeded`: the episode is truncated.
+outcome; the run retries the episode under its RetryPolicy). A reply holding a value no record
+can store as sent (a token id outside int64, a logprob that is no finite number, a lone surrogate
+in its text or its call) is unreadable in the same way: no step keeps it (`check_storable`). A
+400 whose body carries the structured code `context_length_exceeded` is `ContextLengthExceeded`:
+the episode is truncated.
 A reply that is not a valid tool call is the model's: its text goes to the env, which answers
 with an error observation. The key is never kept: the reply's text, and every error message, pass through
 `envs.secrets.redact` before they leave this class (an endpoint may echo the key).
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import time
@@ -50,6 +54,9 @@ from verifiers.endpoint import (ContextLengthExceeded, DeadlineClient, EndpointE
 RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
+TOKEN_ID_MAX = 2**63 - 1  # the warehouse keeps token ids as int64
+
+
 def sampled_ids(choice: dict[str, Any], content_logprobs: list[dict] | None) -> list[int] | None:
     """The completion's token ids as the server returned them: the choice's `token_ids` (vLLM's
     `return_token_ids`), else every logprob token written `token_id:<n>` (vLLM's
@@ -62,6 +69,30 @@ def sampled_ids(choice: dict[str, Any], content_logprobs: list[dict] | None) -> 
     if tokens and all(isinstance(t, str) and re.fullmatch(r"token_id:\d+", t) for t in tokens):
         return [int(t.split(":", 1)[1]) for t in tokens]
     return None
+
+
+def check_storable(message: dict[str, Any], token_ids: list[int] | None, logprobs: list[float] | None) -> None:
+    """Raise ValueError (an unreadable reply: `act` makes it an EndpointError) naming a value of
+    the reply that no step can store as the server sent it. A number the model wrote in its call's
+    arguments is its text, stored as written whatever its size; a lone surrogate there (escaped in
+    the arguments' JSON) is not Unicode and no record can hold it."""
+    if token_ids and max(token_ids) > TOKEN_ID_MAX:
+        raise ValueError(f"token id {max(token_ids)} is outside int64")
+    if logprobs and not all(map(math.isfinite, logprobs)):
+        raise ValueError(f"logprob {next(v for v in logprobs if not math.isfinite(v))} is no finite number")
+    texts = [message]
+    for call in message.get("tool_calls") or []:
+        arguments = call.get("function", {}).get("arguments")
+        if isinstance(arguments, str):
+            try:
+                texts.append(json.loads(arguments))
+            except (ValueError, RecursionError):
+                pass  # not JSON: the env reports it to the model
+    for text in texts:
+        try:
+            json.dumps(text, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"a lone surrogate {exc.object[exc.start]!r} in the reply: not Unicode text") from None
 
 
 def _no_constant(name: str) -> Any:
@@ -176,7 +207,8 @@ class OpenAIPolicy:
             return self._act(observation)
         except EndpointError:
             raise
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:  # a reply of the wrong shape
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError, OverflowError) as exc:
+            # a reply of the wrong shape, or holding a value no step can store
             raise EndpointError(redact(f"unreadable reply from {redact(self.base_url)}: "
                                        f"{type(exc).__name__}: {exc}")[:500]) from None
 
@@ -204,6 +236,10 @@ class OpenAIPolicy:
         # One redaction of the whole reply: everything kept from it below (thought, tool name,
         # arguments, the history sent back) is then free of the key, whatever field echoed it.
         message = json.loads(redact(json.dumps(choice["message"])))
+        content_logprobs = ((choice.get("logprobs") or {}).get("content")) or None
+        logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
+        token_ids = sampled_ids(choice, content_logprobs)
+        check_storable(message, token_ids, logprobs)  # before the history takes any of it
         calls = message.get("tool_calls") or []
         thought = message.get("content") or ""
         self.pending_call_id = None
@@ -224,10 +260,7 @@ class OpenAIPolicy:
         else:
             text = thought
             self.messages.append({"role": "assistant", "content": thought})
-        content_logprobs = ((choice.get("logprobs") or {}).get("content")) or None
-        logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
-        return PolicyOutput(text=text, thought=thought or None, token_ids=sampled_ids(choice, content_logprobs),
-                            logprobs=logprobs)
+        return PolicyOutput(text=text, thought=thought or None, token_ids=token_ids, logprobs=logprobs)
 
     def _post(self, body: dict[str, Any]) -> httpx.Response:
         """The endpoint's reply, after up to `max_retries` retries (with doubling backoff) of a

@@ -17,6 +17,7 @@ with all its steps, a failing batch goes whole to quarantine with its report).
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import shutil
@@ -48,7 +49,18 @@ INCOMING_DIR = "incoming"  # `incoming/<stage_id>/staging/<table>/task_family=<f
 # One table's rows in a batch: an Arrow table of its logical columns (always, for rows made from
 # valid records), or row dicts whose values do not fit those columns (the gates say why).
 Part = pa.Table | list[dict[str, Any]]
-CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError, PydanticSerializationError)
+CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, KeyError, PydanticSerializationError,
+                     OverflowError)
+# What a valid record may hold that no column can: an int beyond int64, a lone surrogate in text. Such a
+# rollout is refused, never its batch (see `refusal`); a value of another type than its field's (a
+# record built without validation) still meets the gates, which say why.
+UNSTORABLE = (OverflowError, UnicodeError)
+# A batch that fails to stage elsewhere on a value (not narrowed to a rollout) goes whole to quarantine
+# with why; a full disk (pyarrow's IO errors are OSErrors) or a caller's mistake still raises.
+STAGING_ERRORS = (*UNSTORABLE, PydanticSerializationError, pa.ArrowInvalid, pa.ArrowTypeError,
+                  pa.ArrowNotImplementedError)
+RECORD_KEYWORDS = ("tasks", "rejections", "rollouts", "scores", "runs", "datasets", "dataset_rows", "outcomes",
+                   "holdout_locks")
 # Rows that belong to a rollout of the same batch: skipped with it when the rollout landed before.
 OWNED_BY_ROLLOUT = {"steps": "rollout_id", "sub_rollouts": "parent_rollout_id"}
 
@@ -70,6 +82,10 @@ class Staged:
     unresolved: list[tuple[Reference, list[tuple]]] = field(default_factory=list)  # not in the batch itself
     derived_outcomes: list[tuple] = field(default_factory=list)  # keys of the rollouts' own verdicts (first rows)
     keys: dict[str, pa.Table] = field(default_factory=dict)  # each table's key columns, for the new-key check
+    # What the writer quarantines instead of landing: rows by table (rollouts no column could hold,
+    # with their steps and scores; or the whole batch when it could not be staged) and why.
+    refused: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    refusals: list[dict[str, Any]] = field(default_factory=list)  # quality-report failures naming the field
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -132,22 +148,94 @@ def stage(data_dir: str | os.PathLike, *, tasks: Iterable[TaskSpec] | None = Non
           run_id: str | None = None, flow_run_id: str | None = None) -> Staged:
     """Stage a batch for `Warehouse.land_staged` (the keywords are `Warehouse.land`'s). Needs no
     catalog: a score's family comes from `family_of` or the batch's rollouts."""
+    batch = {k: v for k, v in zip(RECORD_KEYWORDS, (tasks, rejections, rollouts, scores, runs, datasets, dataset_rows,
+                                                     outcomes, holdout_locks)) if v is not None}
+    batch = {k: list(v) for k, v in batch.items()}  # kept whole for quarantine if staging fails
     was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers, no cycles worth collecting (see store._collector_paused)
     try:
-        parts, derived, tasks = _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, family_of,
-                                       outcomes, rollout_outcomes, holdout_locks, run_id, flow_run_id)
-        return _gate_and_write(Path(data_dir).resolve(), parts, derived, gate, tasks)
+        refused: dict[str, list[dict[str, Any]]] = {}
+        refusals: list[dict[str, Any]] = []
+        parts, derived, task_rows = _parts(
+            batch.get("tasks"), batch.get("rejections"), batch.get("rollouts"), batch.get("scores"), batch.get("runs"),
+            batch.get("datasets"), batch.get("dataset_rows"), family_of, batch.get("outcomes"), rollout_outcomes,
+            batch.get("holdout_locks"), run_id, flow_run_id, refused, refusals)
+        staged = _gate_and_write(Path(data_dir).resolve(), parts, derived, gate, task_rows)
+        staged.refused, staged.refusals = refused, refusals
+        return staged
+    except STAGING_ERRORS as exc:
+        return _unstaged(Path(data_dir).resolve(), batch, exc, gate)
     finally:
         if was_enabled:
             gc.enable()
 
 
+def unstageable(exc: BaseException, rows: int) -> dict[str, Any]:
+    """The gate failure of a batch no table could take (why, in the exception's words)."""
+    return {"table": "batch", "column": "", "expectation": "stageable", "kwargs": {}, "meta": {},
+            "unexpected_count": rows, "examples": [], "error": f"{type(exc).__name__}: {exc}"[:1000]}
+
+
+def _unstaged(data_dir: Path, batch: dict[str, list[Record]], exc: BaseException, gate: bool) -> Staged:
+    """A batch staging refused whole: nothing to land; the writer quarantines its records with why."""
+    rows = {name: [r.model_dump(mode="json") for r in records] for name, records in batch.items()}
+    return Staged(str(data_dir), uuid.uuid4().hex, {}, gate, False, refused=rows,
+                  refusals=[unstageable(exc, sum(map(len, rows.values())))])
+
+
+def refusal(table: Table, record: Record, **added: Any) -> dict[str, Any] | None:
+    """Why `table` cannot hold a value of `record` (a gate failure naming the column), or None: Arrow
+    is asked for a plain column; a JSON column's text must encode as UTF-8."""
+    row = table.row(record, **added)
+    for column in table.columns:
+        value = row.get(column.name)
+        try:
+            if column.is_json:
+                if value is not None:  # `Table.row`'s JSON is ASCII, a lone surrogate escaped
+                    json.dumps(json.loads(value), ensure_ascii=False).encode()
+            else:
+                pa.array([value], column.type)
+        except UNSTORABLE as exc:
+            return {"table": table.name, "column": column.name, "expectation": "storable", "kwargs": {}, "meta": {},
+                    "unexpected_count": 1, "examples": [], "error": f"{type(exc).__name__}: {exc}"[:500]}
+        except CONVERSION_ERRORS:
+            pass  # another type than the column's: the gates say why
+    return None
+
+
+def _rollout_parts(rollouts: list[Rollout], run_id: str | None, flow_run_id: str | None) -> dict[str, Part]:
+    parts = {"rollouts": arrow_part(TABLES["rollouts"], rollouts, run_id=run_id, flow_run_id=flow_run_id),
+             "steps": arrow_part(TABLES["steps"], [step for r in rollouts for step in r.steps],
+                                 **_step_owners(rollouts))}
+    subs = [sub for r in rollouts for sub in r.subrollouts]
+    if subs:  # a delegating rollout's sub-agents' episodes
+        parts["sub_rollouts"] = arrow_part(TABLES["sub_rollouts"], subs)
+    return parts
+
+
+def _rollout_refusals(rollouts: list[Rollout], run_id: str | None, flow_run_id: str | None) -> dict[str, dict]:
+    """rollout_id -> the first of its rows no column can hold (the failure names the rollout and step)."""
+    refused = {}
+    for r in rollouts:
+        checks = [(TABLES["rollouts"], r, {"run_id": run_id, "flow_run_id": flow_run_id}, {})]
+        checks += [(TABLES["steps"], s, {"rollout_id": r.rollout_id, "task_family": r.family}, {"step_index": s.index})
+                   for s in r.steps]
+        checks += [(TABLES["sub_rollouts"], sub, {}, {"sub_rollout": i}) for i, sub in enumerate(r.subrollouts)]
+        for table, record, added, where in checks:
+            failure = refusal(table, record, **added)
+            if failure is not None:
+                refused[r.rollout_id] = {**failure, "meta": {"rollout_id": r.rollout_id, **where},
+                                         "examples": [r.rollout_id]}
+                break
+    return refused
+
+
 def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, family_of, outcomes, rollout_outcomes,
-           holdout_locks, run_id, flow_run_id):
+           holdout_locks, run_id, flow_run_id, refused, refusals):
     """The batch's rows per table (first row of each key kept; the tasks' content ids are not checked
     yet: see `_task_verdicts`), the keys of the verdicts derived from the rollouts, and the tasks
-    with all their rows (None when the batch has none)."""
+    with all their rows (None when the batch has none). A rollout no column can hold is left out,
+    with its scores: its rows go to `refused` and why to `refusals`."""
     parts: dict[str, Part] = {}
     task_rows = None
     if tasks is not None:
@@ -167,12 +255,17 @@ def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, fa
             by_id.setdefault(rollout.rollout_id, rollout)
         families.update({rid: r.family for rid, r in by_id.items()})
         unique = list(by_id.values())
-        parts["rollouts"] = arrow_part(TABLES["rollouts"], unique, run_id=run_id, flow_run_id=flow_run_id)
-        parts["steps"] = arrow_part(TABLES["steps"], [step for r in unique for step in r.steps],
-                                    **_step_owners(unique))
-        subs = [sub for r in unique for sub in r.subrollouts]
-        if subs:  # a delegating rollout's sub-agents' episodes
-            parts["sub_rollouts"] = arrow_part(TABLES["sub_rollouts"], subs)
+        rollout_parts = _rollout_parts(unique, run_id, flow_run_id)
+        if not all(isinstance(part, pa.Table) for part in rollout_parts.values()):
+            # Some rollout's values did not convert a column at a time: find any no column can hold.
+            failures = _rollout_refusals(unique, run_id, flow_run_id)
+            if failures:
+                out = [r for r in unique if r.rollout_id in failures]
+                unique = [r for r in unique if r.rollout_id not in failures]
+                rollout_parts = _rollout_parts(unique, run_id, flow_run_id)
+                scores, out_scores = _split_scores(scores, failures)
+                _refuse(refused, refusals, out, out_scores, failures, run_id, flow_run_id)
+        parts.update(rollout_parts)
         if rollout_outcomes:
             now = datetime.now(timezone.utc).isoformat(timespec="seconds")
             verdicts += [v for v in (Verdict.of_rollout(r, now) for r in unique) if v is not None]
@@ -199,6 +292,24 @@ def _parts(tasks, rejections, rollouts, scores, runs, datasets, dataset_rows, fa
         if name not in ("tasks", "outcomes"):
             parts[name] = take(part, first_of_each_key(TABLES[name], part))
     return parts, derived, task_rows
+
+
+def _split_scores(scores: list[StepScore] | None, refused: Mapping[str, Any]):
+    if scores is None:
+        return None, []
+    return [s for s in scores if s.rollout_id not in refused], [s for s in scores if s.rollout_id in refused]
+
+
+def _refuse(refused: dict[str, list[dict[str, Any]]], refusals: list[dict[str, Any]], rollouts: list[Rollout],
+            scores: list[StepScore], failures: dict[str, dict], run_id: str | None, flow_run_id: str | None) -> None:
+    """The refused rollouts' rows as `Table.row` makes them (the quarantine keeps them whole)."""
+    family = {r.rollout_id: r.family for r in rollouts}
+    refused["rollouts"] = [TABLES["rollouts"].row(r, run_id=run_id, flow_run_id=flow_run_id) for r in rollouts]
+    refused["steps"] = [TABLES["steps"].row(s, rollout_id=r.rollout_id, task_family=r.family)
+                        for r in rollouts for s in r.steps]
+    refused["sub_rollouts"] = [TABLES["sub_rollouts"].row(sub) for r in rollouts for sub in r.subrollouts]
+    refused["step_scores"] = [TABLES["step_scores"].row(s, task_family=family[s.rollout_id]) for s in scores]
+    refusals += list(failures.values())
 
 
 def _step_owners(rollouts: list[Rollout]) -> dict[str, Any]:

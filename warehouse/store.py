@@ -41,8 +41,8 @@ from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Roll
                           TaskRejection, TaskSpec, Verdict, content_hash)
 from warehouse import catalog, console, damage, quality
 from warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
-from warehouse.staged import (OWNED_BY_ROLLOUT, Part, Staged, as_rows, column_values, frame, keys_of,
-                             rows_part, stage, take, to_arrow)
+from warehouse.staged import (OWNED_BY_ROLLOUT, STAGING_ERRORS, Part, Staged, as_rows, column_values, frame, keys_of,
+                             rows_part, stage, take, to_arrow, unstageable)
 from warehouse.tables import PARTITION, TABLES, Reference, Table
 
 DEFAULT_DATA_DIR = ".gymfoundry"
@@ -177,10 +177,31 @@ class Warehouse:
         """Land a batch `warehouse.stage` made, in this process or another: when every key is new,
         every reference the batch does not satisfy itself names a landed row and the gates passed,
         only register its files (one transaction); otherwise land its rows as `land` would (only
-        new rows; a failed gate sends the batch to quarantine). The incoming files are gone after."""
+        new rows; a failed gate sends the batch to quarantine). The incoming files are gone after.
+        What staging refused goes to quarantine with why: rollouts no column could hold, with their
+        steps and scores (`Landing.refused`; the rest lands), or a batch it could not stage at all."""
         if self.read_only:
             raise PermissionError("this warehouse was opened read-only")
         staged.check(self.data_dir)
+        refused = self._refuse(staged) if staged.refusals else None
+        if not staged.tables:  # staging refused the whole batch: nothing else to land
+            staged.discard()
+            return Landing({}, quarantine=refused.quarantine, report=refused.report)
+        landing = self._land_staged(staged)
+        landing.refused = refused.quarantine if refused else None
+        return landing
+
+    def _refuse(self, staged: Staged) -> Landing:
+        """Quarantine what staging refused (rollouts no column could hold, or a whole batch), with why."""
+        report = quality.QualityReport({f["table"]: quality.TableResult(
+            f["table"], len(staged.refused.get(f["table"], [])), False) for f in staged.refusals})
+        for failure in staged.refusals:
+            report.tables[failure["table"]].failures.append(failure)
+        landing = self._quarantine(staged.refused, report)
+        log.error("quarantined what could not be stored (%s): %s", report.summary(), landing.quarantine)
+        return landing
+
+    def _land_staged(self, staged: Staged) -> Landing:
         if staged.passed and self._all_new(staged) and all(
                 self._landed_keys(ref, keys) == set(keys) for ref, keys in staged.unresolved):
             moved = []
@@ -281,15 +302,22 @@ class Warehouse:
                 # Staged files are invisible until registered: write them while the gates run (Parquet
                 # encoding and hashing release the GIL), and remove them if the gates fail.
                 staged = background.submit(write_batches, self.data_dir, tables)
-            if gate:
-                frames = {name: frame(TABLES[name], part) for name, part in new.items()}
-                report = quality.validate_batch(frames, self._landed_keys, identity)
-                if not report.success:
-                    _discard(self.data_dir, staged)
-                    return self._quarantine({name: as_rows(part) for name, part in new.items()}, report)
-            # Every family is checked before any file is written; the files are written in parallel.
-            batches = staged.result() if staged is not None else \
-                write_batches(self.data_dir, {table: to_arrow(table, part) for table, part in tables.items()})
+            try:
+                if gate:
+                    frames = {name: frame(TABLES[name], part) for name, part in new.items()}
+                    report = quality.validate_batch(frames, self._landed_keys, identity)
+                    if not report.success:
+                        _discard(self.data_dir, staged)
+                        return self._quarantine({name: as_rows(part) for name, part in new.items()}, report)
+                # Every family is checked before any file is written; the files are written in parallel.
+                batches = staged.result() if staged is not None else \
+                    write_batches(self.data_dir, {table: to_arrow(table, part) for table, part in tables.items()})
+            except STAGING_ERRORS as exc:  # rows holding a value no column can hold (pandas or Arrow said so)
+                _discard(self.data_dir, staged)
+                rows = {name: as_rows(part) for name, part in new.items()}
+                failure = unstageable(exc, sum(map(len, rows.values())))
+                return self._quarantine(rows, quality.QualityReport(
+                    {"batch": quality.TableResult("batch", failure["unexpected_count"], False, [failure])}))
         catalog.register(self.con, self.data_dir, batches, _utcnow(), before_commit=_landing_hook)
         return Landing({name: len(part) for name, part in new.items()})
 
@@ -623,6 +651,7 @@ class Landing:
     quarantine: Path | None = None
     report: quality.QualityReport | None = None
     spooled: Path | None = None  # the catalog was locked: the batch waits there for the next landing
+    refused: Path | None = None  # the quarantine of the batch's rollouts no column could hold (the rest landed)
     drained: list[Path] = field(default_factory=list)  # spooled batches this landing landed first
 
     @property
