@@ -217,6 +217,18 @@ def cmd_warehouse_check(args: argparse.Namespace) -> int:
     from warehouse import Warehouse
 
     existing_warehouse(args.data_dir)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.report or Path(args.data_dir) / "reports" / f"check-{stamp}.json")
+    try:  # before the check, which hashes every file: a report that cannot be written fails now
+        out.parent.mkdir(parents=True, exist_ok=True)
+        writable = os.access(out.parent, os.W_OK)  # EROFS on a read-only file system, even for root
+    except OSError as exc:
+        writable, why = False, "not a directory" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)
+    else:
+        why = "not writable"
+    if not writable:
+        raise UsageError(f"--report {out}: cannot write the report there ({why}); nothing was checked. "
+                         "Name a writable --report")
     try:
         with Warehouse(args.data_dir, read_only=True) as wh:
             report = wh.check()
@@ -225,9 +237,6 @@ def cmd_warehouse_check(args: argparse.Namespace) -> int:
     except Exception as exc:  # a catalog that cannot be opened still gets its report
         payload, success = {"success": False, "error": f"{type(exc).__name__}: {exc}"}, False
         print(f"FAIL the warehouse could not be checked: {payload['error']}")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.report or Path(args.data_dir) / "reports" / f"check-{stamp}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     print(f"{'all checks passed' if success else 'CHECK FAILED'}; report: {out}")
     return 0 if success else 1
@@ -243,15 +252,19 @@ def print_check(report) -> None:
     for problem in report.files:
         print(f"  {problem['kind'].upper():<16} {problem['path']}: {problem['reason']}")
     if any(p["kind"] in ("missing", "changed") for p in report.files):
-        print("damaged lake files: `gymfoundry warehouse repair` quarantines their landings, then re-run")
+        print("damaged files: `gymfoundry warehouse repair` quarantines damaged lake landings (then re-run) and "
+              "rebuilds damaged datasets from the warehouse")
 
 
 def cmd_warehouse_repair(args: argparse.Namespace) -> int:
+    from tasks.assemble import rebuild_dataset
     from warehouse import Warehouse
 
     existing_warehouse(args.data_dir)
     with Warehouse(args.data_dir) as wh:
-        repair = wh.repair()
+        repair = wh.repair(rebuild=rebuild_dataset)
+    for dataset_id in repair.rebuilt:
+        print(f"REBUILT dataset {dataset_id} from the warehouse (its file has the recorded checksum again)")
     for folder, files in repair.moved.items():
         print(f"QUARANTINED {len(files)} files of one landing to {folder}:")
         for failure in repair.failures[folder.name]:
@@ -261,7 +274,7 @@ def cmd_warehouse_repair(args: argparse.Namespace) -> int:
     if repair.moved:
         print("views rebuilt over the intact files; re-run the factory runs that landed these rows to land them "
               "again, and see `gymfoundry warehouse check`")
-    else:
+    elif not repair.rebuilt:
         print("no damaged lake files; nothing quarantined")
     return 0
 

@@ -182,3 +182,25 @@ def test_a_lake_path_that_is_not_registered_is_no_damage(built):
         with pytest.raises(duckdb.IOException, match="b-nosuch.parquet") as raised:
             wh.sql(f"select count(*) from read_parquet('{nosuch}')")
     assert not isinstance(raised.value, DamagedWarehouse)
+
+
+def test_cli_repair_rebuilds_a_flipped_dataset(built, capsys):
+    data_dir, result = built
+    path = Path(result["sft"]["path"])
+    rows, digest = pq.read_table(path).to_pylist(), file_sha256(path)
+    flip_a_tool_description_bit(path)
+    assert main(["warehouse", "repair", "--data-dir", str(data_dir)]) == 0
+    assert f"REBUILT dataset {result['sft']['dataset_id']} from the warehouse" in capsys.readouterr().out
+    assert file_sha256(path) == digest and pq.read_table(path).to_pylist() == rows
+
+
+def test_check_fails_fast_when_its_report_cannot_be_written(built, tmp_path, capsys, monkeypatch):
+    data_dir, _ = built
+    checked = []
+    monkeypatch.setattr(Warehouse, "check", lambda self: checked.append(1))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = main(["warehouse", "check", "--data-dir", str(data_dir), "--report", str(blocker / "check.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and checked == [] and err.count("\n") == 1
+    assert f"--report {blocker / 'check.json'}: cannot write the report there (not a directory)" in err
