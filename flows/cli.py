@@ -494,6 +494,11 @@ def add_harness_commands(sub) -> None:
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--idle-timeout", type=float, help="end an episode no call touched for this many seconds")
     serve.add_argument("--max-open", type=int, default=1024, help="episodes open at once (default: 1024)")
+    serve.add_argument("--max-connections", type=int, default=None,
+                       help="connections served at once; more are closed as they arrive (default: half the "
+                            "process's descriptor limit, at most 1024)")
+    serve.add_argument("--read-timeout", type=float, default=15.0,
+                       help="seconds a request's headers and body may take to arrive (default: 15)")
     serve.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     serve.set_defaults(func=cmd_serve_env)
 
@@ -563,11 +568,6 @@ def build_parser() -> argparse.ArgumentParser:
     envs_cmd = sub.add_parser("envs", help="list registered environments")
     envs_cmd.set_defaults(func=cmd_envs)
 
-    serve.add_argument("--max-connections", type=int, default=None,
-                       help="connections served at once; more are closed as they arrive (default: half the "
-                            "process's descriptor limit, at most 1024)")
-    serve.add_argument("--read-timeout", type=float, default=15.0,
-                       help="seconds a request's headers and body may take to arrive (default: 15)")
     check_cmd = sub.add_parser("check-family", help="run the conformance checks on a registered family")
     check_cmd.add_argument("name", help="a family name (its newest env) or an env id")
     check_cmd.add_argument("--seeds", type=int, default=3, help="tasks generated per level (seeds 0..N-1)")
