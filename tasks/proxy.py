@@ -42,7 +42,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from envs.harness import ModelCall
-from envs.secrets import known_secrets, redact, register_secret
+from envs.secrets import check_endpoint_url, known_secrets, redact, register_secret
 from tasks.harness import EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
 from tasks.mcp_server import EPISODE_HEADER
 from envs.records import PolicySpec
@@ -300,7 +300,7 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         raise ValueError(f"max_request_bytes must be a positive number of bytes, not {max_request_bytes}")
     if not read_timeout_s > 0:
         raise ValueError(f"read_timeout must be a positive number of seconds, not {read_timeout_s}")
-    upstream = upstream.rstrip("/")
+    upstream = check_endpoint_url(upstream, "the variable --api-key-env names").rstrip("/")
     where = redact(upstream)
     register_secret(api_key)
     calls = CallLog(data_dir)

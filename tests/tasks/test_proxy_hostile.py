@@ -222,3 +222,13 @@ def test_connections_over_the_cap_are_answered_503_with_one_log_line(tmp_path):
         logging.getLogger("uvicorn.error").removeHandler(handler)
     assert statuses == [503] * 20
     assert [line for line in lines if "concurrency" in line] == ["Exceeded concurrency limit."]
+
+
+def test_an_upstream_url_with_a_password_is_refused_without_repeating_it(tmp_path):
+    """httpx would send the URL's user name and password in place of the proxy's key, and the URL is
+    what records name as the upstream."""
+    with pytest.raises(ValueError) as refused:
+        build_proxy("http://alice:s3cret-pass-word@127.0.0.1:9/v1", str(tmp_path), api_key=KEY)
+    assert "s3cret-pass-word" not in str(refused.value)
+    assert str(refused.value) == ("the endpoint URL http://[REDACTED]@127.0.0.1:9/v1 holds a user name or password: "
+                                  "put the password in the variable --api-key-env names, not in the URL")
