@@ -50,20 +50,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def check_training_inputs(config) -> None:
-    """What the train flow would refuse only after Prefect started: a missing dataset or base model."""
+    """What the train flow would refuse only after Prefect started: a missing or damaged dataset, a
+    missing base model."""
     from pathlib import Path
 
     from flows.cli import UsageError
     from flows.training import resolve_dataset
+    from warehouse.store import assert_dataset_intact
 
     if config.method in ("sft", "dpo") and not config.dataset:
         raise UsageError(f"--method {config.method} trains on a dataset: name one with --dataset (an id under "
                          f"{config.data_dir}/datasets/ or a Parquet file)")
     if config.dataset and config.method != "grpo":
         try:
-            resolve_dataset(config.dataset, config.data_dir)
+            _, path = resolve_dataset(config.dataset, config.data_dir)
         except FileNotFoundError as exc:
             raise UsageError(f"--dataset: {exc}") from None
+        assert_dataset_intact(path)  # DamagedDataset: one line, exit 1, before Prefect starts
     if config.base_model and not Path(config.base_model).is_dir():
         raise UsageError(f"--base-model {config.base_model}: no such checkpoint directory")
 

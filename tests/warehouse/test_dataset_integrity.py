@@ -204,3 +204,14 @@ def test_check_fails_fast_when_its_report_cannot_be_written(built, tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2 and checked == [] and err.count("\n") == 1
     assert f"--report {blocker / 'check.json'}: cannot write the report there (not a directory)" in err
+
+
+def test_cli_train_refuses_a_flipped_dataset_before_prefect_starts(built, capsys, monkeypatch):
+    data_dir, result = built
+    path = Path(result["sft"]["path"])
+    flip_a_tool_description_bit(path)
+    monkeypatch.setattr("flows.training_cli._prefect_defaults", lambda: pytest.fail("Prefect was started"))
+    code = main(["train", "--method", "sft", "--dataset", result["sft"]["dataset_id"], "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"dataset file {path.resolve()} is damaged (changed:" in err
