@@ -94,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 SPEC_OPTIONS = {"max_tokens": "--max-tokens", "top_p": "--top-p", "seed": "--sampling-seed", "stop": "--stop",
                 "temperature": "--temperature", "max_concurrency": "--concurrency", "timeout_s": "--request-timeout",
                 "max_retries": "--request-retries", "api_key_env": "--api-key-env", "kind": "--policy",
-                "mistake_rate": "--mistake-rate"}
+                "mistake_rate": "--mistake-rate", "base_url": "--base-url", "model": "--model"}
 
 
 def policy_spec(args: argparse.Namespace):

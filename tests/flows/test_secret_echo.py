@@ -210,7 +210,8 @@ def test_the_cli_refuses_a_base_url_with_a_password_in_one_line_and_writes_nothi
                            "--base-url", USERINFO_URL, "--api-key-env", "K", "--data-dir", str(tmp_path / "d")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     [line] = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and line.endswith(MESSAGES["policy"]) and leaks(line) == []
+    assert done.returncode == 2 and line.startswith("gymfoundry run: --base-url: ") and leaks(line) == []
+    assert line.endswith(MESSAGES["policy"])
     assert not (tmp_path / "d").exists()
 
 
