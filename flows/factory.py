@@ -322,9 +322,12 @@ def factory(**params: Any) -> dict[str, Any]:
     Re-running with the same parameters lands nothing new (ids are content hashes). The families
     run concurrently, each a subflow named after it and tagged `family:<name>`. The retry policy is
     fixed for the run and stored with it; when it says fail, what completed lands, the run is
-    recorded with status "failed" and its error, and the flow fails.
+    recorded with status "failed" and its error, and the flow fails; so is a run any other stage
+    fails (generation, validation, landing, assembly). Writers wait for a catalog another process
+    holds and spool when the wait runs out (`tasks.land.land_or_spool`).
 
-    Every dataset with rows emits a `gymfoundry.dataset.ready` event, which the
+    Every dataset with rows that the warehouse did not hold before emits a `gymfoundry.dataset.ready`
+    event (a run whose batch was spooled assembles none: the run that lands the spool does), which the
     `train-on-new-dataset` deployment is triggered by under a Prefect server. In ad-hoc mode,
     `train_after="sft"` (or dpo / grpo) calls the training flow directly as a subflow."""
     config = FactoryConfig(**params)
@@ -413,7 +416,7 @@ def _factory(config: FactoryConfig, params: dict[str, Any], record: RunRecord, l
         logger.error("DEFERRED: %d batch(es) of this run wait in the spool; no dataset is assembled or announced "
                      "by this run (the run that lands them does)", len(record.spooled))
     else:
-        audits, datasets, announced = _assemble(data_dir, families, config, rollouts, record)
+        audits, datasets, announced = _assemble(data_dir, families, config, rollouts)
     record.land(run)
     if quarantined:
         logger.error("QUARANTINED: %d batch(es) failed the quality gates: %s", len(quarantined), quarantined)
@@ -429,7 +432,9 @@ def _factory(config: FactoryConfig, params: dict[str, Any], record: RunRecord, l
         report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets, "audits": audits,
                   "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
                   "quarantined": quarantined, "spooled": [str(p) for p in record.spooled], "announced": announced}
-        if config.train_after:
+        if config.train_after and not datasets:
+            logger.error("not training: this run assembled no dataset (see above)")
+        elif config.train_after:
             from flows.training import train
 
             method = config.train_after
@@ -442,8 +447,8 @@ def _factory(config: FactoryConfig, params: dict[str, Any], record: RunRecord, l
     return report
 
 
-def _assemble(data_dir: str, families: list[str], config: FactoryConfig, rollouts: list[Rollout],
-              record: RunRecord) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+def _assemble(data_dir: str, families: list[str], config: FactoryConfig,
+              rollouts: list[Rollout]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(audits, datasets, the kinds to announce: those with rows whose dataset is new in the warehouse).
     A catalog another process holds past the writers' wait defers the datasets to the next run (they
     are built from what the warehouse holds then); AuditRefused fails the run (what landed stays)."""
