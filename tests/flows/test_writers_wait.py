@@ -274,3 +274,37 @@ def test_a_full_disk_while_the_views_are_rebuilt_reports_the_disk_not_a_missing_
     assert sql(data_dir, "SELECT count(*) AS n FROM rollouts") == [{"n": 2}]
     with Warehouse(data_dir, read_only=True) as wh:
         assert wh.check().success
+
+
+def test_every_writers_records_spool_and_land_with_the_next_landing(tmp_path, monkeypatch):
+    """Training runs and re-verified verdicts (as the train and reverify flows hand them to
+    `land_or_spool`) wait in the spool while a reader holds the catalog past the wait."""
+    from envs.records import Termination, TrainingRun, Verdict
+    from tasks.land import land_or_spool, land_records
+    from tests.warehouse.conftest import make_rollout, make_task
+
+    monkeypatch.setenv("GYMFOUNDRY_LOCK_WAIT_S", "0.5")
+    data_dir = tmp_path / "data"
+    tasks = [make_task("inventory", i) for i in range(2)]
+    rollouts = [make_rollout(t, seed=i, termination=Termination.success) for i, t in enumerate(tasks)]
+    land_records(str(data_dir), tasks, [], rollouts, []).checked()
+    training = TrainingRun(method="sft", base_model="tiny", families=["inventory"],
+                           started_at="2026-01-01T00:00:00+00:00")
+    verdicts = [Verdict.of_rollout(r).model_copy(update={"source": "reverify", "verifier_version": "next"})
+                for r in rollouts]
+    notebook = Notebook(data_dir, tmp_path)
+    try:
+        spooled = [land_or_spool(str(data_dir), {"training_runs": [training]}),
+                   land_or_spool(str(data_dir), {"outcomes": verdicts})]
+    finally:
+        notebook.close()
+    assert all(s.spooled is not None and s.counts == {} for s in spooled)
+    assert sql(data_dir, "SELECT count(*) AS n FROM training_runs") == [{"n": 0}]
+
+    more = [make_task("inventory", 9)]
+    landing = land_records(str(data_dir), more, [], [make_rollout(more[0], seed=9)], [])
+    assert landing.drained == [s.spooled for s in spooled] and list((data_dir / "spool").glob("*.json")) == []
+    with Warehouse(data_dir, read_only=True) as wh:
+        assert wh.load("training_runs") == [training]
+        assert sorted(v.rollout_id for v in wh.load("outcomes", "verifier_version = 'next'")) == \
+            sorted(r.rollout_id for r in rollouts)
