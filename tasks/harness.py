@@ -300,20 +300,25 @@ class EpisodeHub:
         self.land_before_reply, self.max_open, self.idle_timeout_s = land_before_reply, max_open, idle_timeout_s
         self.log = CallLog(self.data_dir)
         self._held_lock = self._hold_data_dir() if land else None
-        if land:
-            lock_holdout_fraction(self.data_dir, [family], holdout_fraction)
-        valid, rejected = validate_tasks(generate_tasks(family, tasks, seed))
-        known = landed_splits(self.data_dir, [family]) if land else {}
-        self.tasks, isolated = isolate_tasks(valid, known, holdout_fraction)
-        if not self.tasks:
-            raise ValueError(f"no {family} task passed validation and isolation (of {tasks} generated)")
+        try:
+            if land:
+                lock_holdout_fraction(self.data_dir, [family], holdout_fraction)
+            valid, rejected = validate_tasks(generate_tasks(family, tasks, seed))
+            known = landed_splits(self.data_dir, [family]) if land else {}
+            self.tasks, isolated = isolate_tasks(valid, known, holdout_fraction)
+            if not self.tasks:
+                raise ValueError(f"no {family} task passed validation and isolation (of {tasks} generated)")
+        except BaseException:
+            if self._held_lock is not None:
+                self._held_lock.close()
+            raise
         self.rejections = rejected + isolated
         # Episodes are not reproducible from a seed: this server's run joins their identity, so a
         # name a harness uses again in a later run is another rollout, never a duplicate dropped.
         self.run_id = uuid.uuid4().hex[:16]
         self.started_at = time.time()
         self.rollouts: list[Rollout] = []  # land=False only: landed rollouts leave memory
-        self.landed: dict[str, int] = {}
+        self.landed: dict[str, int] = {}  # {"rollouts": this run's episodes landed}
         self.unlanded = 0  # episodes whose batch stayed spooled at close (landed by a later landing)
         self._names: dict[str, Name] = {}
         self._episodes: dict[str, Future] = {}  # name -> its Episode, while opening, open or not yet landed
@@ -498,6 +503,25 @@ class EpisodeHub:
             return episode.rollout
         return next((r for r in reversed(self.rollouts) if r.env_info["harness"]["episode"] == name), None)
 
+    def played(self, name: str) -> bool:
+        """Whether the episode saw a tool call or a model call (a stdio client that only connected did not)."""
+        opened = self._episodes.get(name)
+        if opened is None or not opened.done() or opened.exception() is not None:
+            return name in self._names
+        episode = opened.result()
+        return episode.calls > 0 or episode.rollout is not None or self.log.size(name) > episode.log_offset
+
+    def abandon(self, name: str) -> None:
+        """Close an episode that was never played, landing nothing."""
+        record = self._record(name)
+        opened = self._episodes.pop(name, None)
+        if opened is not None and opened.done() and opened.exception() is None:
+            with contextlib.suppress(Exception):
+                opened.result().env.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self.wal_dir / f"{name}.jsonl").unlink()
+        self._close_name(name, record)
+
     def reply(self, name: str) -> dict[str, str]:
         """What finishing answers the harness: the rollout and task ids, never the class (a verdict
         shown for one episode would be the answer to another of the same task)."""
@@ -659,7 +683,7 @@ class EpisodeHub:
 
     def close(self, timeout_s: float = 300.0) -> dict[str, int]:
         """End every open episode, close every name, land what is spooled (retrying until `timeout_s`;
-        what still fails stays spooled for the next landing), stop. The rows landed per table."""
+        what still fails stays spooled for the next landing), stop. {"rollouts": episodes landed}."""
         self._stop.set()  # first: the reaper ends nothing more
         for name, opened in list(self._episodes.items()):
             try:
@@ -735,16 +759,18 @@ class EpisodeHub:
     def _land_waiting(self, waiting: list[Episode], first: bool) -> list[Episode]:
         """Land the spool (tasks.land's rule: every spooled batch, oldest first; on the first pass also
         those a stopped server left), then let the landed episodes leave memory. What still waits."""
-        if self.land and ((first and spool.pending(self.data_dir))
-                          or any(e.spooled is not None and e.spooled.exists() for e in waiting)):
+        mine = [e.spooled for e in waiting if e.spooled is not None and e.spooled.exists()]
+        if self.land and ((first and spool.pending(self.data_dir)) or mine):
             with Warehouse(self.data_dir, lock_timeout_s=LAND_LOCK_TIMEOUT_S) as wh:
-                land_spooled(wh)
+                if first:
+                    land_spooled(wh)
+                self._land_together(wh, [p for p in mine if p.exists()])
         still = []
         for episode in waiting:
             if episode.spooled is not None and episode.spooled.exists():
                 still.append(episode)
                 continue
-            if episode.spooled is not None:
+            if episode.spooled is not None:  # its batch landed (here, or by any other landing)
                 self.landed["rollouts"] = self.landed.get("rollouts", 0) + 1
             elif not self.land and episode.landing_error is None:
                 self.rollouts.append(episode.rollout)
@@ -752,6 +778,38 @@ class EpisodeHub:
                 self._episodes.pop(episode.name, None)
             episode.landed.set()
         return still
+
+    def _land_together(self, wh: Warehouse, paths: list[Path]) -> None:
+        """This hub's spooled episodes in one transaction (one set of lake files, not one per episode);
+        if that batch fails, each on its own, so one episode's batch never keeps the others out."""
+        if not paths:
+            return
+        try:
+            merged: dict[str, list] = {}
+            for path in paths:
+                records, _ = spool.load(path)
+                for key, rows in records.items():
+                    merged.setdefault(key, []).extend(rows)
+            landing = wh.land(**merged, rollout_outcomes=True)
+            if landing.ok:
+                for path in paths:
+                    path.unlink()
+                return
+            log.error("a batch of %d harness episodes failed the quality gates (%s): landing each on its own",
+                      len(paths), landing.quarantine)
+        except Exception:
+            log.exception("a batch of %d harness episodes did not land: landing each on its own", len(paths))
+        for path in paths:
+            try:
+                records, options = spool.load(path)
+                landing = wh.land(**records, **options)
+            except Exception:  # this episode's batch alone stays spooled, and is tried again
+                log.exception("the spooled batch %s did not land; it stays spooled", path.name)
+                continue
+            if not landing.ok:
+                log.error("the spooled batch %s failed the quality gates and went to %s", path.name,
+                          landing.quarantine)
+            path.unlink()
 
     def _reap_loop(self, idle_s: float) -> None:
         while not self._stop.wait(min(1.0, idle_s / 4)):

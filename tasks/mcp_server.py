@@ -42,7 +42,7 @@ from tasks.harness import EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpe
 
 EPISODE_HEADER = "x-gymfoundry-episode"
 READ_TIMEOUT_S = 15.0  # a request's headers and body must arrive within this (slowloris)
-KEEP_ALIVE_S = 5  # an idle kept-alive connection is closed after this
+KEEP_ALIVE_S = 10  # an idle kept-alive connection is closed after this (past httpx's 5 s: the client lets go first)
 log = logging.getLogger("gymfoundry.harness")
 GOAL_URI = "gymfoundry://episode/goal"
 INVALID_PARAMS = -32602
@@ -178,7 +178,11 @@ def build_app(hub: EpisodeHub, host: str = "127.0.0.1"):
             hub.authorize(name, bearer(request))
         except (EpisodeNotOpen, WrongToken) as exc:
             return refused(exc)
-        await anyio.to_thread.run_sync(hub.finish, name)
+        try:
+            await anyio.to_thread.run_sync(hub.finish, name)
+        except Exception as exc:  # the hub fails an episode alone; anything else is said, never a bare 500
+            log.exception("finishing harness episode %s failed", name)
+            return JSONResponse({"error": f"finishing the episode failed: {type(exc).__name__}"}, status_code=503)
         return JSONResponse(hub.reply(name))
 
     app.router.routes[:] = [Route("/mcp", endpoint=endpoint), Route("/episodes/{episode}/mcp", endpoint=endpoint),
@@ -197,7 +201,10 @@ async def serve_stdio(hub: EpisodeHub, episode: str) -> None:
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
     finally:
-        await anyio.to_thread.run_sync(hub.finish, episode)
+        if hub.played(episode):
+            await anyio.to_thread.run_sync(hub.finish, episode)
+        else:  # a connection that never asked for anything played no episode
+            await anyio.to_thread.run_sync(hub.abandon, episode)
 
 
 class _Every:
@@ -218,6 +225,9 @@ class _Every:
             record.msg, record.args = f"{record.getMessage()} ({self.held} more since the last line)", ()
         self.last, self.held = now, 0
         return True
+
+
+UVICORN_LINES = _Every()
 
 
 def default_max_connections() -> int:
@@ -296,7 +306,7 @@ def guarded_config(app: Any, host: str = "127.0.0.1", port: int = 0, *, max_conn
     request head (`h11_max_incomplete_event_size`, 64 KiB). Uvicorn's line per refused request is
     held to one per 10 s."""
     cap = max_connections or default_max_connections()
-    logging.getLogger("uvicorn.error").addFilter(_Every())
+    logging.getLogger("uvicorn.error").addFilter(UVICORN_LINES)  # once: the same filter is not added twice
     return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(cap, read_timeout_s),
                           limit_concurrency=cap + 1,  # uvicorn counts the asking connection itself
                           timeout_keep_alive=keep_alive_s, h11_max_incomplete_event_size=64 * 1024,
