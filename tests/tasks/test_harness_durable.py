@@ -75,6 +75,7 @@ def test_a_client_knowing_only_the_name_can_neither_record_into_nor_finish_an_ep
             assert tool_call(url, "mine", "find_items", {"query": "b"}, headers).status_code == 401
             assert tool_call(url, "mine", "submit", {"status": "denied"}, headers).status_code == 401
             assert httpx.post(f"{url}/episodes/mine/finish", headers=headers).status_code == 401
+            assert httpx.delete(f"{url}/episodes/mine/mcp", headers=headers).status_code == 401
         assert tool_call(url, "never", "find_items", {"query": "a"}, auth(token)).status_code == 404
         assert httpx.post(f"{url}/episodes/never/finish", headers=auth(token)).status_code == 404
         mine = hub.episode("mine")
