@@ -225,19 +225,22 @@ def test_landed_episodes_leave_memory(tmp_path):
         assert wh.sql_df("select count(*) from rollouts").rows() == [(120,)]
 
 
-def test_a_client_that_never_finishes_its_headers_is_cut_while_others_are_served(tmp_path):
-    """Before: no read timeout: a slow client held its connection (and descriptor) for ever."""
+def test_a_client_that_never_finishes_its_headers_is_cut_while_others_are_served(tmp_path, caplog):
+    """Before: no read timeout: a slow client held its connection (and descriptor) for ever, and
+    every refused connection was a log line."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with served(build_app(hub), read_timeout_s=1.0, max_connections=4) as url:
         host, port = url.removeprefix("http://").split(":")
-        slow = socket.create_connection((host, int(port)))
-        slow.sendall(b"POST /episodes/slow/open HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        slows = [socket.create_connection((host, int(port))) for _ in range(3)]
+        for slow in slows:
+            slow.sendall(b"POST /episodes/slow/open HTTP/1.1\r\nHost: x\r\n")  # and never the rest
         assert httpx.post(f"{url}/episodes/fast/open").status_code == 201  # served meanwhile
-        slow.settimeout(60)
-        try:
-            assert slow.recv(100) == b""  # closed by the server, without a reply
-        except ConnectionResetError:
-            pass
+        for slow in slows:
+            slow.settimeout(60)
+            try:
+                assert slow.recv(100) == b""  # closed by the server, without a reply
+            except ConnectionResetError:
+                pass
         held = [socket.create_connection((host, int(port))) for _ in range(4)]  # the cap: 4 at once
         extra = socket.create_connection((host, int(port)))
         extra.settimeout(60)
@@ -245,7 +248,7 @@ def test_a_client_that_never_finishes_its_headers_is_cut_while_others_are_served
             assert extra.recv(100) == b""  # a fifth is closed as it arrives
         except ConnectionResetError:
             pass
-        for sock in held + [extra, slow]:
+        for sock in held + [extra] + slows:
             sock.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -256,3 +259,5 @@ def test_a_client_that_never_finishes_its_headers_is_cut_while_others_are_served
                 time.sleep(0.2)
         assert "after" in hub
     hub.close()
+    said = [r.getMessage() for r in caplog.records if "connections refused" in r.getMessage()]
+    assert 1 <= len(said) < 8  # 3 slow and 4 held connections cut, 1 refused: a line per 10 s, not one each
