@@ -605,14 +605,11 @@ class EpisodeHub:
         return {"tasks": [task], "rollouts": [episode.rollout], "scores": scores}
 
     def _spool(self, records: dict[str, list]) -> Path:
-        """The batch, durable: warehouse.spool's file, fsynced (its own write is atomic, not synced)."""
+        """The batch, durable: warehouse.spool's file (fsynced by spool.save)."""
         with self._lock:
             rejections, self._rejections_spooled = ([] if self._rejections_spooled else self.rejections), True
         path = spool.save(self.data_dir, {**records, "rejections": rejections},
                           {"rollout_outcomes": True, "run_id": None, "flow_run_id": None})
-        with open(path, "rb") as fh:
-            os.fsync(fh.fileno())
-        fsync_dir(path.parent)
         return path
 
     def _rollout(self, episode: Episode) -> Rollout:

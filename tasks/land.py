@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from envs.records import Record, Rollout, Run, StepScore, TaskRejection, TaskSpec
 from warehouse import TABLES, CatalogLocked, Landing, Staged, Warehouse, spool, stage
 
@@ -63,6 +65,10 @@ def land_run(data_dir: str, run: Run, lock_timeout_s: float | None = None,
     return land_or_spool(data_dir, {"runs": [run]}, {}, lock_timeout_s).checked()
 
 
+# What a spooled batch's own content raises (unreadable JSON, records that no longer validate, values
+# DuckDB refuses); a held lock or a full disk is not among them: such a batch stays spooled.
+_UNLANDABLE = (ValueError, KeyError, TypeError, ArithmeticError, duckdb.ConversionException,
+               duckdb.InvalidInputException, duckdb.ConstraintException)
 LANDED_FROM = "landed_from"  # a spooled run row's option: the spool files whose counts fill its `landed`
 
 
@@ -71,13 +77,19 @@ def land_spooled(wh: Warehouse) -> list:
     which keeps it)."""
     landed, counts = [], {}
     for path in spool.pending(wh.data_dir):
-        records, options = spool.load(path)
-        waited_for = options.pop(LANDED_FROM, None)
-        if waited_for:
-            records["runs"] = [r.model_copy(update={"landed": _added(r.landed, *(counts.get(n, {})
-                                                                                  for n in waited_for))})
-                               for r in records["runs"]]
-        landing = _land_into(wh, records, options)
+        try:
+            records, options = spool.load(path)
+            waited_for = options.pop(LANDED_FROM, None)
+            if waited_for:
+                records["runs"] = [r.model_copy(update={"landed": _added(r.landed, *(counts.get(n, {})
+                                                                                      for n in waited_for))})
+                                   for r in records["runs"]]
+            landing = _land_into(wh, records, options)
+        except _UNLANDABLE as exc:  # this file's own fault (not a lock or a disk): the rest still lands
+            kept = spool.set_aside(path, f"{type(exc).__name__}: {exc}")
+            log.error("the batch spooled at %s could not be landed (%s: %s); it is kept at %s", path.name,
+                      type(exc).__name__, str(exc)[:300], kept)
+            continue
         counts[path.name] = landing.counts
         if landing.ok:
             log.warning("landed the batch spooled at %s: %s", path.name, landing.counts)

@@ -21,6 +21,7 @@ from envs.records import (HoldoutLock, Record, Rollout, Run, StepScore, TaskReje
                           content_hash)
 
 SPOOL_DIR = "spool"
+UNLANDABLE_DIR = "unlandable"  # under the spool: batches set aside with their reason
 # `Warehouse.land` keyword -> the record it takes; `training_runs` lands through `Warehouse.land_rows`.
 RECORDS: dict[str, type[Record]] = {"tasks": TaskSpec, "rejections": TaskRejection, "rollouts": Rollout,
                                     "scores": StepScore, "runs": Run, "outcomes": Verdict,
@@ -36,9 +37,34 @@ def save(data_dir: str | os.PathLike, records: dict[str, list[Record]], options:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     path = folder / f"{stamp}-{content_hash(payload['records'], 12)}.json"
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(json.dumps(payload) + "\n")
+    with open(temp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(payload) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())  # durable before a writer says its batch is safe (serve-env answers on it)
     os.replace(temp, path)  # a spool file is whole or absent
+    _fsync_dir(folder)
     return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    """The rename survives a crash of the machine, not only of the process."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def set_aside(path: Path, reason: str) -> Path:
+    """Move a spooled batch that cannot be landed (unreadable, or refused by the warehouse in a way the
+    gates do not catch) to `spool/unlandable/`, with its reason beside it: kept, out of the way of the
+    batches after it."""
+    folder = path.parent / UNLANDABLE_DIR
+    folder.mkdir(exist_ok=True)
+    (folder / f"{path.stem}.reason.txt").write_text(reason + "\n")
+    target = folder / path.name
+    os.replace(path, target)
+    return target
 
 
 def pending(data_dir: str | os.PathLike) -> list[Path]:
