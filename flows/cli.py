@@ -162,7 +162,7 @@ def cmd_check_family(args: argparse.Namespace) -> int:
 
     report = check_family(args.name, seeds=args.seeds)
     print(report.render(), file=sys.stdout if report.ok else sys.stderr)
-    if args.no_audit:
+    if args.no_audit or not report.ok:  # a family failing its checks is not worth auditing yet
         return 0 if report.ok else 1
     audited = cmd_audit_family(argparse.Namespace(name=args.name, episodes=args.audit_episodes, data_dir=None))
     return 0 if report.ok and audited == 0 else 1

@@ -138,7 +138,7 @@ def test_a_crash_still_shows_its_traceback(warehouse_dir, monkeypatch, capsys):
     # Not a user error: the traceback is what a bug report needs (and the exit is 1, not 2).
     from flows.cli import main
 
-    def crash(self):
+    def crash(self, **_):
         raise KeyError("boom")
 
     monkeypatch.setattr(Warehouse, "repair", crash)
