@@ -81,6 +81,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     except ValueError as exc:  # one line naming each invalid option
         print(f"gymfoundry evaluate: {exc}", file=sys.stderr)
         return 2
+    from pathlib import Path
+
+    from flows.cli import UsageError, existing_warehouse
+
+    existing_warehouse(config.data_dir)  # the held-out tasks come from it
+    spec = config.policy if not isinstance(config.policy, str) else None
+    if spec is not None and spec.kind == "hf" and spec.model and not Path(spec.model).is_dir():
+        raise UsageError(f"--model {spec.model}: no such checkpoint directory")
     from flows.evaluation import evaluate
 
     report = evaluate(**config.params())

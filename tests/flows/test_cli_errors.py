@@ -77,6 +77,22 @@ def test_unknown_arms_and_families_are_refused_before_prefect_starts(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_evaluate_refuses_a_data_dir_without_a_warehouse_or_a_missing_checkpoint_before_prefect_starts(
+        tmp_path, warehouse_dir):
+    typo = tmp_path / "typo"
+    done = gymfoundry(tmp_path, "evaluate", "--policy", "scripted", "--data-dir", str(typo))
+    assert done.returncode == 2
+    assert one_line(done) == (f"gymfoundry evaluate: --data-dir {typo}: no warehouse there (no catalog.duckdb); "
+                              "nothing was done\n")
+    no_prefect(tmp_path, done)
+    assert not typo.exists()
+    done = gymfoundry(tmp_path, "evaluate", "--policy", "hf", "--model", str(tmp_path / "no-ckpt"),
+                      "--data-dir", str(warehouse_dir))
+    assert done.returncode == 2
+    assert one_line(done) == f"gymfoundry evaluate: --model {tmp_path / 'no-ckpt'}: no such checkpoint directory\n"
+    no_prefect(tmp_path, done)
+
+
 def test_serve_env_refuses_an_unknown_family_before_locking_a_holdout(tmp_path):
     done = gymfoundry(tmp_path, "serve-env", "--family", "nosuch", "--data-dir", str(tmp_path / "d"), timeout=120)
     assert done.returncode == 2
