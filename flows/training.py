@@ -143,6 +143,11 @@ def train(**params: Any) -> dict[str, Any]:
     dataset, method, base_model, data_dir = config.dataset, config.method, config.base_model, config.data_dir
     output_dir, hyperparameters, evaluate_family = config.output_dir, config.hyperparameters, config.evaluate_family
     eval_limit, eval_concurrency = config.eval_limit, config.eval_concurrency
+    dataset_id, dataset_path = resolve_dataset(dataset, data_dir) if dataset else (None, None)
+    if dataset_path:  # before anything reads it: its row count, its task ids and families
+        from warehouse.store import assert_dataset_intact
+
+        assert_dataset_intact(dataset_path)
     if config.min_rows and dataset:
         rows = dataset_rows(dataset, data_dir)
         if rows < config.min_rows:
@@ -153,7 +158,6 @@ def train(**params: Any) -> dict[str, Any]:
 
     logger = get_run_logger()
     hyperparameters = dict(hyperparameters or {})
-    dataset_id, dataset_path = resolve_dataset(dataset, data_dir) if dataset else (None, None)
     if dataset_path:
         refuse_holdout_rows(dataset_path, data_dir)
     if method == "grpo":  # its live tasks follow the splits recorded here

@@ -215,3 +215,18 @@ def test_cli_train_refuses_a_flipped_dataset_before_prefect_starts(built, capsys
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert f"dataset file {path.resolve()} is damaged (changed:" in err
+
+
+def test_the_train_flow_refuses_a_flipped_dataset_before_reading_it(built, prefect_harness):
+    """The flow the `train-on-new-dataset` deployment runs reads the file's row count, task ids and
+    families before training: a damaged file is refused there, never skipped as too small."""
+    from flows.training import train as train_flow
+
+    data_dir, result = built
+    path = Path(result["sft"]["path"])
+    flip_a_tool_description_bit(path)
+    with pytest.raises(DamagedDataset, match=f"dataset file {path.resolve()} is damaged \\(changed:"):
+        train_flow(dataset=result["sft"]["dataset_id"], method="sft", data_dir=str(data_dir), min_rows=10**6)
+    path.write_bytes(path.read_bytes()[:100])  # a half-written copy: no Parquet footer to read
+    with pytest.raises(DamagedDataset, match=f"dataset file {path.resolve()} is damaged"):
+        train_flow(dataset=result["sft"]["dataset_id"], method="sft", data_dir=str(data_dir), min_rows=1)
