@@ -401,9 +401,9 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
             lineage += kind_lineage
             result[kind] = {"dataset_id": manifest.dataset_id, "rows": len(rows), "path": str(path) if path else None,
                             "mixture": manifest.mixture, "dropped": manifest.dropped}
-        wh.land(datasets=manifests, dataset_rows=lineage).checked()
-        for file in written:  # after the landing: a checksum names a dataset the warehouse holds
+        for file in written:  # before the landing: a dataset the warehouse holds always has its checksum
             catalog.record_dataset_file(wh.con, file)
+        wh.land(datasets=manifests, dataset_rows=lineage).checked()
     return result
 
 

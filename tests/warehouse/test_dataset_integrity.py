@@ -230,3 +230,23 @@ def test_the_train_flow_refuses_a_flipped_dataset_before_reading_it(built, prefe
     path.write_bytes(path.read_bytes()[:100])  # a half-written copy: no Parquet footer to read
     with pytest.raises(DamagedDataset, match=f"dataset file {path.resolve()} is damaged"):
         train_flow(dataset=result["sft"]["dataset_id"], method="sft", data_dir=str(data_dir), min_rows=1)
+
+
+def test_a_dataset_never_lands_without_its_checksum(tmp_path, monkeypatch):
+    """A crash between writing the checksums and landing the datasets leaves no dataset the trainer
+    would load on trust (`unknown_checksum`): the checksums are kept first."""
+    data_dir = tmp_path / "data"
+    tasks, _ = isolate_tasks(generate_tasks("inventory", 12, seed=5), holdout_fraction=0.1)
+    rollouts = collect_rollouts(tasks, make_policy("scripted", "inventory", mistake_rate=0.35), 3, seed=5)
+    land_batch(str(data_dir), tasks, [], rollouts, score_rollouts(rollouts, tasks))
+    audited(data_dir, ["inventory"])
+
+    def crash(*_):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(catalog, "record_dataset_file", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        assemble_datasets(data_dir, ["inventory"])
+    with Warehouse(data_dir, read_only=True) as wh:
+        assert wh.sql("SELECT count(*) AS n FROM datasets").to_pylist() == [{"n": 0}]
+        assert [p for p in wh.check().files if p["kind"] == "unknown_checksum"] == []
