@@ -413,16 +413,23 @@ def add_policy_options(parser: argparse.ArgumentParser, default: str = "scripted
 def cmd_serve_env(args: argparse.Namespace) -> int:
     """The env's tools over MCP for an external harness; its episodes land as rollouts. Under
     stdio, stdout is the MCP channel: everything said here goes to stderr."""
-    check_families([args.family])  # before the hub locks a holdout for it
     import signal
     import uuid
 
     import anyio
     import uvicorn
 
+    from tasks.http_guard import check_limits, guarded_config
+
+    check_families([args.family])  # before the hub locks a holdout for it
+    try:
+        check_limits(args.max_connections, args.read_timeout)  # before it too
+    except ValueError as exc:
+        print(f"gymfoundry serve-env: {exc}", file=sys.stderr)
+        return 2
     import envs  # noqa: F401  (registers the families)
     from tasks.harness import EpisodeHub
-    from tasks.mcp_server import build_app, guarded_config, serve_stdio
+    from tasks.mcp_server import build_app, serve_stdio
 
     hub = EpisodeHub(args.family, args.data_dir, tasks=args.tasks, seed=args.seed, idle_timeout_s=args.idle_timeout,
                      land_before_reply=args.transport == "stdio", max_open=args.max_open)
@@ -452,7 +459,10 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from tasks.proxy import build_proxy, proxy_server
+    import uvicorn
+
+    from tasks.http_guard import check_limits, guarded_config
+    from tasks.proxy import build_proxy
 
     key = None
     if args.api_key_env:
@@ -463,14 +473,14 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     retries = {} if args.max_retries is None else {"max_retries": max(0, args.max_retries)}
     if args.max_request_bytes is not None:
         retries["max_request_bytes"] = args.max_request_bytes
-    if args.read_timeout is not None:
-        retries["read_timeout_s"] = args.read_timeout
     try:
+        cap = check_limits(args.max_connections, args.read_timeout)
+        # one upstream connection per harness connection at most
         app = build_proxy(args.upstream, args.data_dir, api_key=key, timeout_s=args.request_timeout,
                           request_logprobs=args.request_logprobs, request_token_ids=args.request_token_ids,
-                          max_connections=args.max_connections, **retries)
-        server = proxy_server(app, args.host, args.port, max_connections=args.max_connections,
-                              header_timeout_s=args.header_timeout)
+                          max_connections=cap, **retries)
+        server = uvicorn.Server(guarded_config(app, args.host, args.port, max_connections=cap,
+                                               read_timeout_s=args.read_timeout, timeout_graceful_shutdown=5))
     except ValueError as exc:
         print(f"gymfoundry proxy: {exc}", file=sys.stderr)
         return 2
@@ -478,6 +488,18 @@ def cmd_proxy(args: argparse.Namespace) -> int:
           f"recording in {args.data_dir}", file=sys.stderr)
     server.run()
     return 0
+
+
+def add_http_limits(parser: argparse.ArgumentParser) -> None:
+    """serve-env's and the proxy's limits against slow and many clients (tasks.http_guard)."""
+    from tasks.http_guard import READ_TIMEOUT_S
+
+    parser.add_argument("--max-connections", type=int, default=None,
+                        help="connections served at once; more are closed as they arrive (default: half the "
+                             "process's descriptor limit, at most 1024)")
+    parser.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S,
+                        help="seconds a request's headers and body may take to arrive from its first byte; a "
+                             f"slower one is cut unanswered (default: {READ_TIMEOUT_S:g})")
 
 
 def add_harness_commands(sub) -> None:
@@ -494,11 +516,7 @@ def add_harness_commands(sub) -> None:
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--idle-timeout", type=float, help="end an episode no call touched for this many seconds")
     serve.add_argument("--max-open", type=int, default=1024, help="episodes open at once (default: 1024)")
-    serve.add_argument("--max-connections", type=int, default=None,
-                       help="connections served at once; more are closed as they arrive (default: half the "
-                            "process's descriptor limit, at most 1024)")
-    serve.add_argument("--read-timeout", type=float, default=15.0,
-                       help="seconds a request's headers and body may take to arrive (default: 15)")
+    add_http_limits(serve)
     serve.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     serve.set_defaults(func=cmd_serve_env)
 
@@ -517,12 +535,7 @@ def add_harness_commands(sub) -> None:
                        help="ask a vLLM upstream for the sampled token ids (return_token_ids)")
     proxy.add_argument("--max-request-bytes", type=int, default=None,
                        help="refuse (413) a request body over this many bytes (default 8 MiB)")
-    proxy.add_argument("--read-timeout", type=float, default=None,
-                       help="refuse (408) a request body not in within this many seconds (default 30)")
-    proxy.add_argument("--max-connections", type=int, default=512,
-                       help="harness connections served at once; a request over it is answered 503 (default 512)")
-    proxy.add_argument("--header-timeout", type=float, default=10.0,
-                       help="close a connection whose request head is not in within this many seconds (default 10)")
+    add_http_limits(proxy)
     proxy.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     proxy.set_defaults(func=cmd_proxy)
 
@@ -648,6 +661,19 @@ class _UserErrorsWithoutTraceback(logging.Filter):
         return True
 
 
+def one_line(exc: ValueError) -> str:
+    """A bad-input error as one line: a pydantic error's findings joined, with no input repeated (it
+    may be a credential); any other error's text, with the way to its traceback when it is not
+    one of ours (a ValueError from a bug looks like bad input until its traceback is read)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return f"{exc.title}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors(include_input=False))
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, UsageError) else f"{text} (GYMFOUNDRY_DEBUG=1 shows where it was raised)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for name in ("prefect.flow_runs", "prefect.task_runs"):  # the loggers of Prefect's run engines
@@ -660,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("GYMFOUNDRY_DEBUG"):
             raise
         if isinstance(exc, ValueError):  # bad input, found before Prefect started or by a flow
-            print(f"gymfoundry {args.command}: {exc}", file=sys.stderr)
+            print(f"gymfoundry {args.command}: {one_line(exc)}", file=sys.stderr)
             return 2
         if not isinstance(exc, failures()):  # a crash: its traceback is what a bug report needs
             traceback.print_exc()

@@ -56,6 +56,7 @@ from warehouse import Warehouse, spool
 
 log = logging.getLogger("gymfoundry.harness")
 EPISODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a file name: no separators
+EPISODE_HEADER = "x-gymfoundry-episode"  # names the episode on the plain /mcp and /v1 addresses
 EPISODE_OVER = "episode_over"
 LANDING_WAIT_S = 120.0
 LAND_LOCK_TIMEOUT_S = 10.0  # the lander tries again later: it need not wait long for a reader

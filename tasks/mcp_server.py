@@ -17,32 +17,22 @@ stays idle past the hub's limit; then it is verified, scored and landed as a fac
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import resource
-import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import mcp_types as types
-import h11
-import uvicorn
 from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from tasks.harness import EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes, WrongToken
+from tasks.harness import (EPISODE_HEADER, EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes,
+                           WrongToken)
+from tasks.http_guard import served  # noqa: F401  (tests and benchmarks serve the app through it)
 
-EPISODE_HEADER = "x-gymfoundry-episode"
-READ_TIMEOUT_S = 15.0  # a request's headers and body must arrive within this (slowloris)
-KEEP_ALIVE_S = 10  # an idle kept-alive connection is closed after this (past httpx's 5 s: the client lets go first)
 log = logging.getLogger("gymfoundry.harness")
 GOAL_URI = "gymfoundry://episode/goal"
 INVALID_PARAMS = -32602
@@ -205,129 +195,3 @@ async def serve_stdio(hub: EpisodeHub, episode: str) -> None:
             await anyio.to_thread.run_sync(hub.finish, episode)
         else:  # a connection that never asked for anything played no episode
             await anyio.to_thread.run_sync(hub.abandon, episode)
-
-
-class _Every:
-    """A logging filter letting one record of a kind through per `seconds`, with how many it held
-    back: a flood of refused connections must not become a flood of log lines."""
-
-    def __init__(self, seconds: float = 10.0, messages: tuple[str, ...] = ("Exceeded concurrency limit.",)):
-        self.seconds, self.messages, self.last, self.held = seconds, messages, 0.0, 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage() not in self.messages:
-            return True
-        now = time.monotonic()
-        if now - self.last < self.seconds:
-            self.held += 1
-            return False
-        if self.held:
-            record.msg, record.args = f"{record.getMessage()} ({self.held} more since the last line)", ()
-        self.last, self.held = now, 0
-        return True
-
-
-UVICORN_LINES = _Every()
-
-
-def default_max_connections() -> int:
-    """Connections served at once by default: half the descriptors this process may open (the
-    envs, sandboxes, logs and the warehouse need the rest), at most 1024."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    soft = 4096 if soft == resource.RLIM_INFINITY else soft
-    return max(8, min(1024, (soft - 64) // 2))
-
-
-def guarded_protocol(max_connections: int, read_timeout_s: float) -> type:
-    """uvicorn's h11 protocol with what it lacks against slow and many clients: a connection past
-    `max_connections` is closed as it is accepted (uvicorn's own `limit_concurrency` answers 503 only
-    once a request is whole, so slow clients would hold every descriptor), and a request whose
-    headers and body have not all arrived `read_timeout_s` after its first byte (or after the
-    connection opened) is cut. Refusals are counted, and logged at most once per 10 s."""
-    said = {"last": 0.0, "cut": 0, "refused": 0}
-
-    def tell(kind: str) -> None:
-        said[kind] += 1
-        now = time.monotonic()
-        if now - said["last"] >= 10.0:
-            log.warning("serve-env: %d connections refused (over %d at once), %d cut (request not read within "
-                        "%g s) since the last line", said["refused"], max_connections, said["cut"], read_timeout_s)
-            said.update(last=now, cut=0, refused=0)
-
-    class Guarded(H11Protocol):
-        _read_timer: asyncio.TimerHandle | None = None
-        _refused = False
-
-        def connection_made(self, transport) -> None:
-            if len(self.connections) >= max_connections:
-                self._refused, self.transport = True, transport
-                transport.abort()
-                tell("refused")
-                return
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            if not self._refused:
-                super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
-                self._arm()  # a new request on a kept-alive connection: its own clock
-            super().data_received(data)
-            if self.conn.their_state in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR):
-                self._disarm()  # the request is read whole: what the app does with it takes its own time
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._read_timer = self.loop.call_later(read_timeout_s, self._too_slow)
-
-        def _disarm(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
-
-        def _too_slow(self) -> None:
-            self._read_timer = None
-            if not self.transport.is_closing():
-                tell("cut")
-                self.transport.abort()
-
-    return Guarded
-
-
-def guarded_config(app: Any, host: str = "127.0.0.1", port: int = 0, *, max_connections: int | None = None,
-                   read_timeout_s: float = READ_TIMEOUT_S, keep_alive_s: int = KEEP_ALIVE_S,
-                   **options: Any) -> uvicorn.Config:
-    """A uvicorn config with the limits a server facing many (and hostile) harnesses needs: the
-    connection cap and request-read timeout of `guarded_protocol`, uvicorn's `limit_concurrency`
-    (requests in progress; 503 past it), its keep-alive timeout, and h11's bound on an incomplete
-    request head (`h11_max_incomplete_event_size`, 64 KiB). Uvicorn's line per refused request is
-    held to one per 10 s."""
-    cap = max_connections or default_max_connections()
-    logging.getLogger("uvicorn.error").addFilter(UVICORN_LINES)  # once: the same filter is not added twice
-    return uvicorn.Config(app, host=host, port=port, http=guarded_protocol(cap, read_timeout_s),
-                          limit_concurrency=cap + 1,  # uvicorn counts the asking connection itself
-                          timeout_keep_alive=keep_alive_s, h11_max_incomplete_event_size=64 * 1024,
-                          **{"log_level": "warning", **options})
-
-
-@contextlib.contextmanager
-def served(app: Any, host: str = "127.0.0.1", port: int = 0, **limits: Any) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn in a thread (port 0: any free one), with `guarded_config`'s
-    limits (`limits`: its keywords); yields its base URL (`http://host:port`) and stops it on exit."""
-    server = uvicorn.Server(guarded_config(app, host, port, lifespan="on", timeout_graceful_shutdown=5,
-                                           backlog=512, **limits))
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the server on {host}:{port} did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://{host}:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(15)

@@ -22,29 +22,26 @@ from every reply relayed, streamed ones across chunk boundaries (`StreamRedactor
 Only an open episode's owner is served: the harness passes the token its episode was opened with
 (`Authorization: Bearer <token>`, its OpenAI client's api_key); a wrong or missing one is 401 and a
 name not open 404, before the body is read. A request whose record the call log could not read back
-is refused (400), as is one over `max_request_bytes` (413) or slower than `read_timeout_s` (408)."""
+is refused (400), as is one over `max_request_bytes` (413). The server's limits (connections, slow
+clients) are `tasks.http_guard`'s, as serve-env's."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import time
 from typing import Any, Iterator
 
 import anyio
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from envs.harness import ModelCall
 from envs.secrets import check_endpoint_url, known_secrets, redact, register_secret
-from tasks.harness import EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
-from tasks.mcp_server import EPISODE_HEADER
+from tasks.harness import EPISODE_HEADER, EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
 from envs.records import PolicySpec
 from tasks.openai_policy import RETRIED_STATUS, sampled_ids
 from verifiers.endpoint import context_length_code
@@ -53,9 +50,6 @@ MAX_RETRIES = PolicySpec.model_fields["max_retries"].default  # the factory's en
 RETRY_BACKOFF_S = 0.5
 # a chat request's body: a 1M-token context is about 4 MB of text (a body over it is refused 413)
 MAX_REQUEST_BYTES = 8 * 2**20
-READ_TIMEOUT_S = 30.0  # a request body not in by then is refused (408): a client trickling it holds a connection
-MAX_CONNECTIONS = 512  # connections served at once; a request over it is answered 503
-HEADER_TIMEOUT_S = 10.0  # a connection whose request head is not in by then is closed
 
 
 class _TooLarge(Exception):
@@ -85,82 +79,6 @@ def _bearer(request: Request) -> str | None:
 def _retried(status: int) -> bool:
     """A status the upstream may answer differently when asked again (not 401/403: a refused key stays refused)."""
     return status in RETRIED_STATUS or status >= 500
-
-
-def _header_deadline(timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol closing a connection whose request head has not come in within
-    `timeout_s` of its opening or of its last answer: uvicorn itself times out only idle keep-alive
-    connections, and a client trickling its headers (slowloris) would hold one for ever."""
-
-    class HeaderDeadline(H11Protocol):
-        _deadline: Any = None
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()
-
-        def connection_lost(self, exc) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = self.loop.call_later(timeout_s, self._expire)
-
-        def _expire(self) -> None:
-            waiting = self.cycle is None or self.cycle.response_complete  # no request under way
-            if waiting and not self.transport.is_closing():
-                self.transport.close()
-
-    return HeaderDeadline
-
-
-class _OncePerMinute(logging.Filter):
-    """Lets each warning through at most once a minute, saying how many were held back: uvicorn
-    warns once per refused connection ("Exceeded concurrency limit.", "Invalid HTTP request
-    received."), and a flood of hostile clients would otherwise write a line each."""
-
-    def __init__(self, every_s: float = 60.0):
-        super().__init__()
-        self.every_s, self.seen = every_s, {}  # message -> [when last let through, held back since]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.WARNING:
-            return True
-        message, now = record.getMessage(), time.monotonic()
-        if len(self.seen) > 256:
-            self.seen.clear()
-        seen = self.seen.setdefault(message, [-self.every_s, 0])
-        if now - seen[0] < self.every_s:
-            seen[1] += 1
-            return False
-        if seen[1]:
-            record.msg, record.args = f"{message} ({seen[1]} more like it in the last minute)", None
-        self.seen[message] = [now, 0]
-        return True
-
-
-def proxy_server(app: Any, host: str, port: int, *, max_connections: int = MAX_CONNECTIONS,
-                 header_timeout_s: float = HEADER_TIMEOUT_S) -> uvicorn.Server:
-    """uvicorn serving `app` against hostile clients: a request beyond `max_connections` open
-    connections is answered 503, a connection is closed when its request head takes over
-    `header_timeout_s` or it idles 5 s between requests, and warnings about refused connections
-    are logged once a minute."""
-    if max_connections < 1 or not header_timeout_s > 0:
-        raise ValueError(f"max_connections and header_timeout must be positive, not {max_connections} and "
-                         f"{header_timeout_s}")
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=_header_deadline(header_timeout_s),
-                            limit_concurrency=max_connections + 1, timeout_keep_alive=5, timeout_graceful_shutdown=5)
-    logger = logging.getLogger("uvicorn.error")  # after Config: it configures uvicorn's loggers
-    if not any(isinstance(f, _OncePerMinute) for f in logger.filters):
-        logger.addFilter(_OncePerMinute())
-    return uvicorn.Server(config)
 
 
 def _clean(value: Any) -> Any:
@@ -290,7 +208,7 @@ def merged(events: list[str]) -> Any:
 def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                 request_logprobs: bool = False, request_token_ids: bool = False, max_connections: int = 256,
                 max_retries: int = MAX_RETRIES, retry_backoff_s: float = RETRY_BACKOFF_S,
-                max_request_bytes: int = MAX_REQUEST_BYTES, read_timeout_s: float = READ_TIMEOUT_S,
+                max_request_bytes: int = MAX_REQUEST_BYTES,
                 transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
     """`request_logprobs` asks the upstream for the sampled tokens' logprobs, and `request_token_ids`
     a vLLM server for their ids (`return_token_ids`, `return_tokens_as_token_ids`), whatever the
@@ -298,8 +216,6 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
     `max_request_bytes` is refused (413) without being read whole, and recorded as refused."""
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes must be a positive number of bytes, not {max_request_bytes}")
-    if not read_timeout_s > 0:
-        raise ValueError(f"read_timeout must be a positive number of seconds, not {read_timeout_s}")
     upstream = check_endpoint_url(upstream, "the variable --api-key-env names").rstrip("/")
     where = redact(upstream)
     register_secret(api_key)
@@ -348,14 +264,10 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         except WrongToken as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=401,
                                 headers={"WWW-Authenticate": "Bearer"})
-        try:
-            with anyio.fail_after(read_timeout_s):
-                text, error = await _body(request, max_request_bytes), None
+        try:  # a body trickled in is cut by the server's read timeout (tasks.http_guard): no call made
+            text, error = await _body(request, max_request_bytes), None
         except _TooLarge:
             text, error = b"", f"the request body is over the proxy's limit of {max_request_bytes} bytes"
-        except TimeoutError:  # no call made, as for a harness hanging up mid-body
-            return JSONResponse({"error": {"message": f"the request body did not arrive within {read_timeout_s:g} s",
-                                           "type": "invalid_request_error"}}, status_code=408)
         # numbered once the body is in (a harness that hangs up while sending it made no call)
         record = {"episode_id": name, "index": calls.next_index(name), "upstream": where, "at": time.time()}
         if error is not None:

@@ -259,5 +259,20 @@ def test_a_client_that_never_finishes_its_headers_is_cut_while_others_are_served
                 time.sleep(0.2)
         assert "after" in hub
     hub.close()
-    said = [r.getMessage() for r in caplog.records if "connections refused" in r.getMessage()]
-    assert 1 <= len(said) < 8  # 3 slow and 4 held connections cut, 1 refused: a line per 10 s, not one each
+    said = [r.getMessage() for r in caplog.records if f":{port}: connection " in r.getMessage()]
+    # 3 slow and 4 held connections cut, 1 refused (more if "after" came too soon): a line per 10 s, not one each
+    assert any("connection refused: 4 open" in line for line in said)
+    assert any("connection cut: its request was not in within 1 s (--read-timeout)" in line for line in said)
+    assert len(said) < 8
+
+
+def test_serve_env_refuses_a_connection_cap_or_read_timeout_that_is_not_positive(tmp_path):
+    """Before: --max-connections -1 started a server that closed every connection, 0 was the default."""
+    for option, value, said in (("--max-connections", "-1", "a positive number of connections, not -1"),
+                                ("--max-connections", "0", "a positive number of connections, not 0"),
+                                ("--read-timeout", "0", "a positive number of seconds, not 0")):
+        run = subprocess.run([sys.executable, "-m", "flows.cli", "serve-env", "--family", "inventory", "--port",
+                              str(free_port()), option, value, "--data-dir", str(tmp_path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert (run.returncode, run.stderr) == (2, f"gymfoundry serve-env: {option} must be {said}\n")
+    assert list(tmp_path.iterdir()) == []  # refused before anything was opened or locked

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import socket
-import threading
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,9 +22,10 @@ from starlette.routing import Route
 
 from envs.secrets import MASK
 from tasks.harness import CallLog
-from tasks.mcp_server import served
-from tasks.proxy import build_proxy, proxy_server
+from tasks.http_guard import served
+from tasks.proxy import build_proxy
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
 KEY = "sk-proxy-upstream-7Qm2Zr9Xw4Lp8Vn3"  # the proxy's own key for the upstream
 USER = {"role": "user", "content": "hi"}
@@ -163,18 +165,10 @@ def test_an_upstream_echoing_the_proxys_key_shows_it_neither_to_the_harness_nor_
     assert calls[0].response["content"] == content and calls[0].tool_calls[0]["function"]["arguments"] == arguments
 
 
-@contextlib.contextmanager
-def running(server):
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive()
-        time.sleep(0.02)
-    try:
-        yield server.servers[0].sockets[0].getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(15)
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def slow_client(port: int, sent: bytes) -> socket.socket:
@@ -184,44 +178,54 @@ def slow_client(port: int, sent: bytes) -> socket.socket:
     return sock
 
 
-def test_a_client_trickling_its_headers_or_body_is_cut_off_and_nothing_is_recorded(tmp_path):
-    """Before: neither the head nor the body of a request had a deadline (slowloris)."""
-    log = CallLog(tmp_path)
-    token = log.open("slow")
-    app = build_proxy("http://127.0.0.1:9/v1", str(tmp_path), read_timeout_s=1.0)
-    with running(proxy_server(app, "127.0.0.1", 0, header_timeout_s=1.0)) as port:
+def closed_unanswered(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:  # the server aborts: a reset, never a reply
+        return True
+
+
+def test_the_proxy_command_cuts_slow_clients_and_closes_connections_over_its_cap_with_a_line_per_10_s(tmp_path):
+    """The proxy's limits are serve-env's (tasks.http_guard), with the same options. Before: a body
+    trickled in was answered 408 after --read-timeout counted from the app's first read, a head
+    had its own --header-timeout, and a connection over --max-connections was accepted and held
+    until its head was whole, then answered 503 (slow clients over the cap held descriptors)."""
+    token = CallLog(tmp_path).open("slow")
+    port = free_port()
+    proxy = subprocess.Popen([sys.executable, "-m", "flows.cli", "proxy", "--upstream", "http://127.0.0.1:9/v1",
+                              "--port", str(port), "--read-timeout", "1", "--max-connections", "2",
+                              "--max-retries", "0", "--data-dir", str(tmp_path)], cwd=ROOT,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            assert proxy.poll() is None and time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.2)
         head = slow_client(port, b"POST /episodes/slow/v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
         body = slow_client(port, f"POST /episodes/slow/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: "
                                  f"Bearer {token}\r\nContent-Length: 100\r\n\r\n{{\"mod".encode())
-        assert head.recv(1024) == b""  # closed unanswered
-        answer = b""
-        while not answer.endswith(b"}}") and (part := body.recv(4096)):
-            answer += part
-        answer = answer.decode()
-        assert answer.startswith("HTTP/1.1 408 ") and "did not arrive within 1 s" in answer
-        head.close(), body.close()
-    assert log.read("slow") == []
-
-
-def test_connections_over_the_cap_are_answered_503_with_one_log_line(tmp_path):
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    app = build_proxy("http://127.0.0.1:9/v1", str(tmp_path))
-    server = proxy_server(app, "127.0.0.1", 0, max_connections=2, header_timeout_s=120)
-    logging.getLogger("uvicorn.error").addHandler(handler)
-    try:
-        with running(server) as port:
-            held = [slow_client(port, b"POST /v1/chat/completions HTTP/1.1\r\n") for _ in range(2)]
-            time.sleep(0.5)  # both connections are the server's before the others come
-            statuses = [httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={}).status_code
-                        for _ in range(20)]
-            for sock in held:
-                sock.close()
+        assert closed_unanswered(head) and closed_unanswered(body)  # no 408: cut, as serve-env cuts
+        held = [slow_client(port, b"") for _ in range(2)]  # the cap: 2 at once
+        extra = slow_client(port, b"")
+        assert closed_unanswered(extra)  # a third is closed as it is accepted
+        assert all(closed_unanswered(sock) for sock in held)  # and the two held are cut in turn
+        for sock in (head, body, extra, *held):
+            sock.close()
+        answer = httpx.post(f"http://127.0.0.1:{port}/episodes/slow/v1/chat/completions", json={"messages": [USER]},
+                            headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        assert answer.status_code == 502  # a whole request is served (the upstream is down)
     finally:
-        logging.getLogger("uvicorn.error").removeHandler(handler)
-    assert statuses == [503] * 20
-    assert [line for line in lines if "concurrency" in line] == ["Exceeded concurrency limit."]
+        proxy.terminate()
+        _, said = proxy.communicate(timeout=60)
+    lines = [line for line in said.splitlines() if f"127.0.0.1:{port}: connection " in line]
+    assert [line for line in lines if "refused" in line] == [
+        f"http 127.0.0.1:{port}: connection refused: 2 open, the most served at once (--max-connections)"]
+    cut = [line for line in lines if "cut" in line]  # 4 cut (head, body, the 2 held): a line per 10 s, not one each
+    assert 1 <= len(cut) < 4 and cut[0] == (f"http 127.0.0.1:{port}: connection cut: its request was not in "
+                                            "within 1 s (--read-timeout)")
+    assert [c.status for c in CallLog(tmp_path).read("slow")] == ["fault"]  # only the whole request was recorded
 
 
 def test_an_upstream_url_with_a_password_is_refused_without_repeating_it(tmp_path):
