@@ -662,16 +662,14 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 
 
 def one_line(exc: ValueError) -> str:
-    """A bad-input error as one line: a pydantic error's findings joined, with no input repeated (it
-    may be a credential); any other error's text, with the way to its traceback when it is not
-    one of ours (a ValueError from a bug looks like bad input until its traceback is read)."""
+    """A bad-input error as one line: a pydantic error's findings joined, never repeating the input
+    (it may be a credential)."""
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
         return f"{exc.title}: " + "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors(include_input=False))
-    text = " ".join(str(exc).split())
-    return text if isinstance(exc, UsageError) else f"{text} (GYMFOUNDRY_DEBUG=1 shows where it was raised)"
+    return " ".join(str(exc).split())
 
 
 def main(argv: list[str] | None = None) -> int:
