@@ -225,8 +225,9 @@ def test_report_command(run_dir, tmp_path, capsys):
     args = parser.parse_args(["report", "--data-dir", str(data_dir), "--out", str(tmp_path / "x.html")])
     assert args.func(args) == 0 and capsys.readouterr().out.strip() == str(tmp_path / "x.html")
     args = parser.parse_args(["report", "--data-dir", str(tmp_path / "none")])
-    with pytest.raises(FileNotFoundError, match="no warehouse catalog"):
+    with pytest.raises(ValueError, match=r"no warehouse there \(no catalog.duckdb\); nothing was done"):
         args.func(args)
+    assert not (tmp_path / "none").exists()
 
 
 def test_the_docs_python_snippet_runs(run_dir, tmp_path, monkeypatch):
