@@ -25,8 +25,8 @@ from tests.verifiers.openai_stub import OpenAIStub
 pytestmark = pytest.mark.timeout(240)
 
 
-def slow_stream(delay_s: float = 1.0):
-    """An upstream whose stream starts after `delay_s`, then three chunks 0.2 s apart."""
+def slow_stream(delay_s: float = 1.0, gap_s: float = 0.2):
+    """An upstream whose stream starts after `delay_s`, then three chunks `gap_s` apart."""
     async def chat(request):
         await request.json()
 
@@ -35,7 +35,7 @@ def slow_stream(delay_s: float = 1.0):
             for n in range(3):
                 yield "data: " + json.dumps({"model": "m", "choices": [{"index": 0, "delta": {"content": f"w{n} "}}]}) \
                     + "\n\n"
-                await anyio.sleep(0.2)
+                await anyio.sleep(gap_s)
             yield "data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
@@ -82,7 +82,8 @@ def test_a_failing_harness_cannot_leave_the_statistics_by_ending_on_a_request_of
 
 def test_a_stream_the_harness_closes_is_its_own_never_a_fault_nor_a_whole_answer(tmp_path):
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
-    with served(slow_stream()) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path))) as px:
+    # the chunks 3 s apart: a loaded machine still sees the harness leave before the stream's end
+    with served(slow_stream(gap_s=3.0)) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path))) as px:
         early, midway = hub.open("early"), hub.open("midway")
         body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": hub.goal("early")}]}
         with httpx.stream("POST", f"{px}/episodes/early/v1/chat/completions", json=body, headers=auth(early)) as reply:
