@@ -48,7 +48,7 @@ from tasks.classify import classify
 from tasks.generate import generate_tasks
 from tasks.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
                            lock_holdout_fraction, row_texts)
-from tasks.land import land_spooled
+from tasks.land import land_spool_file, land_spooled
 from tasks.rollout import _outcome, rollout_seed
 from tasks.score import score_rollouts
 from tasks.validate import validate_tasks
@@ -768,8 +768,10 @@ class EpisodeHub:
             if episode.spooled is not None and episode.spooled.exists():
                 still.append(episode)
                 continue
-            if episode.spooled is not None:  # its batch landed (here, or by any other landing)
-                self.landed["rollouts"] = self.landed.get("rollouts", 0) + 1
+            if episode.spooled is not None:  # its batch landed (here, or by any other landing), or was set aside
+                aside = (episode.spooled.parent / spool.UNLANDABLE_DIR / episode.spooled.name).exists()
+                key = "set_aside" if aside else "rollouts"
+                self.landed[key] = self.landed.get(key, 0) + 1
             elif not self.land and episode.landing_error is None:
                 self.rollouts.append(episode.rollout)
             with self._lock:
@@ -798,16 +800,10 @@ class EpisodeHub:
         except Exception:
             log.exception("a batch of %d harness episodes did not land: landing each on its own", len(paths))
         for path in paths:
-            try:
-                records, options = spool.load(path)
-                landing = wh.land(**records, **options)
-            except Exception:  # this episode's batch alone stays spooled, and is tried again
+            try:  # tasks.land's rule: an unlandable batch is set aside with its reason
+                land_spool_file(wh, path)
+            except Exception:  # a lock or a disk: this episode's batch alone stays spooled, tried again
                 log.exception("the spooled batch %s did not land; it stays spooled", path.name)
-                continue
-            if not landing.ok:
-                log.error("the spooled batch %s failed the quality gates and went to %s", path.name,
-                          landing.quarantine)
-            path.unlink()
 
     def _reap_loop(self, idle_s: float) -> None:
         while not self._stop.wait(min(1.0, idle_s / 4)):

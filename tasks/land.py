@@ -74,30 +74,46 @@ LANDED_FROM = "landed_from"  # a spooled run row's option: the spool files whose
 
 def land_spooled(wh: Warehouse) -> list:
     """Land every spooled batch, oldest first, removing each once it landed (or went to quarantine,
-    which keeps it)."""
-    landed, counts = [], {}
+    which keeps it); a batch that cannot be landed is set aside (`land_spool_file`)."""
+    landed, counts, aside = [], {}, {}
     for path in spool.pending(wh.data_dir):
-        try:
-            records, options = spool.load(path)
-            waited_for = options.pop(LANDED_FROM, None)
-            if waited_for:
-                records["runs"] = [r.model_copy(update={"landed": _added(r.landed, *(counts.get(n, {})
-                                                                                      for n in waited_for))})
-                                   for r in records["runs"]]
-            landing = _land_into(wh, records, options)
-        except _UNLANDABLE as exc:  # this file's own fault (not a lock or a disk): the rest still lands
-            kept = spool.set_aside(path, f"{type(exc).__name__}: {exc}")
-            log.error("the batch spooled at %s could not be landed (%s: %s); it is kept at %s", path.name,
-                      type(exc).__name__, str(exc)[:300], kept)
-            continue
-        counts[path.name] = landing.counts
-        if landing.ok:
-            log.warning("landed the batch spooled at %s: %s", path.name, landing.counts)
-        else:
-            log.error("the batch spooled at %s failed the quality gates and went to %s", path.name, landing.quarantine)
-        path.unlink()
-        landed.append(path)
+        landing = land_spool_file(wh, path, counts, aside)
+        if landing is not None:
+            counts[path.name] = landing.counts
+            landed.append(path)
     return landed
+
+
+def land_spool_file(wh: Warehouse, path: Path, counts: dict[str, dict[str, int]] | None = None,
+                    aside: dict[str, Path] | None = None) -> Landing | None:
+    """Land one spooled batch and remove its file (a batch that fails the gates goes to quarantine,
+    which keeps it). A batch that cannot be landed for its own content (unreadable, invalid, values
+    DuckDB refuses: never a held lock or a full disk, which raise and leave it spooled) is set aside
+    with its reason, recorded in `aside`, and None returned: the batches after it still land. A run
+    row waiting behind spooled batches gets their `counts`, and names in `quarantined` any that
+    was set aside."""
+    counts = {} if counts is None else counts
+    aside = {} if aside is None else aside
+    try:
+        records, options = spool.load(path)
+        waited_for = options.pop(LANDED_FROM, None)
+        if waited_for:
+            records["runs"] = [r.model_copy(update={
+                "landed": _added(r.landed, *(counts.get(n, {}) for n in waited_for)),
+                "quarantined": r.quarantined + [str(aside[n]) for n in waited_for if n in aside]})
+                for r in records["runs"]]
+        landing = _land_into(wh, records, options)
+    except _UNLANDABLE as exc:  # this file's own fault (not a lock or a disk): the rest still lands
+        aside[path.name] = spool.set_aside(path, f"{type(exc).__name__}: {exc}")
+        log.error("the batch spooled at %s could not be landed (%s: %s); it is kept at %s", path.name,
+                  type(exc).__name__, str(exc)[:300], aside[path.name])
+        return None
+    if landing.ok:
+        log.warning("landed the batch spooled at %s: %s", path.name, landing.counts)
+    else:
+        log.error("the batch spooled at %s failed the quality gates and went to %s", path.name, landing.quarantine)
+    path.unlink()
+    return landing
 
 
 def _added(*counts: dict[str, int]) -> dict[str, int]:

@@ -184,9 +184,10 @@ class Warehouse:
             raise PermissionError("this warehouse was opened read-only")
         staged.check(self.data_dir)
         refused = self._refuse(staged) if staged.refusals else None
-        if not staged.tables:  # staging refused the whole batch: nothing else to land
+        if not staged.tables:  # an empty batch, or staging refused all of it: nothing else to land
             staged.discard()
-            return Landing({}, quarantine=refused.quarantine, report=refused.report)
+            return Landing({}) if refused is None else Landing({}, quarantine=refused.quarantine,
+                                                               report=refused.report)
         landing = self._land_staged(staged)
         landing.refused = refused.quarantine if refused else None
         return landing
