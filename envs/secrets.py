@@ -37,6 +37,7 @@ import os
 import re
 import threading
 from functools import lru_cache
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 SECRET_ENV_VARS = ("GYMFOUNDRY_JUDGE_API_KEY", "GYMFOUNDRY_POLICY_API_KEY", "GYMFOUNDRY_USER_API_KEY",
@@ -108,6 +109,12 @@ def redact(text: str | None, environ: dict[str, str] | None = None) -> str | Non
     text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
     text = _BASIC.sub(lambda m: m.group(1) + MASK if _is_userinfo(m.group(2)) else m.group(0), text)
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
+
+
+def redact_json(value: Any) -> Any:
+    """A JSON value with every known secret redacted wherever it appears, in keys and strings alike
+    (redacted in its JSON text, which also catches a key spelled with escapes once decoded)."""
+    return json.loads(redact(json.dumps(value)))
 
 
 def _is_userinfo(word: str) -> bool:

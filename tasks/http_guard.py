@@ -165,3 +165,10 @@ def served(app: Any, host: str = "127.0.0.1", port: int = 0, **limits: Any) -> I
     finally:
         server.should_exit = True
         thread.join(15)
+
+
+def bearer(request: Any) -> str | None:
+    """The token of a request's `Authorization: Bearer <token>` (a harness's episode token: its MCP
+    client's header, its OpenAI client's api_key), or None."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None

@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from tasks.harness import (EPISODE_HEADER, EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes,
                            WrongToken)
-from tasks.http_guard import served  # noqa: F401  (tests and benchmarks serve the app through it)
+from tasks.http_guard import bearer, served  # noqa: F401  (tests and benchmarks serve the app through it)
 
 log = logging.getLogger("gymfoundry.harness")
 GOAL_URI = "gymfoundry://episode/goal"
@@ -103,11 +103,6 @@ def build_server(hub: EpisodeHub, stdio_episode: str | None = None) -> Server:
     return Server(f"gymfoundry-{hub.family}", version="1", on_list_tools=list_tools, on_call_tool=call_tool,
                   on_list_prompts=list_prompts, on_get_prompt=get_prompt, on_list_resources=list_resources,
                   on_read_resource=read_resource)
-
-
-def bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def refused(exc: Exception) -> JSONResponse:

@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from envs.secrets import check_endpoint_url, redact, register_secret
+from envs.secrets import check_endpoint_url, redact, redact_json, register_secret
 from tasks.hf_policy import SYSTEM_PROMPT
 from tasks.policies import PolicyOutput
 from envs.records import PolicySpec
@@ -235,7 +235,7 @@ class OpenAIPolicy:
         choice = self._complete(body)
         # One redaction of the whole reply: everything kept from it below (thought, tool name,
         # arguments, the history sent back) is then free of the key, whatever field echoed it.
-        message = json.loads(redact(json.dumps(choice["message"])))
+        message = redact_json(choice["message"])
         content_logprobs = ((choice.get("logprobs") or {}).get("content")) or None
         logprobs = [float(t["logprob"]) for t in content_logprobs] if content_logprobs else None
         token_ids = sampled_ids(choice, content_logprobs)

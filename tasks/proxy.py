@@ -40,9 +40,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from envs.harness import ModelCall
-from envs.secrets import check_endpoint_url, known_secrets, redact, register_secret
-from tasks.harness import EPISODE_HEADER, EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
 from envs.records import PolicySpec
+from envs.secrets import check_endpoint_url, known_secrets, redact, redact_json, register_secret
+from tasks.harness import EPISODE_HEADER, EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
+from tasks.http_guard import bearer
 from tasks.openai_policy import RETRIED_STATUS, sampled_ids
 from verifiers.endpoint import context_length_code
 
@@ -70,20 +71,9 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _bearer(request: Request) -> str | None:
-    """The token a harness passes as its OpenAI client's api_key (`Authorization: Bearer <token>`)."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
 def _retried(status: int) -> bool:
     """A status the upstream may answer differently when asked again (not 401/403: a refused key stays refused)."""
     return status in RETRIED_STATUS or status >= 500
-
-
-def _clean(value: Any) -> Any:
-    """A JSON value with the key (an upstream may echo it) redacted wherever it appears."""
-    return json.loads(redact(json.dumps(value)))
 
 
 def _relayed(text: str) -> tuple[str, Any]:
@@ -95,7 +85,7 @@ def _relayed(text: str) -> tuple[str, Any]:
     except (ValueError, RecursionError):
         return text, None
     try:
-        clean = _clean(payload)
+        clean = redact_json(payload)
     except RecursionError:
         return text, payload
     return (text, payload) if clean == payload else (json.dumps(clean, ensure_ascii=False), clean)
@@ -258,7 +248,7 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
                                                       f"{EPISODE_HEADER} header", "type": "invalid_request_error"}},
                                 status_code=404)
         try:  # before a byte of the body is read: only an open episode's owner is recorded or forwarded
-            calls.check(name, _bearer(request))
+            calls.check(name, bearer(request))
         except EpisodeNotOpen as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=404)
         except WrongToken as exc:
@@ -280,7 +270,7 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         error = "the request is not a chat completion (a JSON object with messages)"
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             try:  # a request the proxy could not record is never forwarded: the harness's, said as such
-                shown = dict(messages=_clean(body["messages"]), tools=_clean(body.get("tools")) or None,
+                shown = dict(messages=redact_json(body["messages"]), tools=redact_json(body.get("tools")) or None,
                              model=str(body.get("model") or ""))
                 json.dumps(body, ensure_ascii=False).encode("utf-8")
                 line = ModelCall(**record, **shown).model_dump_json()
@@ -335,7 +325,7 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         fingerprint = payload.get("system_fingerprint")
         try:  # a reply that cannot be stored or read back (not Unicode, not a message, too deep): the upstream's
             calls.append(ModelCall(**{**record, "model": str(payload.get("model") or record["model"])},
-                                   response=_clean(message), token_ids=ids, logprobs=logprobs,
+                                   response=redact_json(message), token_ids=ids, logprobs=logprobs,
                                    fingerprint=fingerprint if isinstance(fingerprint, str) and fingerprint else None))
         except (ValueError, TypeError, RecursionError):  # UnreadableCall is a ValueError
             return False
