@@ -77,6 +77,14 @@ def test_unknown_arms_and_families_are_refused_before_prefect_starts(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("command", ["reverify", "rescore", "calibrate"])
+def test_an_unknown_family_is_refused_before_prefect_starts_with_a_warehouse_there(tmp_path, warehouse_dir, command):
+    done = gymfoundry(tmp_path, command, "--families", "inventory", "nosuch", "--data-dir", str(warehouse_dir))
+    assert done.returncode == 2
+    assert one_line(done).startswith(f"gymfoundry {command}: unknown family 'nosuch'; known families: advisory, ")
+    no_prefect(tmp_path, done)
+
+
 def test_evaluate_refuses_a_data_dir_without_a_warehouse_or_a_missing_checkpoint_before_prefect_starts(
         tmp_path, warehouse_dir):
     typo = tmp_path / "typo"
