@@ -171,7 +171,7 @@ def check_landed(data_dir: Path) -> None:
 
 
 def test_a_poisoned_call_log_fails_its_episode_alone_at_shutdown(tmp_path):
-    """Before: closing the hub raised at the poisoned episode and the bystander's 7 calls were lost."""
+    """One client's unreadable record must not stop shutdown from landing the other clients' episodes."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
     bystander_and_poisoned(hub, tmp_path)
     hub.close()
@@ -184,7 +184,7 @@ def test_a_poisoned_call_log_fails_its_episode_alone_at_shutdown(tmp_path):
 
 
 def test_a_poisoned_call_log_neither_stops_the_reaper_nor_fails_finish(tmp_path):
-    """Before: the reaper thread died on the poisoned episode; no episode was timed out again."""
+    """The idle reaper must outlive any one episode's failure, or no episode is ever timed out again."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, idle_timeout_s=0.5)
     with served(build_app(hub)) as url:
         token = hub.open("finished")
@@ -209,7 +209,7 @@ def test_a_poisoned_call_log_neither_stops_the_reaper_nor_fails_finish(tmp_path)
 # -- bounded -----------------------------------------------------------------------------------
 
 def test_landed_episodes_leave_memory(tmp_path):
-    """Before: every finished episode stayed in memory (+53 MB after 120)."""
+    """A long-running server holds only what is still to land: memory must not grow per finished episode."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0)
     for k in range(120):
         hub.open(f"e{k}")
@@ -226,8 +226,8 @@ def test_landed_episodes_leave_memory(tmp_path):
 
 
 def test_a_client_that_never_finishes_its_headers_is_cut_while_others_are_served(tmp_path, caplog):
-    """Before: no read timeout: a slow client held its connection (and descriptor) for ever, and
-    every refused connection was a log line."""
+    """A slow client must not hold a connection (and a descriptor) for ever, and a flood of refused
+    connections must not be a flood of log lines."""
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     with served(build_app(hub), read_timeout_s=1.0, max_connections=4) as url:
         host, port = url.removeprefix("http://").split(":")
@@ -267,7 +267,7 @@ def test_a_client_that_never_finishes_its_headers_is_cut_while_others_are_served
 
 
 def test_serve_env_refuses_a_connection_cap_or_read_timeout_that_is_not_positive(tmp_path):
-    """Before: --max-connections -1 started a server that closed every connection, 0 was the default."""
+    """A cap of -1 would close every connection and 0 would silently mean the default: both refused."""
     for option, value, said in (("--max-connections", "-1", "a positive number of connections, not -1"),
                                 ("--max-connections", "0", "a positive number of connections, not 0"),
                                 ("--read-timeout", "0", "a positive number of seconds, not 0")):

@@ -73,7 +73,7 @@ def echo_upstream():
 
 
 def test_only_an_open_episodes_token_is_recorded_or_forwarded(tmp_path):
-    """Before: any name, opened or not, with any key or none, was recorded and forwarded."""
+    """Whoever knows only an episode's name must not record into it or spend the proxy's upstream."""
     log, seen = CallLog(tmp_path), []
     token, other = log.open("mine"), log.open("theirs")
     log.open("over")
@@ -120,7 +120,7 @@ def test_a_request_the_call_log_could_not_read_back_is_refused_and_the_episode_g
 
 
 def test_a_request_over_8_mib_is_refused_by_default(tmp_path):
-    """Before: up to 32 MiB per call was recorded."""
+    """One call must not fill the disk: 8 MiB is the default bound."""
     log = CallLog(tmp_path)
     auth = {"Authorization": f"Bearer {log.open('big')}"}
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (8 * 2**20)}]})
@@ -132,8 +132,8 @@ def test_a_request_over_8_mib_is_refused_by_default(tmp_path):
 
 
 def test_an_upstream_echoing_the_proxys_key_shows_it_neither_to_the_harness_nor_to_the_log(tmp_path, monkeypatch):
-    """Before: a streamed reply was relayed unredacted, and a key split between chunks or escaped
-    in JSON passed every per-chunk redaction: the harness received the proxy's own key."""
+    """An upstream that echoes the proxy's key must not show it to the harness: not in a stream (a key
+    split between chunks passes any per-chunk redaction), not escaped in JSON, not in an error."""
     monkeypatch.setattr("envs.secrets._registered", set())  # the key is this test's alone, not the process's
     log = CallLog(tmp_path)
     auth = {"Authorization": f"Bearer {log.open('echo')}"}
@@ -186,10 +186,9 @@ def closed_unanswered(sock: socket.socket) -> bool:
 
 
 def test_the_proxy_command_cuts_slow_clients_and_closes_connections_over_its_cap_with_a_line_per_10_s(tmp_path):
-    """The proxy's limits are serve-env's (tasks.http_guard), with the same options. Before: a body
-    trickled in was answered 408 after --read-timeout counted from the app's first read, a head
-    had its own --header-timeout, and a connection over --max-connections was accepted and held
-    until its head was whole, then answered 503 (slow clients over the cap held descriptors)."""
+    """The proxy's limits are serve-env's (tasks.http_guard), with the same options: one clock for a
+    request's head and body, and a connection over the cap closed as it is accepted (answering 503
+    would need its head first, so slow clients over the cap would still hold descriptors)."""
     token = CallLog(tmp_path).open("slow")
     port = free_port()
     proxy = subprocess.Popen([sys.executable, "-m", "flows.cli", "proxy", "--upstream", "http://127.0.0.1:9/v1",
