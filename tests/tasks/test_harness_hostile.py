@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 import envs  # noqa: F401
 from envs.records import MODEL_OUTCOMES, Termination
+from envs.secrets import SECRET_ENV_VARS
 from tasks.harness import EpisodeHub
 from tasks.mcp_server import build_app, served
 from tasks.proxy import build_proxy
@@ -80,7 +81,12 @@ def test_a_failing_harness_cannot_leave_the_statistics_by_ending_on_a_request_of
     hub.close()
 
 
-def test_a_stream_the_harness_closes_is_its_own_never_a_fault_nor_a_whole_answer(tmp_path):
+def test_a_stream_the_harness_closes_is_its_own_never_a_fault_nor_a_whole_answer(tmp_path, monkeypatch):
+    # No secret known to this process (earlier tests register theirs): with one, the proxy holds a
+    # chunk shorter than it back until more text follows, and the first chunk would come 3 s later.
+    monkeypatch.setattr("envs.secrets._registered", set())
+    for name in SECRET_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
     # the chunks 3 s apart: a loaded machine still sees the harness leave before the stream's end
     with served(slow_stream(gap_s=3.0)) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path))) as px:
@@ -89,7 +95,7 @@ def test_a_stream_the_harness_closes_is_its_own_never_a_fault_nor_a_whole_answer
         with httpx.stream("POST", f"{px}/episodes/early/v1/chat/completions", json=body, headers=auth(early)) as reply:
             assert reply.status_code == 200  # and the harness walks away before the first chunk
         with httpx.stream("POST", f"{px}/episodes/midway/v1/chat/completions", json=body,
-                          headers=auth(midway)) as reply:
+                          headers=auth(midway), timeout=30) as reply:
             for line in reply.iter_lines():
                 if line.startswith("data:"):
                     break  # one chunk, then it walks away
