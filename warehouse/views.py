@@ -64,7 +64,7 @@ ANALYSIS_VIEWS: dict[str, str] = {
         UNION ALL
         SELECT task_family, difficulty_level, policy_id, policy_version, NULL AS task_id, k,
                count(*) AS tasks, sum(n)::BIGINT AS samples, sum(c)::BIGINT AS successes,
-               avg(pass_at_k) AS pass_at_k, avg(pass_hat_k) AS pass_hat_k
+               avg(pass_at_k ORDER BY task_id) AS pass_at_k, avg(pass_hat_k ORDER BY task_id) AS pass_hat_k
         FROM per_task_k
         GROUP BY 1, 2, 3, 4, 6""",
     # How rollouts end, per family and policy version.
@@ -74,19 +74,23 @@ ANALYSIS_VIEWS: dict[str, str] = {
         FROM rollouts
         GROUP BY 1, 2, 3, 4""",
     # Step rewards per layer and scorer version; rollout_mean averages each rollout's mean step reward.
+    # Floating sums name their order (here and below): DuckDB adds in thread order otherwise, and the
+    # same report read twice would differ in the last digit.
     # A layer with no score of status ok (the judge when none is configured) has no row.
     "reward_by_layer": """
         SELECT * FROM (
             SELECT task_family, layer, scorer_id, scorer_version, count(*) AS steps, count(score) AS scored,
-                   avg(score) AS mean, stddev_samp(score) AS stddev, min(score) AS min,
+                   avg(score ORDER BY rollout_id, step_index) AS mean,
+                   stddev_samp(score ORDER BY rollout_id, step_index) AS stddev, min(score) AS min,
                    quantile_cont(score, 0.1) AS p10, quantile_cont(score, 0.5) AS p50,
                    quantile_cont(score, 0.9) AS p90, max(score) AS max
             FROM step_scores GROUP BY 1, 2, 3, 4
             HAVING count(*) FILTER (WHERE status = 'ok') > 0)
         JOIN (
             SELECT task_family, layer, scorer_id, scorer_version, count(*) AS rollouts,
-                   avg(rollout_mean) AS rollout_mean
-            FROM (SELECT task_family, layer, scorer_id, scorer_version, rollout_id, avg(score) AS rollout_mean
+                   avg(rollout_mean ORDER BY rollout_id) AS rollout_mean
+            FROM (SELECT task_family, layer, scorer_id, scorer_version, rollout_id,
+                         avg(score ORDER BY step_index) AS rollout_mean
                   FROM step_scores GROUP BY 1, 2, 3, 4, 5)
             GROUP BY 1, 2, 3, 4)
         USING (task_family, layer, scorer_id, scorer_version)""",
@@ -114,8 +118,10 @@ ANALYSIS_VIEWS: dict[str, str] = {
         SELECT d.dataset_id, d.kind, r.task_family, r.difficulty, count(*) AS rows,
                count(DISTINCT r.task_id) AS tasks,
                len(list_distinct(flatten(list(r.rollout_ids)))) AS rollouts,
-               sum(r.weight) AS weight,
-               sum(r.weight) / sum(sum(r.weight)) OVER (PARTITION BY d.dataset_id) AS weight_share
+               sum(r.weight ORDER BY r.row_id) AS weight,
+               sum(r.weight ORDER BY r.row_id)
+                   / sum(sum(r.weight ORDER BY r.row_id)) OVER (PARTITION BY d.dataset_id ORDER BY r.task_family, r.difficulty
+                                                               ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS weight_share
         FROM dataset_rows r JOIN datasets d USING (dataset_id)
         GROUP BY 1, 2, 3, 4""",
 }

@@ -36,3 +36,22 @@ def test_analysis_views(wh, build):
 
     (reason,) = wh.sql("select * from rejections_by_reason").to_pylist()
     assert reason["reason_kind"] == "reference needs N steps, budget allows N" and reason["tasks"] == 2
+
+
+def test_reward_by_layer_reads_the_same_whatever_order_the_scores_landed_in(tmp_path, build):
+    """A statistic is a function of the rows, not of the order DuckDB happened to add them in: the same
+    scores landed in opposite orders (and read with several threads) give bit-identical means."""
+    from warehouse.store import Warehouse
+
+    tasks = [build.task("inventory", n) for n in range(3)]
+    rollouts = [build.rollout(tasks[i % 3], seed=i) for i in range(60)]
+    values = [((7 * i + 3 * j) % 11) / 7 - 0.61 for i in range(60) for j in range(3)]
+    scores = [build.score(r, j, score=values[i * 3 + j]) for i, r in enumerate(rollouts) for j in range(3)]
+    reads = []
+    for n, order in enumerate((scores, scores[::-1])):
+        with Warehouse(tmp_path / str(n)) as wh:
+            wh.land(tasks=tasks, rollouts=rollouts[::1 - 2 * n], scores=order).checked()
+            wh.sql("SET threads = 4")
+            reads += [wh.sql("select * from reward_by_layer").to_pylist() for _ in range(3)]
+    assert all(read == reads[0] for read in reads)
+    assert reads[0][0]["steps"] == 180 and reads[0][0]["rollouts"] == 60
