@@ -4,7 +4,7 @@ deployments/prefect.yaml), so a deployment that cannot run fails at deploy time,
 - `GYMFOUNDRY_HOME` is set and is this repository (workers `cd` there before each run);
 - every deployment's parameters are valid for its flow's typed configuration (flows/config.py).
 
-    python -m deployments.check [--prefect-file deployments/prefect.yaml]
+    python -m gymfoundry.deployments.check [--prefect-file deployments/prefect.yaml]
 
 Exit 0 and one line per deployment, or exit 1 with one line per problem."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from flows.config import Config, EvaluationConfig, FactoryConfig, TrainingConfig, explain
+from gymfoundry.flows.config import Config, EvaluationConfig, FactoryConfig, TrainingConfig, explain
 
 CONFIGS: dict[str, type[Config]] = {"flows/factory.py:factory": FactoryConfig,
                                     "flows/evaluation.py:evaluate": EvaluationConfig,

@@ -1,6 +1,6 @@
 """Serve the factory locally on a schedule, and training downstream of it, without a work pool:
 
-    python -m deployments.serve [--cron "0 * * * *"] [--tasks 50]
+    python -m gymfoundry.deployments.serve [--cron "0 * * * *"] [--tasks 50]
 
 With a Prefect server running (`prefect server start`, PREFECT_API_URL set) both deployments
 show in the UI: `factory/factory-local` on its schedule, and `train/train-on-new-dataset-local`,
@@ -16,9 +16,9 @@ import argparse
 from prefect import serve
 from prefect.events import DeploymentEventTrigger
 
-from flows.config import FactoryConfig, TrainingConfig
-from flows.factory import DATASET_READY, factory
-from flows.training import train
+from gymfoundry.flows.config import FactoryConfig, TrainingConfig
+from gymfoundry.flows.factory import DATASET_READY, factory
+from gymfoundry.flows.training import train
 
 
 def build_deployment(cron: str = "0 2 * * *", tasks_per_family: int = 50, data_dir: str = ".gymfoundry"):

@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 
 import jsonschema
 
-from envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError
-from envs.parsing import parse_action, replay_call, storable_text
-from envs.profile import DomainProfile
-from envs.records import Step, TaskSpec, ToolCall, check_task, make_step
-from envs.timestep import TimeStep
-from envs.tools import ToolDecl, checked_profile, declared_tools, render_hint
+from gymfoundry.envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError
+from gymfoundry.envs.parsing import parse_action, replay_call, storable_text
+from gymfoundry.envs.profile import DomainProfile
+from gymfoundry.envs.records import Step, TaskSpec, ToolCall, check_task, make_step
+from gymfoundry.envs.timestep import TimeStep
+from gymfoundry.envs.tools import ToolDecl, checked_profile, declared_tools, render_hint
 
 __all__ = ["AgentEnv", "EnvFault", "OutcomeFn", "ToolEnv", "ToolError", "copy_state", "render_error",
            "render_result"]
@@ -109,7 +109,7 @@ class ToolEnv(AgentEnv):
     # -- what a family provides -------------------------------------------------------
     @classmethod
     def generate_task(cls, seed: int, level: int = 2) -> TaskSpec:
-        from envs.family import family  # the family registry imports env classes
+        from gymfoundry.envs.family import family  # the family registry imports env classes
 
         return family(cls.family).generate(seed, level)
 

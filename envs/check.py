@@ -47,12 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.base import AgentEnv
-from envs.errors import AGENT_INPUT, RESERVED, ErrorKind, rolled_back
-from envs.leaks import find_leaks
-from envs.records import OutcomeReport, Step, TaskSpec, ToolCall, check_task
-from envs.registry import ENV_ID, family_env_id, load, make, spec, verifier_for
-from envs.wrappers import standard_stack
+from gymfoundry.envs.base import AgentEnv
+from gymfoundry.envs.errors import AGENT_INPUT, RESERVED, ErrorKind, rolled_back
+from gymfoundry.envs.leaks import find_leaks
+from gymfoundry.envs.records import OutcomeReport, Step, TaskSpec, ToolCall, check_task
+from gymfoundry.envs.registry import ENV_ID, family_env_id, load, make, spec, verifier_for
+from gymfoundry.envs.wrappers import standard_stack
 
 __all__ = ["CHECKS", "Check", "CheckReport", "check_family", "fuzz_action_texts", "fuzz_tools"]
 
@@ -149,7 +149,7 @@ class _Family:
         verifier, then its env class."""
         owners: list[Any] = []
         try:
-            from envs.family import family
+            from gymfoundry.envs.family import family
             owners.append(family(self.name))
         except Exception:  # no SDK here, or a family registered without a spec (a test env)
             pass
@@ -257,8 +257,8 @@ def _task_problems(fam: _Family, task: TaskSpec, seed: int, level: int) -> list[
 
 
 FRESH = """import json, sys
-import envs
-from envs.registry import list_envs, load, spec
+from gymfoundry import envs
+from gymfoundry.envs.registry import list_envs, load, spec
 env_id, seeds, levels = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 if env_id not in list_envs():
     print("null")
@@ -280,7 +280,7 @@ def _fresh_interpreter_ids(fam: _Family) -> str:
         raise _Fail(f"generating in a fresh interpreter failed: {out.stderr.strip()[-400:]}")
     ids = json.loads(out.stdout.strip().splitlines()[-1])
     if ids is None:
-        return "not registered by `import envs` in a fresh interpreter, so ids across interpreters not compared"
+        return "not registered by `import gymfoundry.envs` in a fresh interpreter, so ids across interpreters not compared"
     differ = [key for key, task in fam.tasks.items() if ids[f"{key[0]},{key[1]}"] != task.task_id]
     if differ:
         raise _Fail(f"generate_task{differ[0]} gives another task in a fresh interpreter (PYTHONHASHSEED differs): "

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.records import Delegation, DelegationStage, Rollout, Step, TaskSpec, check_task, content_hash
+from gymfoundry.envs.records import Delegation, DelegationStage, Rollout, Step, TaskSpec, check_task, content_hash
 
 SUBAGENT_MISTAKE_RATE = 0.2
 MAX_PARALLEL = 6   # sub-agents in one stage
@@ -80,7 +80,7 @@ def is_default(summary: dict[str, Any], task: TaskSpec) -> bool:
 
 def scripted_subagent(task: TaskSpec, seed: int) -> Any:
     """The frozen default: the sub-task family's scripted policy at SUBAGENT_MISTAKE_RATE."""
-    from envs.registry import load, spec
+    from gymfoundry.envs.registry import load, spec
 
     policy_class = spec(task.env_id).scripted_policy
     if policy_class is None:
@@ -95,8 +95,8 @@ def subagent_seed(key: str, subtask: TaskSpec, attempt: int) -> int:
 
 def play_subtask(subtask_id: str, task: TaskSpec, policy: Any, seed: int, attempt: int) -> SubEpisode:
     """One sub-agent episode from a clean state in its family's env, verified by that family."""
-    from envs.registry import make
-    from envs.wrappers import standard_stack
+    from gymfoundry.envs.registry import make
+    from gymfoundry.envs.wrappers import standard_stack
 
     episode = SubEpisode(subtask_id=subtask_id, task=task, policy_id=policy.policy_id,
                          policy_version=policy.version, seed=seed, attempt=attempt)

@@ -6,7 +6,7 @@
   returning one) in an installed distribution, e.g. in its pyproject.toml:
       [project.entry-points."gymfoundry.families"]
       probe = "probe_family:FAMILY"
-  One that fails to load does not stop the others or `import envs`: it is warned about, kept in
+  One that fails to load does not stop the others or `import gymfoundry.envs`: it is warned about, kept in
   `load_errors()`, and named in the error of a `make` that asks for it.
 - YAML-only: every `*.yaml` domain file in the folders GYMFOUNDRY_FAMILY_DIRS names (os.pathsep-
   separated) is the family its `name:` declares, read by the interpreter in envs/generic/. A file
@@ -20,7 +20,7 @@ import os
 import warnings
 from pathlib import Path
 
-from envs.family import Family, FamilyError, add, family
+from gymfoundry.envs.family import Family, FamilyError, add, family
 
 GROUP = "gymfoundry.families"
 FAMILY_DIRS = "GYMFOUNDRY_FAMILY_DIRS"
@@ -79,7 +79,7 @@ def load_errors() -> dict[str, str]:
 
 
 def _builtin(name: str) -> Family:
-    module = importlib.import_module(f"envs.{name}")
+    module = importlib.import_module(f"gymfoundry.envs.{name}")
     fam = getattr(module, "FAMILY", None)
     if not isinstance(fam, Family):
         raise FamilyError(f"envs/{name}/ has a profile.yaml but envs.{name} exposes no FAMILY = Family(...)")
@@ -108,9 +108,9 @@ def _yaml_name(path: Path) -> str:
     """The family name a domain file declares (its stem if it declares none readable)."""
     import yaml
 
-    from envs.generic.domain import domain_text
+    from gymfoundry.envs.generic.domain import domain_text
 
-    try:  # never a bare read: a FIFO or /dev/zero in the folder would hang `import envs`
+    try:  # never a bare read: a FIFO or /dev/zero in the folder would hang `import gymfoundry.envs`
         name = (yaml.safe_load(domain_text(path)) or {}).get("name")
     except Exception:
         name = None
@@ -118,7 +118,7 @@ def _yaml_name(path: Path) -> str:
 
 
 def _yaml(path: Path) -> Family:
-    from envs.generic.domain import DOMAINS, load_family
+    from gymfoundry.envs.generic.domain import DOMAINS, load_family
 
     name = _yaml_name(path)
     try:

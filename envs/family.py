@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from envs.errors import InvalidTask
-from envs.records import Budget, Difficulty, Hidden, Source, TaskSpec, ToolCall, _fields, content_hash
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.records import Budget, Difficulty, Hidden, Source, TaskSpec, ToolCall, _fields, content_hash
 
 if TYPE_CHECKING:
-    from envs.base import ToolEnv
+    from gymfoundry.envs.base import ToolEnv
 
 LEVELS = (1, 2, 3, 4, 5)
 
@@ -65,7 +65,7 @@ class Family:
     extra: dict[str, Any] = field(default_factory=dict)  # registry kwargs for the env constructor
 
     def __post_init__(self) -> None:
-        from envs.base import ToolEnv
+        from gymfoundry.envs.base import ToolEnv
 
         if not (isinstance(self.env, type) and issubclass(self.env, ToolEnv)):
             raise FamilyError(f"family {self.name!r}: env must be a ToolEnv subclass, not {self.env!r}")
@@ -162,7 +162,7 @@ _FAMILIES: dict[str, Family] = {}
 
 def add(fam: Family) -> None:
     """Register a family (and its env id). A second family of the same name is refused."""
-    from envs.registry import register
+    from gymfoundry.envs.registry import register
 
     if not isinstance(fam, Family):
         raise FamilyError(f"expected a Family, got {type(fam).__name__}")
@@ -175,7 +175,7 @@ def add(fam: Family) -> None:
 
 
 def family(name: str) -> Family:
-    from envs.registry import UnknownEnv, unknown_message
+    from gymfoundry.envs.registry import UnknownEnv, unknown_message
 
     fam = _FAMILIES.get(name) if isinstance(name, str) else None
     if fam is None:

@@ -20,12 +20,12 @@ import random
 import time
 from typing import Any
 
-from envs.base import AgentEnv, EnvFault, ToolEnv, render_error
-from envs.errors import ErrorKind
-from envs.parsing import ActionError, parse_action
-from envs.records import FaultConfig, TaskSpec, ToolCall
-from envs.timestep import TimeStep
-from envs.wrappers import Wrapper
+from gymfoundry.envs.base import AgentEnv, EnvFault, ToolEnv, render_error
+from gymfoundry.envs.errors import ErrorKind
+from gymfoundry.envs.parsing import ActionError, parse_action
+from gymfoundry.envs.records import FaultConfig, TaskSpec, ToolCall
+from gymfoundry.envs.timestep import TimeStep
+from gymfoundry.envs.wrappers import Wrapper
 
 
 class InjectedCrash(EnvFault):

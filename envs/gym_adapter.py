@@ -1,4 +1,4 @@
-"""Gymnasium adapter: `gymnasium.make("gymfoundry/<name>-v<N>")` after `import envs`.
+"""Gymnasium adapter: `gymnasium.make("gymfoundry/<name>-v<N>")` after `import gymfoundry.envs`.
 
 Observations and actions are `gymnasium.spaces.Text` over printable ASCII; an action is
 the raw text a model produced. The task can be passed as `options={"task": TaskSpec}`;
@@ -12,7 +12,7 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from envs.records import ToolCall
+from gymfoundry.envs.records import ToolCall
 
 CHARSET = string.printable
 
@@ -21,7 +21,7 @@ class GymnasiumEnv(gymnasium.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, env_id: str, max_observation_chars: int = 8192, max_action_chars: int = 8192, **kwargs):
-        from envs.registry import make
+        from gymfoundry.envs.registry import make
 
         self.env = make(env_id, **kwargs)
         self.max_observation_chars = max_observation_chars

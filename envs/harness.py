@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from envs.parsing import storable_text
-from envs.records import Record, Step
+from gymfoundry.envs.parsing import storable_text
+from gymfoundry.envs.records import Record, Step
 
 
 class ModelCall(Record):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from envs.records import TaskSpec
+from gymfoundry.envs.records import TaskSpec
 
 
 def hidden_values(task: TaskSpec) -> list[str]:

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from envs.errors import ActionError, ErrorKind
-from envs.records import ToolCall, construct
+from gymfoundry.envs.errors import ActionError, ErrorKind
+from gymfoundry.envs.records import ToolCall, construct
 
 __all__ = ["ActionError", "MAX_DEPTH", "ParsedAction", "parse_action", "replay_call", "storable_text"]
 

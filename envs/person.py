@@ -17,7 +17,7 @@ Two backends, one interface (`Simulator.reply(persona, memory, message) -> Reply
   patience, or asks for a human.
 - `LLMSimulator`: a model behind an OpenAI-compatible chat-completions endpoint, the persona in its
   system prompt. Its key is never kept: its reply and every error message pass through
-  `envs.secrets.redact` first (an endpoint may echo the key), so the agent never sees it. The
+  `gymfoundry.envs.secrets.redact` first (an endpoint may echo the key), so the agent never sees it. The
   reply is then validated (a non-empty text of bounded length that says no private
   value); an invalid reply, or an endpoint that fails, raises `SimulatorFault`, an `EnvFault`:
   the simulator's failure is the environment's, never the agent's.
@@ -35,8 +35,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from envs.errors import EnvFault
-from envs.secrets import HTTP_LOGGERS, check_endpoint_url, redact, redact_logs, register_secret
+from gymfoundry.envs.errors import EnvFault
+from gymfoundry.envs.secrets import HTTP_LOGGERS, check_endpoint_url, redact, redact_logs, register_secret
 
 Style = Literal["terse", "chatty", "impatient"]
 redact_logs(*HTTP_LOGGERS)  # the simulator's endpoint may echo its key in a header httpcore logs

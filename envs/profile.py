@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from envs.records import ToolCategory
+from gymfoundry.envs.records import ToolCategory
 
 OUTCOME_RULES = ("completed", "no_regression", "no_constraint_violation", "no_side_effects")
 

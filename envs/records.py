@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
-from envs.errors import InvalidTask
-from envs.secrets import check_endpoint_url
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.secrets import check_endpoint_url
 
 
 # made once: json.dumps builds an encoder per call when given options (same text either way)
@@ -383,7 +383,7 @@ class Sampling(Record):
 class PolicySpec(Record):
     """Which policy a run collects with: `scripted` (the family's scripted policy), `hf` (a local
     checkpoint: `model` is its directory), `openai` (an OpenAI-compatible endpoint: `model` is the
-    served model's name at `base_url`), or a kind registered with `tasks.policies.register_policy`.
+    served model's name at `base_url`), or a kind registered with `gymfoundry.tasks.policies.register_policy`.
     The key is never part of it: `api_key_env` NAMES the environment variable holding it, and a
     `base_url` holding a user name or password is refused. `timeout_s` bounds each request,
     `max_retries` the policy's own retries of a failed request (connection, timeout, 429, 5xx)
@@ -489,7 +489,7 @@ class Delegation(Record):
 
 class ParallelismReward(Record):
     """An optional auxiliary reward for delegating episodes: `weight` x the share of the serial
-    work the episode's parallel stages took off its critical path (`envs.delegation.parallelism_gain`),
+    work the episode's parallel stages took off its critical path (`gymfoundry.envs.delegation.parallelism_gain`),
     annealed linearly to 0 over `anneal_steps` training steps, so training ends on the task's own
     outcome. Stored with a GRPO dataset (its manifest's params and every row)."""
 

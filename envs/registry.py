@@ -15,7 +15,7 @@ from typing import Any
 
 import gymnasium
 
-from envs.base import AgentEnv
+from gymfoundry.envs.base import AgentEnv
 
 ENV_ID = re.compile(r"^gymfoundry/(?P<name>[a-z][a-z0-9_]*)-v(?P<version>\d+)$")
 
@@ -52,7 +52,7 @@ def register(id: str, entry_point: Callable[..., AgentEnv] | str, *, verifier: s
     _REGISTRY[id] = EnvSpec(id, entry_point, verifier, scripted_policy, kwargs)
     if id in gymnasium.registry:
         del gymnasium.registry[id]
-    gymnasium.register(id=id, entry_point="envs.gym_adapter:GymnasiumEnv", kwargs={"env_id": id})
+    gymnasium.register(id=id, entry_point="gymfoundry.envs.gym_adapter:GymnasiumEnv", kwargs={"env_id": id})
 
 
 class UnknownEnv(ValueError):
@@ -61,7 +61,7 @@ class UnknownEnv(ValueError):
 
 def unknown_message(text: str, name: Any) -> str:
     """The error for a lookup that found nothing, with why a family of that name failed to load."""
-    from envs.discovery import load_errors
+    from gymfoundry.envs.discovery import load_errors
 
     match = ENV_ID.match(name) if isinstance(name, str) else None
     failed = load_errors().get(match["name"] if match else name)

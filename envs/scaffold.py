@@ -41,7 +41,7 @@ def new_family(name: str, root: str | Path | None = None) -> Path:
     if not root.is_dir():
         raise ScaffoldError(f"{root} is not a folder")
     values = {"name": name, "Name": "".join(p.capitalize() for p in name.split("_")),
-              "module": f"envs.{name}" if builtin else name}
+              "module": f"gymfoundry.envs.{name}" if builtin else name}
     folder = root / name
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))  # renamed into place when complete
     try:
@@ -68,7 +68,7 @@ def name_problem(name: str, root: Path, builtin: bool = True) -> str | None:
             return f"{taken} already exists: choose another name (or remove it first)"
     if not builtin and name in sys.stdlib_module_names:
         return f"family name {name!r} is a standard-library module; as a top-level package it would shadow it"
-    from envs.family import families
+    from gymfoundry.envs.family import families
 
     if name in {f.name for f in families()}:
         return f"a family named {name!r} is already registered; choose another name"
@@ -97,9 +97,9 @@ def main_message(folder: Path, name: str) -> str:
 
 # -- the family's files ({{name}}, {{Name}} and {{module}} are filled in) -----------------------------
 INIT = '''"""The {{name}} family (scaffolded by `gymfoundry new-family`): copy notes' texts into other
-notes, change nothing else, submit. Declared once, here; found by `import envs`."""
+notes, change nothing else, submit. Declared once, here; found by `import gymfoundry.envs`."""
 
-from envs.family import Family
+from gymfoundry.envs.family import Family
 
 from .generator import GENERATOR_VERSION, {{Name}}Facts, generate
 from .world import {{Name}}Env
@@ -122,10 +122,10 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from envs.base import ToolEnv, ToolError
-from envs.errors import InvalidTask
-from envs.records import TaskSpec, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.tools import tool
 
 Key = Annotated[str, Field(min_length=1, max_length=40, description="a note's key, e.g. garden/todo")]
 
@@ -186,8 +186,8 @@ import itertools
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import Family, HiddenFacts
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.family import Family, HiddenFacts
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 GENERATOR_VERSION = "1"  # bump when any (seed, level) gives another task
 TOPICS = ["budget", "garden", "harbor", "kitchen", "launch", "meeting", "orbit", "pantry", "travel"]
@@ -241,7 +241,7 @@ from __future__ import annotations
 import re
 from collections.abc import Generator
 
-from envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 GOAL_COPY = re.compile(r'Copy the text of note "([^"]+)" into note "([^"]+)"')
 
@@ -279,9 +279,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier, calls_of
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from gymfoundry.envs.scripted import tool_result
+from gymfoundry.verifiers.base import ReplayVerifier, calls_of
 
 from .generator import {{Name}}Facts
 from .world import {{Name}}Env
@@ -389,12 +389,12 @@ judge_rubric:
 TESTS = '''"""The {{name}} family: it passes the conformance checks, its reference succeeds, and its
 verifier names what is wrong with a rollout that is not."""
 
-from envs.check import check_family
-from envs.family import add
-from envs.registry import make
+from gymfoundry.envs.check import check_family
+from gymfoundry.envs.family import add
+from gymfoundry.envs.registry import make
 from {{module}} import FAMILY
 
-add(FAMILY)  # a no-op once `import envs` found it; lets the tests run before an external package is installed
+add(FAMILY)  # a no-op once `import gymfoundry.envs` found it; lets the tests run before an external package is installed
 
 
 def test_passes_the_conformance_checks():

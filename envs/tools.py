@@ -27,9 +27,9 @@ from typing import Annotated, Any, Callable
 import yaml
 from pydantic import TypeAdapter
 
-from envs.errors import EnvFault, ErrorKind, ToolError
-from envs.profile import DomainProfile, ToolSpec
-from envs.records import ToolCategory
+from gymfoundry.envs.errors import EnvFault, ErrorKind, ToolError
+from gymfoundry.envs.profile import DomainProfile, ToolSpec
+from gymfoundry.envs.records import ToolCategory
 
 PREFIX = "tool_"
 # Parameters of a handler that are not the agent's arguments.

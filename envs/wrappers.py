@@ -16,11 +16,11 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from functools import partial
 from typing import Any, ClassVar
 
-from envs.base import AgentEnv, ToolEnv, render_error
-from envs.errors import ErrorKind
-from envs.parsing import ActionError, parse_action, storable_text
-from envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory, make_step
-from envs.timestep import TimeStep
+from gymfoundry.envs.base import AgentEnv, ToolEnv, render_error
+from gymfoundry.envs.errors import ErrorKind
+from gymfoundry.envs.parsing import ActionError, parse_action, storable_text
+from gymfoundry.envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory, make_step
+from gymfoundry.envs.timestep import TimeStep
 
 TIMEOUT = ErrorKind.timeout.value  # a clock of the runtime ran out (the step's error kind)
 TOKEN_BUDGET = ErrorKind.token_budget.value

@@ -24,7 +24,7 @@ class UsageError(ValueError):
 def existing_warehouse(data_dir: str) -> None:
     """Commands that read or repair a warehouse refuse a data dir without one (a mistyped path),
     creating nothing there."""
-    from warehouse import CATALOG_FILE
+    from gymfoundry.warehouse import CATALOG_FILE
 
     if not (Path(data_dir) / CATALOG_FILE).is_file():
         raise UsageError(f"--data-dir {data_dir}: no warehouse there (no {CATALOG_FILE}); nothing was done")
@@ -32,7 +32,7 @@ def existing_warehouse(data_dir: str) -> None:
 
 def check_families(families: list[str] | None) -> None:
     """Each family named is registered (one line naming the known ones otherwise)."""
-    from flows.config import _families
+    from gymfoundry.flows.config import _families
 
     if families:
         _families(families)
@@ -59,8 +59,8 @@ def _prefect_defaults() -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Validate the whole run configuration first (in well under a second, before Prefect is
     imported), then check the warehouse, then run the factory flow with rich progress bars."""
-    from envs.records import FaultConfig, RetryPolicy
-    from flows.config import FactoryConfig, from_args
+    from gymfoundry.envs.records import FaultConfig, RetryPolicy
+    from gymfoundry.flows.config import FactoryConfig, from_args
 
     get = lambda name, default=None: getattr(args, name, default)  # noqa: E731
 
@@ -75,12 +75,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # one line naming each invalid option
         print(f"gymfoundry run: {exc}", file=sys.stderr)
         return 2
-    from warehouse import assert_intact
+    from gymfoundry.warehouse import assert_intact
 
     assert_intact(config.data_dir)  # damaged storage fails here, before any episode runs, naming the files
     _prefect_defaults()
-    from flows.factory import factory
-    from flows.progress_bars import progress_bars
+    from gymfoundry.flows.factory import factory
+    from gymfoundry.flows.progress_bars import progress_bars
 
     with progress_bars(enabled=not get("quiet", False)):
         report = factory(**config.params())
@@ -102,7 +102,7 @@ def policy_spec(args: argparse.Namespace):
     An invalid one raises ValueError with one line naming the option."""
     from pydantic import ValidationError
 
-    from envs.records import PolicySpec, Sampling
+    from gymfoundry.envs.records import PolicySpec, Sampling
 
     get = lambda name: getattr(args, name, None)  # noqa: E731  (demo sets only the scripted options)
     optional = {"timeout_s": get("request_timeout"), "max_retries": get("request_retries"),
@@ -121,7 +121,7 @@ def policy_spec(args: argparse.Namespace):
                                    + (f" (got {e['input']!r})" if e["type"].startswith(("greater", "less")) else "")
                                    for e in exc.errors())) from None
     if spec.kind not in ("scripted", "hf", "openai"):  # a custom kind: the registry knows it or says which are
-        from tasks.policies import make_policy
+        from gymfoundry.tasks.policies import make_policy
 
         try:
             make_policy(spec, "inventory")
@@ -147,7 +147,7 @@ def print_report(report: dict) -> None:
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
-    import envs
+    from gymfoundry import envs
 
     for env_id in envs.list_envs():
         env = envs.make(env_id, verified=False)
@@ -158,7 +158,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 def cmd_check_family(args: argparse.Namespace) -> int:
     """Exit 1, with the report, when a conformance check or the gameability audit fails."""
-    from envs.check import check_family
+    from gymfoundry.envs.check import check_family
 
     report = check_family(args.name, seeds=args.seeds)
     print(report.render(), file=sys.stdout if report.ok else sys.stderr)
@@ -171,12 +171,12 @@ def cmd_check_family(args: argparse.Namespace) -> int:
 def cmd_audit_family(args: argparse.Namespace) -> int:
     """Exit 1, with the table, when an adversary beats its floor or reaches the oracle's return.
     With a data dir, the audit lands in `family_audits` (what dataset assembly asks for)."""
-    from tasks.audit import audit_family, land_audit
+    from gymfoundry.tasks.audit import audit_family, land_audit
 
     report = audit_family(args.name, episodes=args.episodes)
     print(report.render(), file=sys.stdout if report.ok else sys.stderr)
     if args.data_dir:
-        from warehouse import Warehouse
+        from gymfoundry.warehouse import Warehouse
 
         with Warehouse(args.data_dir) as wh:
             landed = land_audit(wh, report)
@@ -186,7 +186,7 @@ def cmd_audit_family(args: argparse.Namespace) -> int:
 
 def cmd_new_family(args: argparse.Namespace) -> int:
     """Exit 2, writing nothing, for a refused name."""
-    from envs.scaffold import ScaffoldError, main_message, new_family
+    from gymfoundry.envs.scaffold import ScaffoldError, main_message, new_family
 
     try:
         folder = new_family(args.name, args.dir)
@@ -198,7 +198,7 @@ def cmd_new_family(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from warehouse.console import check_size, query, render
+    from gymfoundry.warehouse.console import check_size, query, render
 
     existing_warehouse(args.data_dir)
     if not args.timeout > 0:
@@ -214,7 +214,7 @@ def cmd_warehouse_check(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     existing_warehouse(args.data_dir)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -257,8 +257,8 @@ def print_check(report) -> None:
 
 
 def cmd_warehouse_repair(args: argparse.Namespace) -> int:
-    from tasks.assemble import rebuild_dataset
-    from warehouse import Warehouse
+    from gymfoundry.tasks.assemble import rebuild_dataset
+    from gymfoundry.warehouse import Warehouse
 
     existing_warehouse(args.data_dir)
     with Warehouse(args.data_dir) as wh:
@@ -280,7 +280,7 @@ def cmd_warehouse_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_labels_export(args: argparse.Namespace) -> int:
-    from tasks.calibrate import export_label_sample
+    from gymfoundry.tasks.calibrate import export_label_sample
 
     existing_warehouse(args.data_dir)
     check_families(args.families)
@@ -291,7 +291,7 @@ def cmd_labels_export(args: argparse.Namespace) -> int:
 
 
 def cmd_labels_import(args: argparse.Namespace) -> int:
-    from tasks.calibrate import import_labels
+    from gymfoundry.tasks.calibrate import import_labels
 
     existing_warehouse(args.data_dir)
     missing = [path for path in args.files if not Path(path).is_file()]
@@ -310,8 +310,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not 0 < args.holdout < 1:
         raise UsageError(f"--holdout {args.holdout:g}: the held-out share must be between 0 and 1")
     _prefect_defaults()
-    from flows.scoring import calibrate
-    from tasks.calibrate import render_agreement
+    from gymfoundry.flows.scoring import calibrate
+    from gymfoundry.tasks.calibrate import render_agreement
 
     reports = calibrate(data_dir=args.data_dir, families=args.families, kind=args.kind, holdout=args.holdout,
                         seed=args.seed, min_labels=args.min_labels, judge_base_url=args.judge_base_url,
@@ -331,7 +331,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"--profile: no such file: {', '.join(missing)}")
     _prefect_defaults()
-    from flows.scoring import rescore
+    from gymfoundry.flows.scoring import rescore
 
     report = rescore(data_dir=args.data_dir, families=args.families, where=args.where, profile_paths=args.profile,
                      judge_base_url=args.judge_base_url, judge_model=args.judge_model,
@@ -419,7 +419,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     import anyio
     import uvicorn
 
-    from tasks.http_guard import check_limits, guarded_config
+    from gymfoundry.tasks.http_guard import check_limits, guarded_config
 
     check_families([args.family])  # before the hub locks a holdout for it
     try:
@@ -427,9 +427,9 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gymfoundry serve-env: {exc}", file=sys.stderr)
         return 2
-    import envs  # noqa: F401  (registers the families)
-    from tasks.harness import EpisodeHub
-    from tasks.mcp_server import build_app, serve_stdio
+    from gymfoundry import envs  # noqa: F401  (registers the families)
+    from gymfoundry.tasks.harness import EpisodeHub
+    from gymfoundry.tasks.mcp_server import build_app, serve_stdio
 
     hub = EpisodeHub(args.family, args.data_dir, tasks=args.tasks, seed=args.seed, idle_timeout_s=args.idle_timeout,
                      land_before_reply=args.transport == "stdio", max_open=args.max_open)
@@ -461,8 +461,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from tasks.http_guard import check_limits, guarded_config
-    from tasks.proxy import build_proxy
+    from gymfoundry.tasks.http_guard import check_limits, guarded_config
+    from gymfoundry.tasks.proxy import build_proxy
 
     key = None
     if args.api_key_env:
@@ -492,7 +492,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 def add_http_limits(parser: argparse.ArgumentParser) -> None:
     """serve-env's and the proxy's limits against slow and many clients (tasks.http_guard)."""
-    from tasks.http_guard import READ_TIMEOUT_S
+    from gymfoundry.tasks.http_guard import READ_TIMEOUT_S
 
     parser.add_argument("--max-connections", type=int, default=None,
                         help="connections served at once; more are closed as they arrive (default: half the "
@@ -551,8 +551,8 @@ RUN_EXAMPLES = """examples:
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import version
 
-    from envs.records import RetryPolicy
-    from flows.config import FactoryConfig, add_options
+    from gymfoundry.envs.records import RetryPolicy
+    from gymfoundry.flows.config import FactoryConfig, add_options
 
     parser = argparse.ArgumentParser(prog="gymfoundry", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gymfoundry {version('gymfoundry')}")
@@ -625,13 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     repair.set_defaults(func=cmd_warehouse_repair)
     add_prm_commands(sub)
-    from flows.reverify_cli import add_reverify_command
+    from gymfoundry.flows.reverify_cli import add_reverify_command
 
     add_reverify_command(sub, DEFAULT_DATA_DIR)
-    from flows.training_cli import add_training_commands
+    from gymfoundry.flows.training_cli import add_training_commands
 
     add_training_commands(sub)
-    from flows.report_cli import add_report_command
+    from gymfoundry.flows.report_cli import add_report_command
 
     add_report_command(sub, DEFAULT_DATA_DIR)
     add_harness_commands(sub)
@@ -642,10 +642,10 @@ def failures() -> tuple[type[Exception], ...]:
     """What a command that ran can fail with for a known reason: one line and exit 1, no traceback."""
     import duckdb
 
-    from tasks.retry import RetryExhausted
-    from verifiers.endpoint import EndpointError
-    from warehouse import CatalogLocked, ConsoleRefused, DamagedWarehouse, QuarantinedBatch
-    from warehouse.console import QueryCancelled
+    from gymfoundry.tasks.retry import RetryExhausted
+    from gymfoundry.verifiers.endpoint import EndpointError
+    from gymfoundry.warehouse import CatalogLocked, ConsoleRefused, DamagedWarehouse, QuarantinedBatch
+    from gymfoundry.warehouse.console import QueryCancelled
 
     return (duckdb.Error, CatalogLocked, ConsoleRefused, DamagedWarehouse, QuarantinedBatch, QueryCancelled,
             RetryExhausted, EndpointError)

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from envs.records import FaultConfig, ParallelismReward, PolicySpec, RetryPolicy
-from tasks.evaluate import HELDOUT_SPLITS
-from tasks.isolate import HOLDOUT_FRACTION, check_holdout_fraction
+from gymfoundry.envs.records import FaultConfig, ParallelismReward, PolicySpec, RetryPolicy
+from gymfoundry.tasks.evaluate import HELDOUT_SPLITS
+from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, check_holdout_fraction
 
 TaskRunner = Literal["threads", "dask", "ray"]
 Learnability = Literal["p(1-p)", "1-p", "uniform"]
@@ -28,8 +28,8 @@ Method = Literal["sft", "dpo", "grpo"]
 
 
 def known_families() -> list[str]:
-    import envs
-    from envs.registry import ENV_ID
+    from gymfoundry import envs
+    from gymfoundry.envs.registry import ENV_ID
 
     return sorted({ENV_ID.match(i)["name"] for i in envs.list_envs()})
 

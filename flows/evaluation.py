@@ -9,11 +9,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-import envs  # noqa: F401  registers the built-in environments
-from envs.records import PolicySpec, Rollout, Sampling, TaskSpec
-from flows.config import EvaluationConfig, flow_parameters
-from tasks.evaluate import evaluate_policy, expected_rollout_id, heldout_tasks, summarize
-from tasks.policies import make_policy
+from gymfoundry import envs  # noqa: F401  registers the built-in environments
+from gymfoundry.envs.records import PolicySpec, Rollout, Sampling, TaskSpec
+from gymfoundry.flows.config import EvaluationConfig, flow_parameters
+from gymfoundry.tasks.evaluate import evaluate_policy, expected_rollout_id, heldout_tasks, summarize
+from gymfoundry.tasks.policies import make_policy
 
 
 @task(name="evaluate-rollouts", task_run_name="evaluate-rollouts", cache_policy=NO_CACHE)
@@ -32,7 +32,7 @@ def run_heldout(tasks: list[TaskSpec], family: str, policy: PolicySpec, seed: in
 
 
 def landed_rollouts(data_dir: str, tasks: list[TaskSpec], agent, seed: int, samples_per_task: int) -> dict[str, Rollout]:
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     ids = [expected_rollout_id(t, agent, seed, k) for t in tasks for k in range(samples_per_task)]
     try:
@@ -46,9 +46,9 @@ def landed_rollouts(data_dir: str, tasks: list[TaskSpec], agent, seed: int, samp
 def land_evaluation(data_dir: str, rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, int]:
     """One batch, as the factory lands one: the tasks (already there for held-out tasks; GRPO's training
     tasks may be new), the rollouts with their verdicts in `outcomes`, and their scores; waited for and
-    spooled like every writer's (`tasks.land.land_or_spool`): {} when spooled."""
-    from tasks.land import land_or_spool
-    from tasks.score import score_rollouts
+    spooled like every writer's (`gymfoundry.tasks.land.land_or_spool`): {} when spooled."""
+    from gymfoundry.tasks.land import land_or_spool
+    from gymfoundry.tasks.score import score_rollouts
 
     scores = score_rollouts(rollouts, tasks)
     landing = land_or_spool(data_dir, {"tasks": tasks, "rollouts": rollouts, "scores": scores},

@@ -30,23 +30,23 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-import envs  # noqa: F401  registers the built-in environments
-from envs.records import (FaultConfig, ParallelismReward, PolicySpec, RetryPolicy, Rollout, Run, StepScore,
+from gymfoundry import envs  # noqa: F401  registers the built-in environments
+from gymfoundry.envs.records import (FaultConfig, ParallelismReward, PolicySpec, RetryPolicy, Rollout, Run, StepScore,
                           TaskRejection, TaskSpec)
-from envs.secrets import redact
-from flows.config import FactoryConfig, flow_parameters
-from flows.report import publish_run_artifacts, publishing_run_artifacts
-from tasks import assemble as assemble_stage
-from tasks import progress
-from tasks.audit import ensure_audited
-from tasks.generate import generate_tasks
-from tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
-from tasks.land import land_records, land_run, stage_records
-from tasks.policies import make_policy
-from tasks.retry import RetryExhausted, collect_with_retries, run_counts
-from tasks.score import score_rollouts
-from tasks.validate import validate_tasks
-from warehouse import CatalogLocked, Staged
+from gymfoundry.envs.secrets import redact
+from gymfoundry.flows.config import FactoryConfig, flow_parameters
+from gymfoundry.flows.report import publish_run_artifacts, publishing_run_artifacts
+from gymfoundry.tasks import assemble as assemble_stage
+from gymfoundry.tasks import progress
+from gymfoundry.tasks.audit import ensure_audited
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
+from gymfoundry.tasks.land import land_records, land_run, stage_records
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries, run_counts
+from gymfoundry.tasks.score import score_rollouts
+from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.warehouse import CatalogLocked, Staged
 
 
 @task(name="generate", task_run_name="generate", cache_policy=NO_CACHE, persist_result=False)
@@ -163,7 +163,7 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
 def audit(data_dir: str, families: list[str], episodes: int = 1) -> dict[str, Any]:
     """Each family's gameability audit of its current versions, run and landed where there is none
     yet (the run's `gameability-audits` artifact shows it); assembly then refuses a failed one."""
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     logger = get_run_logger()
     with Warehouse(data_dir) as wh:
@@ -324,7 +324,7 @@ def factory(**params: Any) -> dict[str, Any]:
     fixed for the run and stored with it; when it says fail, what completed lands, the run is
     recorded with status "failed" and its error, and the flow fails; so is a run any other stage
     fails (generation, validation, landing, assembly). Writers wait for a catalog another process
-    holds and spool when the wait runs out (`tasks.land.land_or_spool`).
+    holds and spool when the wait runs out (`gymfoundry.tasks.land.land_or_spool`).
 
     Every dataset with rows that the warehouse did not hold before emits a `gymfoundry.dataset.ready`
     event (a run whose batch was spooled assembles none: the run that lands the spool does), which the
@@ -351,7 +351,7 @@ def factory(**params: Any) -> dict[str, Any]:
 class RunRecord:
     """A factory run's `runs` row, landed once whatever happens: `run` is the run as far as it got,
     `stamped` once its id is on rollouts, `spooled` the run's own batches the spool holds (the row
-    then waits behind them, `tasks.land.land_run`)."""
+    then waits behind them, `gymfoundry.tasks.land.land_run`)."""
 
     def __init__(self, data_dir: str, run: Run):
         self.data_dir, self.run, self.spooled, self.recorded, self.stamped = data_dir, run, [], False, False
@@ -435,7 +435,7 @@ def _factory(config: FactoryConfig, params: dict[str, Any], record: RunRecord, l
         if config.train_after and not datasets:
             logger.error("not training: this run assembled no dataset (see above)")
         elif config.train_after:
-            from flows.training import train
+            from gymfoundry.flows.training import train
 
             method = config.train_after
             dataset_id = datasets[method]["dataset_id"] if method in datasets else None
@@ -468,7 +468,7 @@ def _assemble(data_dir: str, families: list[str], config: FactoryConfig,
 
 def landed_dataset_ids(data_dir: str) -> set[str]:
     """The datasets the warehouse holds: assembling what it already held builds the same ids, announced before."""
-    from warehouse import CATALOG_FILE, Warehouse
+    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
 
     if not (Path(data_dir) / CATALOG_FILE).exists():
         return set()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
-from tasks import progress
-from tasks.progress import TRAINING
+from gymfoundry.tasks import progress
+from gymfoundry.tasks.progress import TRAINING
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 log = logging.getLogger("gymfoundry.report")
 

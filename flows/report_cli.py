@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from flows.cli import existing_warehouse
-    from flows.report import write_html_report
+    from gymfoundry.flows.cli import existing_warehouse
+    from gymfoundry.flows.report import write_html_report
 
     existing_warehouse(args.data_dir)
     out = args.out or Path(args.data_dir) / "reports" / "report.html"

@@ -15,10 +15,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-import envs  # noqa: F401  registers the built-in environments
-from envs.records import Rollout, TaskSpec
-from tasks.land import land_or_spool
-from tasks.reverify import Reverified, load_stored, plan, reverify_rollouts, summary, utcnow
+from gymfoundry import envs  # noqa: F401  registers the built-in environments
+from gymfoundry.envs.records import Rollout, TaskSpec
+from gymfoundry.tasks.land import land_or_spool
+from gymfoundry.tasks.reverify import Reverified, load_stored, plan, reverify_rollouts, summary, utcnow
 
 
 @task(name="reverify-batch", cache_policy=NO_CACHE)
@@ -32,7 +32,7 @@ def reverify(data_dir: str = ".gymfoundry", families: list[str] | None = None, w
     """Re-verify the stored rollouts of `families` (and `where`, a filter on the rollouts view)
     under each env's current outcome verifier, replaying their calls; land the verdicts whose
     (verifier, version) is new, and the factory's own verdict of rollouts that lack it."""
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     logger = get_run_logger()
     verified_at = utcnow()

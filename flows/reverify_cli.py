@@ -7,13 +7,13 @@ import os
 
 
 def cmd_reverify(args: argparse.Namespace) -> int:
-    from flows.cli import check_families, existing_warehouse
+    from gymfoundry.flows.cli import check_families, existing_warehouse
 
     existing_warehouse(args.data_dir)
     check_families(args.families)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.reverify import reverify
+    from gymfoundry.flows.reverify import reverify
 
     report = reverify(data_dir=args.data_dir, families=args.families, where=args.where, batch_size=args.batch_size)
     print(f"re-verified {report['reverified']} of {report['rollouts']} rollouts "

@@ -13,14 +13,14 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-import envs  # noqa: F401  registers the built-in environments
-from envs.profile import DomainProfile
-from envs.records import Rollout, TaskSpec
-from tasks.calibrate import fit_calibrators, render_agreement
-from tasks.land import land_or_spool
-from tasks.reverify import rollout_filter
-from tasks.score import ScoringRun, score_steps
-from verifiers.judge import JudgeSettings
+from gymfoundry import envs  # noqa: F401  registers the built-in environments
+from gymfoundry.envs.profile import DomainProfile
+from gymfoundry.envs.records import Rollout, TaskSpec
+from gymfoundry.tasks.calibrate import fit_calibrators, render_agreement
+from gymfoundry.tasks.land import land_or_spool
+from gymfoundry.tasks.reverify import rollout_filter
+from gymfoundry.tasks.score import ScoringRun, score_steps
+from gymfoundry.verifiers.judge import JudgeSettings
 
 
 @task(name="score-batch", cache_policy=NO_CACHE)
@@ -39,7 +39,7 @@ def rescore(data_dir: str = ".gymfoundry", families: list[str] | None = None, wh
     with the current rule layer, the judge (GYMFOUNDRY_JUDGE_* or the given URL and model), and
     each family's current calibrator; `profile_paths` are DomainProfile YAML files that replace
     their family's built-in profile (other weights, rubric, undo rules)."""
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     logger = get_run_logger()
     condition = rollout_filter(families, where)

@@ -20,12 +20,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-import envs  # noqa: F401  registers the built-in environments
-from flows.config import TrainingConfig, flow_parameters
-from flows.report import publish_training_artifacts
-from tasks import progress
-from tasks.progress import PERMILLE, TRAINING
-from envs.records import PolicySpec, TrainingRun, content_hash
+from gymfoundry import envs  # noqa: F401  registers the built-in environments
+from gymfoundry.flows.config import TrainingConfig, flow_parameters
+from gymfoundry.flows.report import publish_training_artifacts
+from gymfoundry.tasks import progress
+from gymfoundry.tasks.progress import PERMILLE, TRAINING
+from gymfoundry.envs.records import PolicySpec, TrainingRun, content_hash
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
 DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4, copy_steps=2400)
@@ -51,9 +51,9 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
     of tasks its tokenizer text comes from: those the split authority puts in train with the
     splits recorded in `data_dir`. A template recorded later as held out changes that set, so a
     base whose tokenizer saw it is never reused."""
-    from tasks.isolate import landed_holdout_fractions, landed_splits
-    from tasks.train import checkpoint_exists
-    from tasks.training.base_model import text_tasks
+    from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits
+    from gymfoundry.tasks.train import checkpoint_exists
+    from gymfoundry.tasks.training.base_model import text_tasks
 
     config = {**DEFAULT_BASE, **overrides}
     known, fractions = landed_splits(data_dir), landed_holdout_fractions(data_dir)
@@ -72,7 +72,7 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
 @task(name="build-base", task_run_name="build-base", cache_policy=NO_CACHE)
 def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, config: dict[str, Any]) -> str:
     """The embedded default's tokenizer and randomly initialised model, saved under `out`."""
-    from tasks.training.base_model import build_base_model
+    from gymfoundry.tasks.training.base_model import build_base_model
 
     return str(build_base_model(Path(out), family=family, known_splits=known, holdout_fraction=fractions, **config))
 
@@ -81,8 +81,8 @@ def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, con
 def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
     """`steps` of copy pretraining of the model under `path`, saved in place (its metrics in
     `copy_pretraining.json`)."""
-    from tasks.training.base_model import load_model
-    from tasks.training.copy_pretraining import pretrain_copying
+    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
 
     model, tokenizer = load_model(path)
     metrics = pretrain_copying(model, tokenizer, str(Path(path) / "copy-pretraining"), steps, seed=seed)
@@ -98,7 +98,7 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
                 hyperparameters: dict[str, Any]) -> dict[str, Any]:
     """The trainer's losses go to this task run's log, and its progress (in thousandths of its
     budget of steps or time) to a progress artifact, updated at most every 2 s."""
-    from tasks.train import train as run
+    from gymfoundry.tasks.train import train as run
 
     logger, here = get_run_logger(), threading.get_ident()
     meter = create_progress_artifact(0.0, key="training-progress", description=f"{method} training (%)")
@@ -127,7 +127,7 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
 @task(name="land-training-run", task_run_name="land-training-run", cache_policy=NO_CACHE)
 def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
     """Waited for and spooled like every writer's ({} when spooled: the next landing lands it)."""
-    from tasks.land import land_or_spool
+    from gymfoundry.tasks.land import land_or_spool
 
     return land_or_spool(data_dir, {"training_runs": [run]}).checked()
 
@@ -145,7 +145,7 @@ def train(**params: Any) -> dict[str, Any]:
     eval_limit, eval_concurrency = config.eval_limit, config.eval_concurrency
     dataset_id, dataset_path = resolve_dataset(dataset, data_dir) if dataset else (None, None)
     if dataset_path:  # before anything reads it: its row count, its task ids and families
-        from warehouse.store import assert_dataset_intact
+        from gymfoundry.warehouse.store import assert_dataset_intact
 
         assert_dataset_intact(dataset_path)
     if config.min_rows and dataset:
@@ -154,7 +154,7 @@ def train(**params: Any) -> dict[str, Any]:
             get_run_logger().info("dataset %s has %d rows, fewer than min_rows=%d: not training", dataset, rows,
                                   config.min_rows)
             return {"skipped": f"{rows} rows < min_rows {config.min_rows}", "dataset": dataset, "rows": rows}
-    from tasks.hf_policy import checkpoint_version
+    from gymfoundry.tasks.hf_policy import checkpoint_version
 
     logger = get_run_logger()
     hyperparameters = dict(hyperparameters or {})
@@ -171,11 +171,11 @@ def train(**params: Any) -> dict[str, Any]:
     metrics = train_model(str(dataset_path) if dataset_path else None, method, base, out, hyperparameters)
     played, played_tasks = metrics.pop("rollouts", None), metrics.pop("tasks", None)
     if played:  # GRPO's episodes, with their token ids, logprobs and policy versions
-        from flows.evaluation import land_evaluation
+        from gymfoundry.flows.evaluation import land_evaluation
 
         metrics["landed_rollouts"] = land_evaluation(data_dir, played, played_tasks)
     if evaluate_family:
-        from flows.evaluation import evaluate
+        from gymfoundry.flows.evaluation import evaluate
 
         report = evaluate(model=out, family=evaluate_family, data_dir=data_dir, limit=eval_limit,
                           concurrency=eval_concurrency)
@@ -202,7 +202,7 @@ def refuse_holdout_rows(path: Path, data_dir: str) -> None:
     outside the train split is refused before any training step."""
     import pyarrow.parquet as pq
 
-    from tasks.isolate import refuse_non_train_ids
+    from gymfoundry.tasks.isolate import refuse_non_train_ids
 
     if "task_id" in pq.read_schema(path).names:
         ids = pq.read_table(path, columns=["task_id"]).column("task_id").to_pylist()
@@ -244,8 +244,8 @@ def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", t
     weights), `sft_weighted` (PRM step weights), `sft_then_grpo` (weighted SFT for
     `train_seconds - grpo_seconds`, then step-level GRPO in the live envs for `grpo_seconds`).
     Returns the figures (also a markdown artifact)."""
-    from flows.evaluation import evaluate
-    from flows.factory import factory
+    from gymfoundry.flows.evaluation import evaluate
+    from gymfoundry.flows.factory import factory
 
     arms = list(arms or ARMS)
     unknown = set(arms) - set(ARMS)

@@ -15,8 +15,8 @@ def _prefect_defaults() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from flows.cli import UsageError
-    from flows.config import TrainingConfig, from_args
+    from gymfoundry.flows.cli import UsageError
+    from gymfoundry.flows.config import TrainingConfig, from_args
 
     try:
         hp = json.loads(args.hyperparameters) if args.hyperparameters else {}
@@ -34,9 +34,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     check_training_inputs(config)
     _prefect_defaults()
-    from flows.training import train
+    from gymfoundry.flows.training import train
 
-    from flows.progress_bars import progress_bars
+    from gymfoundry.flows.progress_bars import progress_bars
 
     with progress_bars():
         run = train(**config.params())
@@ -54,9 +54,9 @@ def check_training_inputs(config) -> None:
     missing base model."""
     from pathlib import Path
 
-    from flows.cli import UsageError
-    from flows.training import resolve_dataset
-    from warehouse.store import assert_dataset_intact
+    from gymfoundry.flows.cli import UsageError
+    from gymfoundry.flows.training import resolve_dataset
+    from gymfoundry.warehouse.store import assert_dataset_intact
 
     if config.method in ("sft", "dpo") and not config.dataset:
         raise UsageError(f"--method {config.method} trains on a dataset: name one with --dataset (an id under "
@@ -73,8 +73,8 @@ def check_training_inputs(config) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     _prefect_defaults()
-    from flows.cli import policy_spec
-    from flows.config import EvaluationConfig, from_args
+    from gymfoundry.flows.cli import policy_spec
+    from gymfoundry.flows.config import EvaluationConfig, from_args
 
     try:
         config = from_args(EvaluationConfig, args, lambda: {"policy": policy_spec(args)})
@@ -83,13 +83,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return 2
     from pathlib import Path
 
-    from flows.cli import UsageError, existing_warehouse
+    from gymfoundry.flows.cli import UsageError, existing_warehouse
 
     existing_warehouse(config.data_dir)  # the held-out tasks come from it
     spec = config.policy if not isinstance(config.policy, str) else None
     if spec is not None and spec.kind == "hf" and spec.model and not Path(spec.model).is_dir():
         raise UsageError(f"--model {spec.model}: no such checkpoint directory")
-    from flows.evaluation import evaluate
+    from gymfoundry.flows.evaluation import evaluate
 
     report = evaluate(**config.params())
     print(f"{report['model'] or report['policy_id']} on {report['episodes']} held-out {report['family']} episodes: "
@@ -101,8 +101,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_loop(args: argparse.Namespace) -> int:
-    from flows.cli import UsageError, check_families
-    from flows.training import ARMS
+    from gymfoundry.flows.cli import UsageError, check_families
+    from gymfoundry.flows.training import ARMS
 
     check_families([args.family])
     unknown = [arm for arm in args.arms.split(",") if arm not in ARMS]
@@ -110,8 +110,8 @@ def cmd_loop(args: argparse.Namespace) -> int:
         raise UsageError(f"--arms: unknown arm{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                          f"choose from {', '.join(ARMS)}")
     _prefect_defaults()
-    from flows.progress_bars import progress_bars
-    from flows.training import closed_loop
+    from gymfoundry.flows.progress_bars import progress_bars
+    from gymfoundry.flows.training import closed_loop
 
     with progress_bars():
         figures = closed_loop(family=args.family, data_dir=args.data_dir, tasks=args.tasks,
@@ -124,7 +124,7 @@ def cmd_loop(args: argparse.Namespace) -> int:
 
 def add_training_commands(sub) -> None:
     train = sub.add_parser("train", help="train a model on a factory dataset (SFT / DPO / GRPO)")
-    from flows.config import TrainingConfig, add_options
+    from gymfoundry.flows.config import TrainingConfig, add_options
 
     add_options(train, TrainingConfig)
     train.add_argument("--max-steps", type=int)
@@ -135,8 +135,8 @@ def add_training_commands(sub) -> None:
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="success rate of a model on held-out tasks")
-    from flows.cli import add_policy_options
-    from flows.config import EvaluationConfig, add_options
+    from gymfoundry.flows.cli import add_policy_options
+    from gymfoundry.flows.config import EvaluationConfig, add_options
 
     add_options(evaluate, EvaluationConfig)
     add_policy_options(evaluate, default="hf")

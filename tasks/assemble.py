@@ -20,7 +20,7 @@
 - **GRPO**: one prompt row per task, with the env id and the generator seed and level that
   recreate the task (`envs.make(env_id).generate_task(seed, level)`), for online RL.
 
-Only train tasks are used, as the split authority decides (`tasks.isolate.assign_split` over the
+Only train tasks are used, as the split authority decides (`gymfoundry.tasks.isolate.assign_split` over the
 splits the warehouse recorded: never a task of a holdout template); the row builders take
 those train tasks and check no split themselves. Every row is scanned
 for hidden values and deduplicated by content. Rows carry a sampling `weight` from the
@@ -45,14 +45,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, OutcomeReport, ParallelismReward, Rollout,
+from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, OutcomeReport, ParallelismReward, Rollout,
                           Split, Step, TaskSpec, Termination, ToolCall, Verdict, content_hash)
-from envs.registry import make
-from tasks import curriculum
-from tasks.audit import current_versions, require_audited
-from tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
-from warehouse import catalog
-from warehouse.lake import file_sha256
+from gymfoundry.envs.registry import make
+from gymfoundry.tasks import curriculum
+from gymfoundry.tasks.audit import current_versions, require_audited
+from gymfoundry.tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
+from gymfoundry.warehouse import catalog
+from gymfoundry.warehouse.lake import file_sha256
 
 SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
                  "turn; the tool's result comes back as the next message.")
@@ -356,8 +356,8 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
     GRPO dataset; SFT and DPO rows never carry one."""
     if isinstance(parallelism_reward, dict):
         parallelism_reward = ParallelismReward.model_validate(parallelism_reward)
-    from tasks.score import latest_step_rewards
-    from warehouse import Warehouse
+    from gymfoundry.tasks.score import latest_step_rewards
+    from gymfoundry.warehouse import Warehouse
 
     with Warehouse(data_dir) as wh:
         audits = require_audited(wh, families, audit_override)
@@ -412,8 +412,8 @@ def rebuild_dataset(wh: Any, dataset_id: str) -> str | None:
     its lineage's tasks built again with its recorded parameters, kept and ordered as its
     `dataset_rows` say, with their recorded weights. The file is put in place only when its
     checksum is the one recorded; returns None then, else why the dataset cannot be rebuilt."""
-    from tasks.score import latest_step_rewards
-    from warehouse import DamagedWarehouse
+    from gymfoundry.tasks.score import latest_step_rewards
+    from gymfoundry.warehouse import DamagedWarehouse
 
     [recorded] = [f for f in catalog.dataset_files(wh.con) if f.dataset_id == dataset_id]
     try:
@@ -458,10 +458,10 @@ def load_dataset(path: str | Path, tool_arguments: str | None = None):
     would be encoded twice), stored with `datasets.Json` so that calls of different tools keep
     their own keys; "string" as JSON strings (Qwen3, DeepSeek-V3). Applied to every assistant
     tool call of `messages`, `prompt`, `chosen` and `rejected`. A warehouse's dataset file that is
-    not the one it recorded raises `DamagedDataset` (`warehouse.store.assert_dataset_intact`)."""
+    not the one it recorded raises `DamagedDataset` (`gymfoundry.warehouse.store.assert_dataset_intact`)."""
     import datasets
 
-    from warehouse.store import assert_dataset_intact
+    from gymfoundry.warehouse.store import assert_dataset_intact
 
     assert_dataset_intact(path)
 
@@ -490,7 +490,7 @@ def _call_with_arguments(call: dict[str, Any], form: str) -> dict[str, Any]:
 
 
 def summary(data_dir: str, families: list[str]) -> list[dict[str, Any]]:
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     with Warehouse(data_dir, read_only=True) as wh:
         return wh.sql("""select task_family, termination, count(*) as rollouts from rollouts

@@ -51,14 +51,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from envs.family import family as family_spec
-from envs.records import MODEL_OUTCOMES, Budget, FamilyAudit, Rollout, TaskSpec, ToolCall, ToolCategory, content_hash
-from envs.registry import spec, verifier_for
-from tasks.rollout import run_episode
-from tasks.score import score_steps
-from verifiers.base import calls_of
-from verifiers.judge import JudgeSettings
-from verifiers.rules import rules_version
+from gymfoundry.envs.family import family as family_spec
+from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, FamilyAudit, Rollout, TaskSpec, ToolCall, ToolCategory, content_hash
+from gymfoundry.envs.registry import spec, verifier_for
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.score import score_steps
+from gymfoundry.verifiers.base import calls_of
+from gymfoundry.verifiers.judge import JudgeSettings
+from gymfoundry.verifiers.rules import rules_version
 
 ADVERSARIES = ("blind_ending", "do_nothing", "stall", "spray", "reference_perturbed", "reference_no_reads",
                "collateral", "negated")
@@ -663,7 +663,7 @@ def current_versions(name: str) -> dict[str, str]:
 
 def land_audit(wh: Any, report: AuditReport) -> int:
     """Land the audit's rows in `family_audits`; the number landed."""
-    from warehouse.tables import TABLES
+    from gymfoundry.warehouse.tables import TABLES
 
     table = TABLES["family_audits"]
     return wh.land_rows({"family_audits": [table.row(r) for r in report.rows]}).checked().get("family_audits", 0)
@@ -672,7 +672,7 @@ def land_audit(wh: Any, report: AuditReport) -> int:
 def latest_audit(wh: Any, name: str) -> list[FamilyAudit]:
     """The rows of the newest audit of the family's current versions (empty where none): the one
     landed last, even where the same audit (the same id) was landed before another."""
-    from warehouse.tables import TABLES
+    from gymfoundry.warehouse.tables import TABLES
 
     if not wh.files("family_audits"):
         return []

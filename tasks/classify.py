@@ -7,8 +7,8 @@ instead (tasks/retry.py) and stay out of every success rate and dataset."""
 
 from __future__ import annotations
 
-from envs.errors import ErrorKind
-from envs.records import OutcomeReport, Step, Termination
+from gymfoundry.envs.errors import ErrorKind
+from gymfoundry.envs.records import OutcomeReport, Step, Termination
 
 # Step error kinds that take an attempt out of the model's record, by precedence: a bug is
 # reported as such even where a fault also hit.

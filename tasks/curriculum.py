@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from envs.records import MODEL_OUTCOMES, Termination
+from gymfoundry.envs.records import MODEL_OUTCOMES, Termination
 
 Learnability = Callable[[float], float]
 

@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TypeVar
 
-from envs.records import PolicySpec
-from envs.wrappers import play_watched
-from tasks.collector import frozen_before
-from tasks.policies import Policy
+from gymfoundry.envs.records import PolicySpec
+from gymfoundry.envs.wrappers import play_watched
+from gymfoundry.tasks.collector import frozen_before
+from gymfoundry.tasks.policies import Policy
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

@@ -14,10 +14,10 @@ from collections.abc import Generator
 from math import comb
 from typing import Any
 
-from envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
-from tasks.engine import run_concurrently
-from tasks.policies import Policy
-from tasks.rollout import episode, policy_params, rollout_seed
+from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
+from gymfoundry.tasks.engine import run_concurrently
+from gymfoundry.tasks.policies import Policy
+from gymfoundry.tasks.rollout import episode, policy_params, rollout_seed
 
 HELDOUT_SPLITS = ("test", "val")
 SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may take
@@ -26,7 +26,7 @@ SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may 
 def heldout_tasks(data_dir: str, family: str, splits: tuple[str, ...] = HELDOUT_SPLITS, limit: int | None = None,
                   levels: tuple[int, ...] | None = None) -> list[TaskSpec]:
     """Held-out tasks of `family` from the warehouse, in a stable order (by task id)."""
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     split_list = ", ".join(f"'{s}'" for s in splits)
     where = f"task_family = ? and split in ({split_list})"
@@ -50,7 +50,7 @@ def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> Budget | None:
 def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0,
                         slack_steps: int | None = SLACK_STEPS) -> str:
     """The id `evaluate_policy` gives this episode (its first attempt, no faults injected)."""
-    from envs.registry import spec
+    from gymfoundry.envs.registry import spec
 
     return rollout_identity(task.task_id, task.env_id, spec(task.env_id).version, policy.policy_id, policy.version,
                             rollout_seed(seed, task, sample), 0, policy_params(policy),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from envs.records import TaskSpec
-from envs.registry import family_env_id, load, spec
+from gymfoundry.envs.records import TaskSpec
+from gymfoundry.envs.registry import family_env_id, load, spec
 
 LEVELS = (1, 2, 3, 4, 5)
 

@@ -35,24 +35,24 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envs.base import render_error
-from envs.errors import EnvFault
-from envs.harness import ModelCall, assemble_steps, inference_end, policy_of
-from envs.leaks import find_leaks
-from envs.records import Cost, Rollout, Step, TaskSpec, Termination, ToolCall
-from envs.registry import make, spec
-from envs.secrets import redact
-from envs.timestep import TimeStep
-from envs.wrappers import TimeLimit, standard_stack
-from tasks.classify import classify
-from tasks.generate import generate_tasks
-from tasks.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
+from gymfoundry.envs.base import render_error
+from gymfoundry.envs.errors import EnvFault
+from gymfoundry.envs.harness import ModelCall, assemble_steps, inference_end, policy_of
+from gymfoundry.envs.leaks import find_leaks
+from gymfoundry.envs.records import Cost, Rollout, Step, TaskSpec, Termination, ToolCall
+from gymfoundry.envs.registry import make, spec
+from gymfoundry.envs.secrets import redact
+from gymfoundry.envs.timestep import TimeStep
+from gymfoundry.envs.wrappers import TimeLimit, standard_stack
+from gymfoundry.tasks.classify import classify
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
                            lock_holdout_fraction, row_texts)
-from tasks.land import land_spool_file, land_spooled
-from tasks.rollout import _outcome, rollout_seed
-from tasks.score import score_rollouts
-from tasks.validate import validate_tasks
-from warehouse import Warehouse, spool
+from gymfoundry.tasks.land import land_spool_file, land_spooled
+from gymfoundry.tasks.rollout import _outcome, rollout_seed
+from gymfoundry.tasks.score import score_rollouts
+from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.warehouse import Warehouse, spool
 
 log = logging.getLogger("gymfoundry.harness")
 EPISODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a file name: no separators
@@ -288,7 +288,7 @@ class EpisodeHub:
 
     Durable (with `land`): every tool call is appended to the episode's write-ahead log
     (`<data_dir>/harness/wal/<name>.jsonl`, fsynced) before it runs; an episode that ends is verified,
-    scored and spooled (`warehouse.spool`, fsynced) before the call that ended it answers, then its log
+    scored and spooled (`gymfoundry.warehouse.spool`, fsynced) before the call that ended it answers, then its log
     is removed and a lander thread lands the spool, retrying while it fails. On start, spooled batches
     land, and an episode whose log is still there (open when the server stopped) is replayed into a
     fresh env and ended: as the env ended it if the replay ends it, else as an environment fault (the

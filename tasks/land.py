@@ -6,7 +6,7 @@ one rule of every writer (the factory's landings and run rows, the holdout lock,
 training runs, reverify, scoring): when another process holds the catalog (a reader's
 connection blocks the writer), wait for it (`lock_timeout_s`, default `warehouse.store.lock_wait_s()`,
 logging "waiting for <program> (PID n)"), then spool the batch under `<data_dir>/spool/` instead
-of losing it; the next landing of any writer lands it first (`warehouse.spool`)."""
+of losing it; the next landing of any writer lands it first (`gymfoundry.warehouse.spool`)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import duckdb
 
-from envs.records import Record, Rollout, Run, StepScore, TaskRejection, TaskSpec
-from warehouse import TABLES, CatalogLocked, Landing, Staged, Warehouse, spool, stage
+from gymfoundry.envs.records import Record, Rollout, Run, StepScore, TaskRejection, TaskSpec
+from gymfoundry.warehouse import TABLES, CatalogLocked, Landing, Staged, Warehouse, spool, stage
 
 log = logging.getLogger("gymfoundry.warehouse")
 

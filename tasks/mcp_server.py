@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tasks.harness import (EPISODE_HEADER, EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes,
+from gymfoundry.tasks.harness import (EPISODE_HEADER, EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes,
                            WrongToken)
-from tasks.http_guard import bearer, served  # noqa: F401  (tests and benchmarks serve the app through it)
+from gymfoundry.tasks.http_guard import bearer, served  # noqa: F401  (tests and benchmarks serve the app through it)
 
 log = logging.getLogger("gymfoundry.harness")
 GOAL_URI = "gymfoundry://episode/goal"

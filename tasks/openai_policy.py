@@ -21,7 +21,7 @@ in its text or its call) is unreadable in the same way: no step keeps it (`check
 the episode is truncated.
 A reply that is not a valid tool call is the model's: its text goes to the env, which answers
 with an error observation. The key is never kept: the reply's text, and every error message, pass through
-`envs.secrets.redact` before they leave this class (an endpoint may echo the key).
+`gymfoundry.envs.secrets.redact` before they leave this class (an endpoint may echo the key).
 
 The history sent back is one every server takes, while the step keeps what the model wrote (its
 action text, as sampled): a tool call whose arguments are not a JSON object (vLLM answers 400 to
@@ -44,11 +44,11 @@ from typing import Any
 
 import httpx
 
-from envs.secrets import check_endpoint_url, redact, redact_json, register_secret
-from tasks.hf_policy import SYSTEM_PROMPT
-from tasks.policies import PolicyOutput
-from envs.records import PolicySpec
-from verifiers.endpoint import (ContextLengthExceeded, DeadlineClient, EndpointError, ModelOutputRefused,
+from gymfoundry.envs.secrets import check_endpoint_url, redact, redact_json, register_secret
+from gymfoundry.tasks.hf_policy import SYSTEM_PROMPT
+from gymfoundry.tasks.policies import PolicyOutput
+from gymfoundry.envs.records import PolicySpec
+from gymfoundry.verifiers.endpoint import (ContextLengthExceeded, DeadlineClient, EndpointError, ModelOutputRefused,
                                 context_length_code)
 
 RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})

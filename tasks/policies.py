@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from envs.records import PolicySpec
-from envs.registry import family_env_id, load, spec
+from gymfoundry.envs.records import PolicySpec
+from gymfoundry.envs.registry import family_env_id, load, spec
 
 
 @dataclass
@@ -59,15 +59,15 @@ def make_policy(spec: PolicySpec | str, family: str, **kwargs) -> Policy:
         policy = _make_by_name("scripted", family, **({} if spec.mistake_rate is None else
                                                       {"mistake_rate": spec.mistake_rate}), **spec.options)
     elif spec.kind == "hf":
-        from tasks.hf_policy import HFPolicy, family_tools
+        from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
 
         s = spec.sampling
         knobs = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "max_batch": spec.max_concurrency}
         policy = HFPolicy(spec.model, family_tools(family), **{
             **{k: v for k, v in knobs.items() if v is not None}, **spec.options})
     elif spec.kind == "openai":
-        from tasks.hf_policy import family_tools
-        from tasks.openai_policy import OpenAIPolicy
+        from gymfoundry.tasks.hf_policy import family_tools
+        from gymfoundry.tasks.openai_policy import OpenAIPolicy
 
         policy = OpenAIPolicy.from_spec(spec, family_tools(family))
     elif spec.kind in _CUSTOM:
@@ -98,8 +98,8 @@ def _make_by_name(name: str, family: str, **kwargs) -> Policy:
             raise ValueError(f"family {family!r} has no scripted policy")
         return load(target)(**kwargs)
     if name in ("hf", "openai"):  # kwargs: model (a checkpoint dir / an endpoint's model name), ...
-        from tasks.hf_policy import HFPolicy, family_tools
-        from tasks.openai_policy import OpenAIPolicy
+        from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
+        from gymfoundry.tasks.openai_policy import OpenAIPolicy
 
         if "model" not in kwargs:
             raise ValueError(f"a {name!r} policy needs a model: pass model=..., or a PolicySpec")

@@ -23,7 +23,7 @@ Only an open episode's owner is served: the harness passes the token its episode
 (`Authorization: Bearer <token>`, its OpenAI client's api_key); a wrong or missing one is 401 and a
 name not open 404, before the body is read. A request whose record the call log could not read back
 is refused (400), as is one over `max_request_bytes` (413). The server's limits (connections, slow
-clients) are `tasks.http_guard`'s, as serve-env's."""
+clients) are `gymfoundry.tasks.http_guard`'s, as serve-env's."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from envs.harness import ModelCall
-from envs.records import PolicySpec
-from envs.secrets import check_endpoint_url, known_secrets, redact, redact_json, register_secret
-from tasks.harness import EPISODE_HEADER, EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
-from tasks.http_guard import bearer
-from tasks.openai_policy import RETRIED_STATUS, sampled_ids
-from verifiers.endpoint import context_length_code
+from gymfoundry.envs.harness import ModelCall
+from gymfoundry.envs.records import PolicySpec
+from gymfoundry.envs.secrets import check_endpoint_url, known_secrets, redact, redact_json, register_secret
+from gymfoundry.tasks.harness import EPISODE_HEADER, EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
+from gymfoundry.tasks.http_guard import bearer
+from gymfoundry.tasks.openai_policy import RETRIED_STATUS, sampled_ids
+from gymfoundry.verifiers.endpoint import context_length_code
 
 MAX_RETRIES = PolicySpec.model_fields["max_retries"].default  # the factory's endpoint policy's own default
 RETRY_BACKOFF_S = 0.5

@@ -21,11 +21,11 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
-from envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, TaskSpec
-from tasks import progress
-from tasks.engine import run_concurrently
-from tasks.policies import Policy
-from tasks.rollout import episode, rollout_seed
+from gymfoundry.envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, TaskSpec
+from gymfoundry.tasks import progress
+from gymfoundry.tasks.engine import run_concurrently
+from gymfoundry.tasks.policies import Policy
+from gymfoundry.tasks.rollout import episode, rollout_seed
 
 
 class RetryExhausted(RuntimeError):

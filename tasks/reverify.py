@@ -1,7 +1,7 @@
 """Stage: re-verify stored rollouts under the current outcome verifier, without the policy.
 
 Each stored rollout's steps are handed to the CURRENT outcome verifier of its env
-(`envs.registry.verifier_for`), which replays the stored tool calls from the task's initial
+(`gymfoundry.envs.registry.verifier_for`), which replays the stored tool calls from the task's initial
 state (a verifier's `verify` without `final_state`); the policy never runs again. The verdict
 lands in `outcomes` keyed by (rollout_id, verifier_id, verifier_version), beside the factory's
 own verdict (the rollout's `outcome`, landed with it; backfilled here for rollouts landed before
@@ -9,7 +9,7 @@ own verdict (the rollout's `outcome`, landed with it; backfilled here for rollou
 
 - Idempotent: a rollout whose verdict at the current verifier version is landed is skipped (the
   factory's own verdict counts: re-verifying under an unchanged version lands nothing).
-- The class a verdict implies comes from `tasks.classify.classify`, given the episode's end as
+- The class a verdict implies comes from `gymfoundry.tasks.classify.classify`, given the episode's end as
   the stored rollout records it (an env fault or bug, a policy error, a time limit or a truncation
   outranks any verdict, as it did when the episode ran) and the new verdict.
 - A verifier that raises is the grader's failure: a `verifier_error` verdict with the error,
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from envs.errors import EnvFault
-from envs.records import Rollout, TaskSpec, Termination, Verdict
-from envs.registry import UnknownEnv, verifier_for
-from envs.secrets import redact
-from tasks.classify import classify
-from warehouse.catalog import quote_literal
+from gymfoundry.envs.errors import EnvFault
+from gymfoundry.envs.records import Rollout, TaskSpec, Termination, Verdict
+from gymfoundry.envs.registry import UnknownEnv, verifier_for
+from gymfoundry.envs.secrets import redact
+from gymfoundry.tasks.classify import classify
+from gymfoundry.warehouse.catalog import quote_literal
 
 # Classes the episode's own end can decide before any verdict (classify's order): the stored
 # rollout says which one, and it is kept whatever a later verifier says.

@@ -11,18 +11,18 @@ from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
-from envs.errors import EnvFault, InvalidTask
-from envs.faults import FaultInjection
-from envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig, OutcomeReport, PolicySpec, Rollout,
+from gymfoundry.envs.errors import EnvFault, InvalidTask
+from gymfoundry.envs.faults import FaultInjection
+from gymfoundry.envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig, OutcomeReport, PolicySpec, Rollout,
                           TaskSpec, content_hash)
-from envs.registry import load, make, spec, verifier_for
-from envs.secrets import redact
-from envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, play_watched, standard_stack
-from tasks.classify import classify
-from tasks.collector import frozen_before
-from tasks.policies import Policy, PolicyOutput
-from verifiers.base import ReplayVerifier
-from verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
+from gymfoundry.envs.registry import load, make, spec, verifier_for
+from gymfoundry.envs.secrets import redact
+from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, play_watched, standard_stack
+from gymfoundry.tasks.classify import classify
+from gymfoundry.tasks.collector import frozen_before
+from gymfoundry.tasks.policies import Policy, PolicyOutput
+from gymfoundry.verifiers.base import ReplayVerifier
+from gymfoundry.verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
 
 
 # Attributes by which a policy's episodes differ beyond its id and version (a scripted policy's
@@ -122,7 +122,7 @@ def delegation_options(env_id: str, subagent: PolicySpec | None) -> dict:
     entry = load(spec(env_id).entry_point)
     if not isinstance(entry, type) or "subagent" not in inspect.signature(entry).parameters:
         return {}
-    from tasks.policies import make_policy
+    from gymfoundry.tasks.policies import make_policy
 
     def frozen(sub_task: TaskSpec, seed: int) -> Policy:
         return make_policy(subagent, sub_task.family)

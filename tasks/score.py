@@ -16,15 +16,15 @@ from typing import Any, Sequence
 
 import polars as pl
 
-from envs.profile import DomainProfile
-from envs.records import Rollout, StepScore, TaskSpec
-from envs.registry import family_env_id, verifier_for
-from tasks.collector import frozen_before
-from tasks.generate import family_env_class
-from verifiers.calibration import Calibrator, current_calibrators
-from verifiers.judge import Judge, JudgeCache, JudgeSettings, JudgeStats
-from verifiers.prm import combine
-from verifiers.rules import score_rules
+from gymfoundry.envs.profile import DomainProfile
+from gymfoundry.envs.records import Rollout, StepScore, TaskSpec
+from gymfoundry.envs.registry import family_env_id, verifier_for
+from gymfoundry.tasks.collector import frozen_before
+from gymfoundry.tasks.generate import family_env_class
+from gymfoundry.verifiers.calibration import Calibrator, current_calibrators
+from gymfoundry.verifiers.judge import Judge, JudgeCache, JudgeSettings, JudgeStats
+from gymfoundry.verifiers.prm import combine
+from gymfoundry.verifiers.rules import score_rules
 
 JUDGE_CACHE_FILE = "judge_cache.sqlite"
 

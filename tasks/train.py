@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from warehouse.store import assert_dataset_intact
+from gymfoundry.warehouse.store import assert_dataset_intact
 
 METHODS = ("sft", "dpo", "grpo")
 
@@ -75,11 +75,11 @@ def train(dataset: str | None, method: str, base_model: str, output_dir: str,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.perf_counter()
     if method == "sft":
-        from tasks.training.runners import run_sft as runner
+        from gymfoundry.tasks.training.runners import run_sft as runner
     elif method == "dpo":
-        from tasks.training.runners import run_dpo as runner
+        from gymfoundry.tasks.training.runners import run_dpo as runner
     else:
-        from tasks.training.grpo import run_grpo as runner
+        from gymfoundry.tasks.training.grpo import run_grpo as runner
     metrics = runner(dataset, base_model, output_dir, hp)
     seconds = time.perf_counter() - started
     metrics.update(method=method, seconds=round(seconds, 2),

@@ -19,9 +19,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from envs.errors import EnvFault, rolled_back
-from envs.records import RetryPolicy, TaskRejection, TaskSpec, Termination
-from envs.registry import make, verifier_for
+from gymfoundry.envs.errors import EnvFault, rolled_back
+from gymfoundry.envs.records import RetryPolicy, TaskRejection, TaskSpec, Termination
+from gymfoundry.envs.registry import make, verifier_for
 
 
 class ReplayEnvFault(EnvFault):

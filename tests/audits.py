@@ -3,8 +3,8 @@ it: dataset assembly refuses a family without one. Each family is audited once p
 
 from functools import lru_cache
 
-from tasks.audit import AuditReport, audit_family, land_audit
-from warehouse import Warehouse
+from gymfoundry.tasks.audit import AuditReport, audit_family, land_audit
+from gymfoundry.warehouse import Warehouse
 
 
 @lru_cache(maxsize=None)

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from envs.sandbox import bubblewrap
+from gymfoundry.envs.sandbox import bubblewrap
 
 REASON = "the bubblewrap sandbox cannot run here"
 

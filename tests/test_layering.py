@@ -18,14 +18,38 @@ FORBIDDEN = {
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Top-level names a file imports, the project's own by folder (`gymfoundry.envs.x` -> `envs`)."""
     tree = ast.parse(path.read_text(), str(path))
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
+            names |= {_folder(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names |= {_folder(node.module)} if node.module != "gymfoundry" else {a.name for a in node.names}
     return names
+
+
+def _folder(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if parts[0] == "gymfoundry" and len(parts) > 1 else parts[0]
+
+
+FOLDERS = ("envs", "verifiers", "warehouse", "tasks", "flows", "deployments")
+
+
+def bare_project_imports(path: Path) -> list[str]:
+    """Imports of a folder by its bare name (`import envs`): installed, the project is `gymfoundry.*` only."""
+    tree = ast.parse(path.read_text(), str(path))
+    bare = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    bare += [node.module for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module]
+    return [name for name in bare if name.split(".")[0] in FOLDERS]
+
+
+def test_the_project_is_imported_by_its_installed_names_only():
+    files = [p for folder in (*FOLDERS, "tests") for p in (ROOT / folder).rglob("*.py")]
+    offenders = {str(p.relative_to(ROOT)): bare_project_imports(p) for p in files}
+    assert {p: names for p, names in offenders.items() if names} == {}
 
 
 def forbidden(package: str, path: Path) -> set[str]:
@@ -52,3 +76,11 @@ def test_only_a_family_folders_verifier_module_may_import_verifiers():
     assert not _family_verifier(ROOT / "envs" / "inventory" / "world.py")
     assert not _family_verifier(ROOT / "envs" / "inventory" / "tests" / "verifier.py")
     assert not _family_verifier(ROOT / "envs" / "sandbox" / "verifier.py")  # no profile.yaml: not a family
+
+
+def test_the_checks_read_installed_and_bare_names(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import envs\nfrom tasks.rollout import x\nimport gymfoundry.verifiers.rules as r\n"
+                      "from gymfoundry import warehouse\nfrom gymfoundry.flows.cli import main\n")
+    assert bare_project_imports(source) == ["envs", "tasks.rollout"]
+    assert imported_modules(source) == {"envs", "tasks", "verifiers", "warehouse", "flows"}

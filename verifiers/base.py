@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from envs.base import ToolEnv, copy_state
-from envs.errors import reached_world
-from envs.family import HiddenFacts, family
-from envs.records import OutcomeReport, Rollout, Step, TaskSpec, ToolCall
+from gymfoundry.envs.base import ToolEnv, copy_state
+from gymfoundry.envs.errors import reached_world
+from gymfoundry.envs.family import HiddenFacts, family
+from gymfoundry.envs.records import OutcomeReport, Rollout, Step, TaskSpec, ToolCall
 
 
 @dataclass(frozen=True)

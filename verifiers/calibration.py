@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.records import content_hash
+from gymfoundry.envs.records import content_hash
 
 LABELS = (-1, 0, 1)
 CALIBRATOR_DIR = "calibrators"

@@ -33,16 +33,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.coding import FAMILY, examiner
-from envs.coding.examiner import Observed
-from envs.coding.facts import CodingFacts
-from envs.coding.generator import apply_edits
-from envs.coding.world import CodingEnv, sandbox_limits
-from envs.errors import EnvFault
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, content_hash
-from envs.sandbox import CommandResult, PathError, PathKind, SandboxError, create_sandbox
-from envs.sandbox.base import normalize_path
-from verifiers.base import OutcomeVerifier, calls_of
+from gymfoundry.envs.coding import FAMILY, examiner
+from gymfoundry.envs.coding.examiner import Observed
+from gymfoundry.envs.coding.facts import CodingFacts
+from gymfoundry.envs.coding.generator import apply_edits
+from gymfoundry.envs.coding.world import CodingEnv, sandbox_limits
+from gymfoundry.envs.errors import EnvFault
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, content_hash
+from gymfoundry.envs.sandbox import CommandResult, PathError, PathKind, SandboxError, create_sandbox
+from gymfoundry.envs.sandbox.base import normalize_path
+from gymfoundry.verifiers.base import OutcomeVerifier, calls_of
 
 MAX_NAMED = 20  # file names listed in a reason; the rest are counted
 MAX_CACHED = 4096  # grades of workspaces and verdicts of episodes kept per process (oldest dropped first)

@@ -26,7 +26,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from envs.secrets import HTTP_LOGGERS, redact_logs
+from gymfoundry.envs.secrets import HTTP_LOGGERS, redact_logs
 
 _local = threading.local()  # this thread's current request deadline (time.monotonic())
 redact_logs(*HTTP_LOGGERS)

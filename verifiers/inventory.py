@@ -12,11 +12,11 @@ import pickle
 from collections import Counter
 from typing import Any
 
-from envs.family import family
-from envs.inventory.facts import InventoryFacts
-from envs.inventory.world import InventoryEnv, Refusal
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from verifiers.base import Ending, ReplayVerifier, calls_of
+from gymfoundry.envs.family import family
+from gymfoundry.envs.inventory.facts import InventoryFacts
+from gymfoundry.envs.inventory.world import InventoryEnv, Refusal
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of
 
 
 # The inventory tools that change nothing in the state but its event log, whatever their

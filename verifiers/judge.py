@@ -13,7 +13,7 @@ layer never makes a value up. Verdicts are cached by a hash of (model, prompt ve
 messages), so a re-score costs no requests. The score row names the judge model
 (`scorer_id = "judge:<model>"`) and the prompt version (`scorer_version`); the API key is
 read from settings or the environment and never stored: everything kept from a reply is passed
-through `envs.secrets.redact`. Each request has `timeout_s` of wall-clock time in all
+through `gymfoundry.envs.secrets.redact`. Each request has `timeout_s` of wall-clock time in all
 (verifiers/endpoint.py), however slowly the server answers.
 
 Prompt injection: every agent-written span (reasoning, raw action text, tool arguments and the
@@ -38,11 +38,11 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from envs.errors import rolled_back
-from envs.profile import DomainProfile, JudgeRubric, RubricDimension
-from envs.records import Rollout, Step, StepScore, TaskSpec, construct, content_hash
-from envs.secrets import check_endpoint_url, redact, register_secret
-from verifiers.endpoint import DeadlineClient
+from gymfoundry.envs.errors import rolled_back
+from gymfoundry.envs.profile import DomainProfile, JudgeRubric, RubricDimension
+from gymfoundry.envs.records import Rollout, Step, StepScore, TaskSpec, construct, content_hash
+from gymfoundry.envs.secrets import check_endpoint_url, redact, register_secret
+from gymfoundry.verifiers.endpoint import DeadlineClient
 
 JUDGE_PROMPT_VERSION = "2"  # 2: agent-written spans fenced as JSON data
 ENV_PREFIX = "GYMFOUNDRY_JUDGE_"

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import math
 
-from envs.profile import DomainProfile
-from envs.records import StepScore, construct, content_hash
-from verifiers.calibration import Calibrator
-from verifiers.rules import round6
+from gymfoundry.envs.profile import DomainProfile
+from gymfoundry.envs.records import StepScore, construct, content_hash
+from gymfoundry.verifiers.calibration import Calibrator
+from gymfoundry.verifiers.rules import round6
 
 PRM_VERSION = "2"  # 2: the judge is withheld from an injection onwards
 JUDGE_FLOOR = -1.0

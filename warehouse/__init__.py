@@ -1,12 +1,12 @@
 """DuckDB catalog + Parquet lake partitioned by `task_family`, with table schemas derived
-from the records in `envs.records`. See `Warehouse`."""
+from the records in `gymfoundry.envs.records`. See `Warehouse`."""
 
-from warehouse.schema import Column, arrow_schema, column_for, from_row, model_columns, to_row
-from warehouse.console import ConsoleRefused
-from warehouse.store import (CATALOG_FILE, DEFAULT_DATA_DIR, QUARANTINE_DIR, CatalogLocked, DamagedWarehouse, Landing,
+from gymfoundry.warehouse.schema import Column, arrow_schema, column_for, from_row, model_columns, to_row
+from gymfoundry.warehouse.console import ConsoleRefused
+from gymfoundry.warehouse.store import (CATALOG_FILE, DEFAULT_DATA_DIR, QUARANTINE_DIR, CatalogLocked, DamagedWarehouse, Landing,
                              QuarantinedBatch, Repair, Warehouse, assert_intact)
-from warehouse.staged import Staged, stage
-from warehouse.tables import PARTITION, TABLES, Reference, Table
+from gymfoundry.warehouse.staged import Staged, stage
+from gymfoundry.warehouse.tables import PARTITION, TABLES, Reference, Table
 
 __all__ = [
     "CATALOG_FILE", "DEFAULT_DATA_DIR", "PARTITION", "QUARANTINE_DIR", "TABLES", "CatalogLocked", "Column", "ConsoleRefused",

@@ -21,10 +21,10 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
-from envs.records import content_hash
-from warehouse.lake import STAGING_DIR, Batch, file_sha256, lake_path, publish
-from warehouse.tables import PARTITION, TABLES, Table
-from warehouse.views import create_analysis_views
+from gymfoundry.envs.records import content_hash
+from gymfoundry.warehouse.lake import STAGING_DIR, Batch, file_sha256, lake_path, publish
+from gymfoundry.warehouse.tables import PARTITION, TABLES, Table
+from gymfoundry.warehouse.views import create_analysis_views
 
 MANIFEST_DDL = """
 CREATE TABLE IF NOT EXISTS manifest (
@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 
-# Dataset files (`<data_dir>/datasets/<dataset_id>.parquet`, written by `tasks.assemble`) are no lake
+# Dataset files (`<data_dir>/datasets/<dataset_id>.parquet`, written by `gymfoundry.tasks.assemble`) are no lake
 # batches, but as much part of the warehouse: each one's checksum is kept here when it is written,
 # `warehouse check` verifies it, the trainer refuses a file that does not match. Mutable, unlike the
 # `datasets` rows: a dataset rebuilt by `warehouse repair`, or quarantined, updates its entry.

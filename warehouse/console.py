@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from warehouse import store  # store imports this module too: only used when called
+from gymfoundry.warehouse import store  # store imports this module too: only used when called
 
 QUERY = duckdb.StatementType.SELECT  # SELECT, WITH, FROM-first, VALUES, DESCRIBE, SHOW, SUMMARIZE, UNPIVOT
 PIVOTS = {"pivot", "pivot_wider"}    # PIVOT parses as MULTI (DuckDB plans it in two steps)

@@ -23,11 +23,11 @@ from typing import Any
 import duckdb
 import pyarrow.parquet as pq
 
-from envs.records import content_hash
-from warehouse import catalog
-from warehouse.lake import LAKE_DIR, STAGING_DIR, TEMP_SUFFIX, file_sha256, staging_path
-from warehouse.staged import INCOMING_DIR
-from warehouse.tables import PARTITION, TABLES, Table
+from gymfoundry.envs.records import content_hash
+from gymfoundry.warehouse import catalog
+from gymfoundry.warehouse.lake import LAKE_DIR, STAGING_DIR, TEMP_SUFFIX, file_sha256, staging_path
+from gymfoundry.warehouse.staged import INCOMING_DIR
+from gymfoundry.warehouse.tables import PARTITION, TABLES, Table
 
 # List columns naming rows of another table (not gate references: `check`'s integrity checks them).
 # Repair follows them too, so no dataset row is left naming a rollout that left with a damaged landing.
@@ -147,7 +147,7 @@ def strays(data_dir: Path, registered: set[str]) -> list[FileProblem]:
     for file in sorted((data_dir / INCOMING_DIR).rglob("*")):
         if file.is_file():
             out.append(FileProblem(file.relative_to(data_dir).as_posix(), "incoming",
-                                   "staged by a worker (`warehouse.stage`) and not landed yet, or never: a worker "
+                                   "staged by a worker (`gymfoundry.warehouse.stage`) and not landed yet, or never: a worker "
                                    "killed while staging, a batch never handed to `land_staged`; no view reads it, "
                                    f"`warehouse repair` removes it once it is {INCOMING_STALE_S // 3600} h old"))
     for file in sorted((data_dir / STAGING_DIR).rglob("*")):

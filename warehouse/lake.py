@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from envs.records import content_hash
-from warehouse.tables import PARTITION, Table
+from gymfoundry.envs.records import content_hash
+from gymfoundry.warehouse.tables import PARTITION, Table
 
 # Family names become directory names and hive partition values; keep them plain.
 FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

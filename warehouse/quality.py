@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pydantic_core
 
-from warehouse.lake import FAMILY_NAME
-from warehouse.tables import PARTITION, TABLES, Reference, Table
+from gymfoundry.warehouse.lake import FAMILY_NAME
+from gymfoundry.warehouse.tables import PARTITION, TABLES, Reference, Table
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 

@@ -36,12 +36,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic_core import PydanticSerializationError
 
-from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, StepScore, TaskRejection,
+from gymfoundry.envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, StepScore, TaskRejection,
                           TaskSpec, Verdict)
-from warehouse import quality
-from warehouse.lake import BATCH_ID, Batch, file_sha256, lake_file, staging_path, write_batches
-from warehouse.schema import check_lists
-from warehouse.tables import PARTITION, TABLES, Reference, Table
+from gymfoundry.warehouse import quality
+from gymfoundry.warehouse.lake import BATCH_ID, Batch, file_sha256, lake_file, staging_path, write_batches
+from gymfoundry.warehouse.schema import check_lists
+from gymfoundry.warehouse.tables import PARTITION, TABLES, Reference, Table
 
 STAGE_ID = re.compile(r"[0-9a-f]{32}")
 INCOMING_DIR = "incoming"  # `incoming/<stage_id>/staging/<table>/task_family=<f>/<batch>.parquet`

@@ -2,14 +2,14 @@
 
 DuckDB allows one writing process per database file: exactly one process opens a data dir's
 catalog for writing (the factory flow, or whoever lands results). Workers either hand it their
-records (`land`) or stage them themselves (`warehouse.stage`: rows, gates and Parquet files) and
+records (`land`) or stage them themselves (`gymfoundry.warehouse.stage`: rows, gates and Parquet files) and
 hand it the `Staged` batch, which it only checks against the catalog and registers (`land_staged`).
 A writer excludes every other process, readers included; any number of
 `read_only=True` readers may share the catalog while no writer holds it. So open for writing
 only around landing, and read with `read_only=True` (a CLI query needs no write lock). A writer
 that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s` (default
-`lock_wait_s()`, the same for every writer), then raises `CatalogLocked` (`tasks.land` then
-spools the batch, see `warehouse.spool`).
+`lock_wait_s()`, the same for every writer), then raises `CatalogLocked` (`gymfoundry.tasks.land` then
+spools the batch, see `gymfoundry.warehouse.spool`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
+from gymfoundry.envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, Verdict, content_hash)
-from warehouse import catalog, console, damage, quality
-from warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
-from warehouse.staged import (OWNED_BY_ROLLOUT, STAGING_ERRORS, Part, Staged, as_rows, column_values, frame, keys_of,
+from gymfoundry.warehouse import catalog, console, damage, quality
+from gymfoundry.warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
+from gymfoundry.warehouse.staged import (OWNED_BY_ROLLOUT, STAGING_ERRORS, Part, Staged, as_rows, column_values, frame, keys_of,
                              rows_part, stage, take, to_arrow, unstageable)
-from warehouse.tables import PARTITION, TABLES, Reference, Table
+from gymfoundry.warehouse.tables import PARTITION, TABLES, Reference, Table
 
 DEFAULT_DATA_DIR = ".gymfoundry"
 CATALOG_FILE = "catalog.duckdb"
@@ -174,7 +174,7 @@ class Warehouse:
 
     @_collector_paused
     def land_staged(self, staged: Staged) -> Landing:
-        """Land a batch `warehouse.stage` made, in this process or another: when every key is new,
+        """Land a batch `gymfoundry.warehouse.stage` made, in this process or another: when every key is new,
         every reference the batch does not satisfy itself names a landed row and the gates passed,
         only register its files (one transaction); otherwise land its rows as `land` would (only
         new rows; a failed gate sends the batch to quarantine). The incoming files are gone after.
@@ -459,7 +459,7 @@ class Warehouse:
         Re-running the runs that landed them lands the same rows again.
 
         A missing or changed dataset file is rebuilt by `rebuild(warehouse, dataset_id)` (the
-        warehouse cannot build datasets itself: `tasks.assemble.rebuild_dataset` does), which puts
+        warehouse cannot build datasets itself: `gymfoundry.tasks.assemble.rebuild_dataset` does), which puts
         back a file with the recorded checksum and returns None, or says why it cannot; a dataset
         not rebuilt is quarantined (its file, where there is one, moved away) with that reason.
         A dataset file assembled before checksums were kept gets its checksum recorded."""
@@ -524,7 +524,7 @@ class Warehouse:
                 continue
             if p.kind not in damage.DAMAGE:
                 continue
-            why = "no rebuilder was given (`tasks.assemble.rebuild_dataset` rebuilds datasets)"
+            why = "no rebuilder was given (`gymfoundry.tasks.assemble.rebuild_dataset` rebuilds datasets)"
             if rebuild is not None:
                 why = rebuild(self, p.dataset_id)
                 if why is None:
@@ -562,7 +562,7 @@ class Warehouse:
     # Reading -------------------------------------------------------------------------------
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
-        """Run SQL. Read-only, only queries run (`warehouse.console`: nothing may write files)."""
+        """Run SQL. Read-only, only queries run (`gymfoundry.warehouse.console`: nothing may write files)."""
         if self.read_only:
             console.check_query(query)
         with self._damage_explained():

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from envs.records import (DatasetManifest, DatasetRow, FamilyAudit, HoldoutLock, Record, Rollout, Run, Step, StepScore,
+from gymfoundry.envs.records import (DatasetManifest, DatasetRow, FamilyAudit, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, TrainingRun, Verdict)
-from warehouse.schema import Column, arrow_schema, from_row, model_columns, to_arrays, to_row
+from gymfoundry.warehouse.schema import Column, arrow_schema, from_row, model_columns, to_arrays, to_row
 
 PARTITION = "task_family"
 REWARD_RANGE = (-1.0, 1.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import duckdb
 
-from envs.records import MODEL_OUTCOMES
+from gymfoundry.envs.records import MODEL_OUTCOMES
 
 _MODEL = ", ".join(f"'{t.value}'" for t in sorted(MODEL_OUTCOMES, key=lambda t: t.value))
 

@@ -2,7 +2,7 @@
 simulated person who tells their risk tolerance, horizon, budget and exclusions only when
 asked), with structured disclosures and no prohibited claim; or "none" when nothing suits."""
 
-from envs.family import Family
+from gymfoundry.envs.family import Family
 
 from .facts import AdvisoryFacts
 from .generator import GENERATOR_VERSION, generate

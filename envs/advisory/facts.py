@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import HiddenFacts
-from envs.person import Persona
+from gymfoundry.envs.family import HiddenFacts
+from gymfoundry.envs.person import Persona
 
 
 class Profile(BaseModel):

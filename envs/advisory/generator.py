@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import random
 
-from envs.family import Family
-from envs.person import Fact, Persona
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.person import Fact, Persona
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 from .facts import AdvisoryFacts, Profile, Variant
 from .rules import EXPOSURES, required_disclosures, suitable, unsuitable_reasons

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Generator
 
-from envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 from .rules import EXPOSURES, FIELD, TOPICS, required_disclosures, unsuitable_reasons
 

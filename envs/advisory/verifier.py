@@ -21,10 +21,10 @@ import copy
 import json
 from typing import Any
 
-from envs.family import family
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from envs.scripted import tool_result
-from verifiers.base import Ending, ReplayVerifier, calls_of
+from gymfoundry.envs.family import family
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from gymfoundry.envs.scripted import tool_result
+from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of
 
 from .facts import AdvisoryFacts
 from .generator import spoken

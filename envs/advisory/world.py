@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
-from envs.base import ToolEnv, ToolError
-from envs.errors import InvalidTask
-from envs.person import Persona, make_simulator, new_memory
-from envs.records import TaskSpec, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.person import Persona, make_simulator, new_memory
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.tools import tool
 
 from .rules import DISCLOSURES, EXPOSURES
 

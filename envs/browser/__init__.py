@@ -4,7 +4,7 @@ orders, addresses and contact details). Buy the product that matches a descripti
 budget, answer a question from the site's pages, change the account, or report that the task
 cannot be done on this site."""
 
-from envs.family import Family
+from gymfoundry.envs.family import Family
 
 from .facts import BrowserFacts
 from .generator import GENERATOR_VERSION, generate

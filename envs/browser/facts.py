@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import HiddenFacts
+from gymfoundry.envs.family import HiddenFacts
 
 
 class Variant(BaseModel):

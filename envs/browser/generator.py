@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 
-from envs.family import Family
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 from .facts import BrowserFacts, Variant, Wanted
 from .rules import ATTRIBUTES, CATEGORIES, VALUES, affordable, describe, misses, satisfying

@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Generator
 
-from envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 from .rules import CATEGORIES, VALUES
 

@@ -29,9 +29,9 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from envs.scripted import tool_result
-from verifiers.base import Ending, ReplayVerifier, calls_of
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from gymfoundry.envs.scripted import tool_result
+from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of
 
 from .facts import BrowserFacts
 from .rules import affordable, as_number, describe, misses, offers, satisfying

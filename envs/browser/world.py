@@ -26,10 +26,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field
 
-from envs.base import ToolEnv, ToolError
-from envs.errors import ErrorKind, InvalidTask
-from envs.records import TaskSpec, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.errors import ErrorKind, InvalidTask
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.tools import tool
 
 from .site import FILTERS, HOST, MAX_QUANTITY, PRODUCT_LINK, RESULTS_TITLE, SORTS, VIEW_LINES, Page, Site
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import HiddenFacts
+from gymfoundry.envs.family import HiddenFacts
 
 
 class Bug(BaseModel):

@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from envs.coding.facts import Bug, CodingFacts
-from envs.family import Family
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.coding.facts import Bug, CodingFacts
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 GENERATOR_VERSION = "2"  # 2: a task's bugs sit in one module, its template group
 TEMPLATES_DIR = Path(__file__).with_name("templates")
@@ -182,7 +182,7 @@ def secret_lines(template: Template, limit: int = 6) -> list[str]:
 
 def generate_task(seed: int, level: int = 2) -> TaskSpec:
     """The task of (seed, level): the coding family's `generate`."""
-    from envs.coding import FAMILY  # the family is declared beside the env, which imports this module
+    from gymfoundry.envs.coding import FAMILY  # the family is declared beside the env, which imports this module
 
     return FAMILY.generate(seed, level)
 

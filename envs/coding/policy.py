@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Generator
 
-from envs.scripted import ScriptedPolicy, tool_result as _result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result as _result
 
 REPORT = re.compile(r"^\d+\. (?:after `(?P<setup>[^`]*)`, )?`(?P<call>[^`]+)` from `(?P<module>[\w.]+)`"
                     r"(?: \(in (?P<file>[\w/.]+)\))? (?:should return `(?P<expected>.+)`|should raise (?P<exc>\w+))\.$",

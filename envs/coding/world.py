@@ -22,13 +22,13 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from envs.base import EnvFault, ToolEnv, ToolError
-from envs.coding import generator
-from envs.errors import ErrorKind, InvalidTask
-from envs.records import TaskSpec, ToolCategory
-from envs.sandbox import Limits, PathError, Sandbox, create_sandbox
-from envs.sandbox.base import normalize_path
-from envs.tools import tool
+from gymfoundry.envs.base import EnvFault, ToolEnv, ToolError
+from gymfoundry.envs.coding import generator
+from gymfoundry.envs.errors import ErrorKind, InvalidTask
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.sandbox import Limits, PathError, Sandbox, create_sandbox
+from gymfoundry.envs.sandbox.base import normalize_path
+from gymfoundry.envs.tools import tool
 
 RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
 MAX_TEXT = 2000  # characters of file or command output per observation (the JSON stays under 4000)

@@ -1,14 +1,14 @@
 """The conversation family: τ-style order support with a simulated customer and a written policy
-(envs/conversation/policy.md). Declared once, here; found by `import envs`."""
+(envs/conversation/policy.md). Declared once, here; found by `import gymfoundry.envs`."""
 
-from envs.conversation.facts import ConversationFacts
-from envs.conversation.generator import GENERATOR_VERSION, generate
-from envs.conversation.world import ConversationEnv
-from envs.family import Family
+from gymfoundry.envs.conversation.facts import ConversationFacts
+from gymfoundry.envs.conversation.generator import GENERATOR_VERSION, generate
+from gymfoundry.envs.conversation.world import ConversationEnv
+from gymfoundry.envs.family import Family
 
 FAMILY = Family(
     name="conversation", env=ConversationEnv, generator=generate, generator_version=GENERATOR_VERSION,
-    facts=ConversationFacts, verifier="envs.conversation.verifier:ConversationVerifier",
-    scripted_policy="envs.conversation.policy:ScriptedConversationPolicy")
+    facts=ConversationFacts, verifier="gymfoundry.envs.conversation.verifier:ConversationVerifier",
+    scripted_policy="gymfoundry.envs.conversation.policy:ScriptedConversationPolicy")
 
 __all__ = ["FAMILY", "ConversationEnv"]

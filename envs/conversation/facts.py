@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import HiddenFacts
-from envs.person import Persona
+from gymfoundry.envs.family import HiddenFacts
+from gymfoundry.envs.person import Persona
 
 Kind = Literal["cancel", "return", "exchange", "address", "out_of_scope"]
 

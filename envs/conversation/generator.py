@@ -15,11 +15,11 @@ import datetime as dt
 import random
 from typing import Any
 
-from envs.conversation.facts import ConversationFacts, DbVariant, Mention, Request
-from envs.conversation.world import money, policy_text
-from envs.family import Family
-from envs.person import Fact, Persona
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.conversation.facts import ConversationFacts, DbVariant, Mention, Request
+from gymfoundry.envs.conversation.world import money, policy_text
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.person import Fact, Persona
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 GENERATOR_VERSION = "2"  # 2: the policy says only what is true; the reference states each outcome
 RETURN_DAYS = 30

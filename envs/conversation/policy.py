@@ -17,7 +17,7 @@ import re
 from collections.abc import Generator
 from typing import Any
 
-from envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 OPENING = re.compile(r'Their first message:\n"(.*)"\s*$', re.MULTILINE)
 TODAY = re.compile(r"today is (\d{4}-\d{2}-\d{2})")

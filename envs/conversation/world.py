@@ -21,12 +21,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
-from envs.base import ToolEnv, ToolError
-from envs.conversation.facts import ConversationFacts
-from envs.errors import InvalidTask
-from envs.person import Simulator, make_simulator, new_memory
-from envs.records import TaskSpec, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.conversation.facts import ConversationFacts
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.person import Simulator, make_simulator, new_memory
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.tools import tool
 
 POLICY_DOC = Path(__file__).with_name("policy.md")
 # The tools that touch an account: refused until the customer's identity is verified.

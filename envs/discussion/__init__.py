@@ -3,7 +3,7 @@ options, each with a hidden score table, a threshold below which they reject a d
 confidential reason told only when asked; decide an option everyone accepts, or "none" when no
 option can, without repeating a confidential reason or claiming a stance nobody stated."""
 
-from envs.family import Family
+from gymfoundry.envs.family import Family
 
 from .facts import DiscussionFacts
 from .generator import GENERATOR_VERSION, generate

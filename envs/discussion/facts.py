@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import HiddenFacts
-from envs.person import Persona
+from gymfoundry.envs.family import HiddenFacts
+from gymfoundry.envs.person import Persona
 
 
 class Participant(BaseModel):

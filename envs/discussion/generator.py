@@ -12,9 +12,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from envs.family import Family
-from envs.person import Fact, Persona
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.person import Fact, Persona
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 from .facts import DiscussionFacts, Participant, Variant
 from .rules import NONE, feasible, spoken_list

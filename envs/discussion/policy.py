@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Generator
 
-from envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 from .rules import NONE, contains
 

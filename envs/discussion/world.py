@@ -21,11 +21,11 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from envs.base import ToolEnv, ToolError
-from envs.errors import InvalidTask
-from envs.person import asks, make_simulator, new_memory
-from envs.records import TaskSpec, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.person import asks, make_simulator, new_memory
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.tools import tool
 
 from .facts import Participant
 from .rules import NONE, normalize, spoken_list, strict_claim

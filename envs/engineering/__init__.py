@@ -2,7 +2,7 @@
 irreversible actions (delete_data, drop_queue, rotate_credentials) behind approvals that the
 runtime enforces and a hidden approver grants only when the state warrants them."""
 
-from envs.family import Family
+from gymfoundry.envs.family import Family
 
 from .facts import EngineeringFacts
 from .generator import GENERATOR_VERSION, generate

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import HiddenFacts
+from gymfoundry.envs.family import HiddenFacts
 
 Kind = Literal["bad_config", "bad_timeout", "bad_deploy", "pool_exhausted", "disk_full", "expired_credentials", "poison_queue"]
 

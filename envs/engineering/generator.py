@@ -16,8 +16,8 @@ import math
 import random
 from typing import Any
 
-from envs.family import Family
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 from . import fleet
 from .facts import Cause, EngineeringFacts

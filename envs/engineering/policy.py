@@ -21,7 +21,7 @@ import math
 import re
 from collections.abc import Generator
 
-from envs.scripted import ScriptedPolicy, tool_result as _result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result as _result
 
 SYMPTOM = re.compile(r"Users report errors from ([a-z0-9-]+)\.")
 MAX_ROUNDS = 3

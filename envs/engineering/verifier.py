@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from envs.scripted import tool_result
-from verifiers.base import Ending, ReplayVerifier, calls_of
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
+from gymfoundry.envs.scripted import tool_result
+from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of
 
 from . import fleet
 from .facts import Cause, EngineeringFacts

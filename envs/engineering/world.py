@@ -25,10 +25,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from envs.base import ToolEnv, ToolError
-from envs.errors import ActionError, InvalidTask
-from envs.records import TaskSpec, ToolCall, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.errors import ActionError, InvalidTask
+from gymfoundry.envs.records import TaskSpec, ToolCall, ToolCategory
+from gymfoundry.envs.tools import tool
 
 from . import fleet
 

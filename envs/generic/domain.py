@@ -17,11 +17,11 @@ import jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envs.errors import RESERVED
-from envs.family import LEVELS, Family, FamilyError
-from envs.generic import expr
-from envs.profile import DomainProfile, ToolSpec
-from envs.records import ToolCategory
+from gymfoundry.envs.errors import RESERVED
+from gymfoundry.envs.family import LEVELS, Family, FamilyError
+from gymfoundry.envs.generic import expr
+from gymfoundry.envs.profile import DomainProfile, ToolSpec
+from gymfoundry.envs.records import ToolCategory
 
 NAME = r"^[a-z][a-z0-9_]*$"
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -152,7 +152,7 @@ def load_family(path: str | Path, *, name: str | None = None, prove: bool = True
     before = DOMAINS.get(domain.name)
     fam = build(domain, path)
     if prove:
-        from envs.generic.proof import prove_domain  # plays tasks: needs the family built
+        from gymfoundry.envs.generic.proof import prove_domain  # plays tasks: needs the family built
 
         problems = prove_domain(fam, domain)
         if problems:
@@ -406,7 +406,7 @@ def name_clash(name: str) -> str | None:
     """Why a domain cannot take `name`: one of the classes it makes (`<Name>Env`, `<Name>Policy`,
     `<Name>Verifier`, found by name when pickled or looked up) is the interpreter's own, or
     another loaded domain's (`a_b` and `a__b` both make ABEnv)."""
-    from envs.generic import policy, verifier, world
+    from gymfoundry.envs.generic import policy, verifier, world
 
     for suffix, module in (("Env", world), ("Policy", policy), ("Verifier", verifier)):
         cls = world.class_name(name, suffix)
@@ -422,9 +422,9 @@ def name_clash(name: str) -> str | None:
 # -- the family ---------------------------------------------------------------------------------
 def build(domain: Domain, path: Path) -> Family:
     """The `Family` of a checked domain (not yet registered)."""
-    from envs.generic import policy, world
-    from envs.generic.facts import GenericFacts
-    from envs.generic.generator import generate
+    from gymfoundry.envs.generic import policy, world
+    from gymfoundry.envs.generic.facts import GenericFacts
+    from gymfoundry.envs.generic.generator import generate
 
     env = world.env_class(domain, profile_of(domain))
     scripted = policy.policy_class(domain)

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from envs.family import HiddenFacts
+from gymfoundry.envs.family import HiddenFacts
 
 
 class _Part(BaseModel):

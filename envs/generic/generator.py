@@ -11,16 +11,16 @@ import json
 import random
 from typing import TYPE_CHECKING, Any
 
-from envs.base import ToolError
-from envs.errors import InvalidTask
-from envs.generic.expr import EvalError, budget, evaluate, render, text_of, truth
-from envs.generic.facts import GenericFacts, RuleFacts, VariantFacts
-from envs.generic.world import run_tool
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.base import ToolError
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.generic.expr import EvalError, budget, evaluate, render, text_of, truth
+from gymfoundry.envs.generic.facts import GenericFacts, RuleFacts, VariantFacts
+from gymfoundry.envs.generic.world import run_tool
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 if TYPE_CHECKING:
-    from envs.family import Family
-    from envs.generic.domain import Domain, Step, TaskTemplate
+    from gymfoundry.envs.family import Family
+    from gymfoundry.envs.generic.domain import Domain, Step, TaskTemplate
 
 
 def generate(domain: Domain, family: Family, seed: int, level: int) -> TaskSpec:

@@ -15,12 +15,12 @@ import re
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from envs.generic.expr import PLACEHOLDER, EvalError, evaluate, parse_path, truth
-from envs.records import ToolCategory
-from envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.generic.expr import PLACEHOLDER, EvalError, evaluate, parse_path, truth
+from gymfoundry.envs.records import ToolCategory
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 if TYPE_CHECKING:
-    from envs.generic.domain import Domain, TaskTemplate
+    from gymfoundry.envs.generic.domain import Domain, TaskTemplate
 
 _CLASSES: dict[str, type] = {}
 INTEGER = re.compile(r"-?\d{1,18}")
@@ -121,7 +121,7 @@ def line_pattern(line: str) -> str:
 
 
 def policy_class(domain: Domain) -> type[DomainPolicy]:
-    from envs.generic.world import class_name
+    from gymfoundry.envs.generic.world import class_name
 
     name = class_name(domain.name, "Policy")
     cls = type(name, (DomainPolicy,), {"domain": domain, "policy_id": f"scripted-{domain.name}",

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from envs.errors import InvalidTask
-from envs.family import Family
-from envs.generic.domain import Domain
-from envs.generic.expr import EvalError, evaluate
-from envs.generic.generator import generate_from
-from envs.generic.rules import failed_rules, held
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.generic.domain import Domain
+from gymfoundry.envs.generic.expr import EvalError, evaluate
+from gymfoundry.envs.generic.generator import generate_from
+from gymfoundry.envs.generic.rules import failed_rules, held
 
 SEEDS = (0, 1)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from envs.generic.expr import EvalError, apply_effect, render, truth
-from envs.generic.facts import GenericFacts
+from gymfoundry.envs.generic.expr import EvalError, apply_effect, render, truth
+from gymfoundry.envs.generic.facts import GenericFacts
 
 
 def failed_rules(facts: GenericFacts, initial: dict[str, Any], state: dict[str, Any]) -> list[str]:

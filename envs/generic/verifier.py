@@ -16,15 +16,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from envs.family import family
-from envs.generic.domain import DOMAINS
-from envs.generic.expr import truth
-from envs.generic.facts import GenericFacts
-from envs.generic.rules import failed_rules, held, state_diff, variant_worlds
-from envs.generic.world import class_name
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, ToolCategory
-from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier, calls_of
+from gymfoundry.envs.family import family
+from gymfoundry.envs.generic.domain import DOMAINS
+from gymfoundry.envs.generic.expr import truth
+from gymfoundry.envs.generic.facts import GenericFacts
+from gymfoundry.envs.generic.rules import failed_rules, held, state_diff, variant_worlds
+from gymfoundry.envs.generic.world import class_name
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, ToolCategory
+from gymfoundry.envs.scripted import tool_result
+from gymfoundry.verifiers.base import ReplayVerifier, calls_of
 
 _CLASSES: dict[str, type] = {}
 GOLD_KEPT = 512
@@ -136,7 +136,7 @@ def verifier_class(name: str) -> type[DomainVerifier]:
 
 def _crafted(self: DomainVerifier, task: TaskSpec) -> list[ToolCall] | None:
     """The reference with the template's `crafted` calls before its last one (None if it has none)."""
-    from envs.generic.expr import evaluate
+    from gymfoundry.envs.generic.expr import evaluate
 
     facts = self.facts(task)
     template = self.domain.tasks[facts.template]

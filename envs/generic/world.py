@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import jsonschema
 
-from envs.base import ToolEnv, ToolError
-from envs.errors import InvalidTask
-from envs.generic.expr import EvalError, apply_effect, budget, charge_size, evaluate, render, truth
-from envs.records import TaskSpec
-from envs.tools import ToolDecl
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.generic.expr import EvalError, apply_effect, budget, charge_size, evaluate, render, truth
+from gymfoundry.envs.records import TaskSpec
+from gymfoundry.envs.tools import ToolDecl
 
 if TYPE_CHECKING:
-    from envs.generic.domain import Domain
+    from gymfoundry.envs.generic.domain import Domain
 
 _CLASSES: dict[str, type] = {}  # class name -> the env class of a loaded domain (for pickle and lookups)
 

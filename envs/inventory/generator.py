@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
-from envs.family import Family
-from envs.inventory.facts import InventoryFacts
-from envs.records import TaskSpec, ToolCall, content_hash
+from gymfoundry.envs.family import Family
+from gymfoundry.envs.inventory.facts import InventoryFacts
+from gymfoundry.envs.records import TaskSpec, ToolCall, content_hash
 
 GENERATOR_VERSION = "1"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Generator
 
-from envs.scripted import ScriptedPolicy, tool_result as _result
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result as _result
 
 GOAL_ORDER = re.compile(r"Order (ORD-\d+)")
 GOAL_ITEM = re.compile(r'^- (\d+) x "([a-z ]+)"$', re.MULTILINE)

@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from envs.base import ToolEnv, ToolError, copy_state
-from envs.errors import InvalidTask
-from envs.records import TaskSpec, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError, copy_state
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.tools import tool
 
 
 class Refusal(str, Enum):

@@ -1,7 +1,7 @@
 """The orchestrator family: delegate whole sub-tasks of other families to frozen sub-agents in
 parallel stages (envs/delegation.py), retry what failed, finish when all succeeded."""
 
-from envs.family import Family
+from gymfoundry.envs.family import Family
 
 from .facts import OrchestratorFacts
 from .generator import GENERATOR_VERSION, generate

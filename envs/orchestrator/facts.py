@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envs.family import HiddenFacts
+from gymfoundry.envs.family import HiddenFacts
 
 
 class OrchestratorFacts(HiddenFacts):

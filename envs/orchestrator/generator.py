@@ -9,9 +9,9 @@ level (1..3). A sub-task its sub-agent fails at every allowed attempt is drawn a
 
 from __future__ import annotations
 
-from envs.delegation import MAX_ATTEMPTS, delegate_stage, new_delegations
-from envs.family import Family, family as family_of
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.delegation import MAX_ATTEMPTS, delegate_stage, new_delegations
+from gymfoundry.envs.family import Family, family as family_of
+from gymfoundry.envs.records import TaskSpec, ToolCall
 
 from .facts import OrchestratorFacts
 

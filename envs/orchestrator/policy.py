@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Generator
 
-from envs.delegation import MAX_ATTEMPTS
-from envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.delegation import MAX_ATTEMPTS
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 SUBTASK = re.compile(r"^- (S\d+) \(", re.M)
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.delegation import is_default
-from envs.records import CheckResult, OutcomeReport, Step, TaskSpec
-from envs.scripted import tool_result
-from verifiers.base import ReplayVerifier, calls_of
+from gymfoundry.envs.delegation import is_default
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec
+from gymfoundry.envs.scripted import tool_result
+from gymfoundry.verifiers.base import ReplayVerifier, calls_of
 
 from .facts import OrchestratorFacts
 from .world import OrchestratorEnv

@@ -17,11 +17,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from envs.base import ToolEnv, ToolError
-from envs.delegation import MAX_ATTEMPTS, MAX_PARALLEL, SubAgentFactory, SubEpisode, delegate_stage, new_delegations
-from envs.errors import ErrorKind
-from envs.records import TaskSpec, ToolCategory
-from envs.tools import tool
+from gymfoundry.envs.base import ToolEnv, ToolError
+from gymfoundry.envs.delegation import MAX_ATTEMPTS, MAX_PARALLEL, SubAgentFactory, SubEpisode, delegate_stage, new_delegations
+from gymfoundry.envs.errors import ErrorKind
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.tools import tool
 
 SubtaskId = Annotated[str, Field(min_length=1, max_length=16, description="a sub-task id, e.g. S2")]
 

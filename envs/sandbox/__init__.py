@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from envs.sandbox.base import (WORKSPACE, CommandResult, Limits, PathError, PathKind, Sandbox, SandboxError,
+from gymfoundry.envs.sandbox.base import (WORKSPACE, CommandResult, Limits, PathError, PathKind, Sandbox, SandboxError,
                                SandboxUnavailable, fault_count, faults_since)
 
 BACKENDS = ("docker", "bubblewrap", "unsafe-local")
@@ -28,7 +28,7 @@ def _opted_in(allow_unsafe: bool | None) -> bool:
 
 def backend_status() -> dict[str, tuple[bool, str]]:
     """Which backends work on this machine, and why not (probes are cached per process)."""
-    from envs.sandbox import bubblewrap, docker_backend
+    from gymfoundry.envs.sandbox import bubblewrap, docker_backend
 
     return {"docker": docker_backend.probe(), "bubblewrap": bubblewrap.probe(),
             "unsafe-local": (True, "no isolation; needs an explicit opt-in")}
@@ -36,7 +36,7 @@ def backend_status() -> dict[str, tuple[bool, str]]:
 
 def select_backend(backend: str | None = None, allow_unsafe: bool | None = None) -> str:
     """The backend `create_sandbox` would use, or SandboxUnavailable saying why none."""
-    from envs.sandbox import bubblewrap, docker_backend
+    from gymfoundry.envs.sandbox import bubblewrap, docker_backend
 
     choice = (backend or os.environ.get("GYMFOUNDRY_SANDBOX") or "auto").strip().lower()
     if choice not in BACKENDS + ("auto",):
@@ -68,14 +68,14 @@ def create_sandbox(snapshot: dict[str, bytes | str], support: dict[str, bytes | 
     `sandbox.support_dir`."""
     name = select_backend(backend, allow_unsafe)
     if name == "docker":
-        from envs.sandbox.docker_backend import DockerSandbox
+        from gymfoundry.envs.sandbox.docker_backend import DockerSandbox
 
         return DockerSandbox(snapshot, support, limits)
     if name == "bubblewrap":
-        from envs.sandbox.bubblewrap import BubblewrapSandbox
+        from gymfoundry.envs.sandbox.bubblewrap import BubblewrapSandbox
 
         return BubblewrapSandbox(snapshot, support, limits)
-    from envs.sandbox.local import LocalSandbox
+    from gymfoundry.envs.sandbox.local import LocalSandbox
 
     return LocalSandbox(snapshot, support, limits)
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-from envs.base import EnvFault
+from gymfoundry.envs.base import EnvFault
 
 WORKSPACE = "/workspace"
 MAX_OUTPUT_BYTES = 64 * 1024

@@ -59,8 +59,8 @@ import time
 import weakref
 from typing import Any
 
-from envs.sandbox import cgroups, files, quota, stale, staging
-from envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, Sandbox,
+from gymfoundry.envs.sandbox import cgroups, files, quota, stale, staging
+from gymfoundry.envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, Sandbox,
                                SandboxError, SandboxUnavailable, check_argv)
 
 SUPPORT_DIR = "/opt/gymfoundry"
@@ -135,7 +135,7 @@ def masked_dirs(bound: list[str]) -> list[str]:
     family's package, with its templates and hidden tests, and its verifier's, the graders) that
     a read-only bind would expose, e.g. when gymfoundry is installed under /usr: they get an empty
     tmpfs. A folder inside another masked one is hidden with it."""
-    from envs.family import masked_dirs as declared  # envs.family imports no sandbox code
+    from gymfoundry.envs.family import masked_dirs as declared  # envs.family imports no sandbox code
 
     dirs = sorted({os.path.realpath(d) for d in declared()})
     outer = [d for d in dirs if not any(d.startswith(o + "/") for o in dirs)]

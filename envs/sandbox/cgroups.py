@@ -17,7 +17,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from envs.sandbox.base import Limits
+from gymfoundry.envs.sandbox.base import Limits
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 GROUP_DIR = f"gymfoundry-{os.getpid()}"

@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from envs.sandbox import files
-from envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, PathKind,
+from gymfoundry.envs.sandbox import files
+from gymfoundry.envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, PathKind,
                                Sandbox, SandboxError, check_argv, normalize_path)
 
 IMAGE = "python:3.11-slim"
@@ -66,7 +66,7 @@ def _tar(entries: dict[str, bytes], uid: int, mode: int) -> bytes:
 
 
 def _network_packets(text: str) -> int:
-    from envs.sandbox.bubblewrap import _network_attempts
+    from gymfoundry.envs.sandbox.bubblewrap import _network_attempts
 
     return _network_attempts(text)
 

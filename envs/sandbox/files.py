@@ -17,7 +17,7 @@ import os
 import shutil
 import stat
 
-from envs.sandbox.base import PathError, PathKind, normalize_path
+from gymfoundry.envs.sandbox.base import PathError, PathKind, normalize_path
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 32  # directories below this many levels are not listed (one open fd per level)

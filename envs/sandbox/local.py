@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from envs.sandbox.base import Limits
-from envs.sandbox.bubblewrap import BubblewrapSandbox, describe
+from gymfoundry.envs.sandbox.base import Limits
+from gymfoundry.envs.sandbox.bubblewrap import BubblewrapSandbox, describe
 
 
 class LocalSandbox(BubblewrapSandbox):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-from envs.sandbox import files
-from envs.sandbox.base import Limits
+from gymfoundry.envs.sandbox import files
+from gymfoundry.envs.sandbox.base import Limits
 
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2

@@ -20,7 +20,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from envs.sandbox.base import SandboxUnavailable
+from gymfoundry.envs.sandbox.base import SandboxUnavailable
 
 PREFIX = "gymfoundry-bwrap-"
 

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 
-from envs.sandbox import quota
+from gymfoundry.envs.sandbox import quota
 
 DIR_PREFIX = "gymfoundry-sbx-"
 LOCK = "owner.lock"

@@ -48,9 +48,9 @@ def text_tasks(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
     the train tasks, as the split authority decides with the splits and holdout fractions a
     warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family -> fraction).
     The holdout never enters training, tokenizer included."""
-    from envs.records import Split
-    from tasks.generate import generate_tasks
-    from tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
+    from gymfoundry.envs.records import Split
+    from gymfoundry.tasks.generate import generate_tasks
+    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
 
     generated = generate_tasks(family, n_tasks, seed)
     fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
@@ -64,8 +64,8 @@ def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
     """Text the factory produces for `family`: goals, tool schemas, and what the family's
     scripted policy writes (thoughts and calls) with the observations it gets back, for the
     `text_tasks` only."""
-    from tasks.policies import make_policy
-    from tasks.rollout import run_episode
+    from gymfoundry.tasks.policies import make_policy
+    from gymfoundry.tasks.rollout import run_episode
 
     policy = make_policy("scripted", family, mistake_rate=0.1)
     texts = []
@@ -136,7 +136,7 @@ def build_base_model(out_dir: str | Path, texts: Iterable[str] | None = None, *,
                                                pad_token_id=tokenizer.pad_token_id, do_sample=False)
     out.mkdir(parents=True, exist_ok=True)
     if copy_steps:
-        from tasks.training.copy_pretraining import pretrain_copying
+        from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
 
         metrics = pretrain_copying(model, tokenizer, str(out / "copy-pretraining"), copy_steps, seed=seed)
         (out / "copy_pretraining.json").write_text(json.dumps(metrics))

@@ -13,7 +13,7 @@ import torch
 from trl import DPOTrainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-from tasks.training.sft import render_ids
+from gymfoundry.tasks.training.sft import render_ids
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

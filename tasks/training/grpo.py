@@ -62,9 +62,9 @@ def train_tasks(family: str, n: int, seed: int, known=None, holdout_fraction=Non
     """`n` train tasks of a family, as the split authority decides with the splits and holdout
     fractions a warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family ->
     fraction): never a holdout, val or test task."""
-    from envs.records import Split
-    from tasks.generate import generate_tasks
-    from tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
+    from gymfoundry.envs.records import Split
+    from gymfoundry.tasks.generate import generate_tasks
+    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
 
     fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
     return tasks_of_split(generate_tasks(family, n * 4, seed), Split.train, known, fraction)[:n]
@@ -77,9 +77,9 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None, holdout_fract
     warehouse recorded) is refused whole."""
     from datasets import Dataset
 
-    from tasks.generate import family_env_class
-    from tasks.isolate import HOLDOUT_FRACTION, refuse_non_train
-    from tasks.training.curriculum import curriculum_order, row_weight
+    from gymfoundry.tasks.generate import family_env_class
+    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, refuse_non_train
+    from gymfoundry.tasks.training.curriculum import curriculum_order, row_weight
 
     rows = Dataset.from_parquet(str(dataset)).to_list()
     tasks = []
@@ -96,7 +96,7 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None, holdout_fract
 
 def step_rewards_of(rollouts, tasks) -> dict[str, list[float]]:
     """The PRM's reward per step: the `combined` layer where scored, else the rule layer."""
-    from tasks.score import score_rollouts
+    from gymfoundry.tasks.score import score_rollouts
 
     by_layer: dict[str, dict[str, dict[int, float]]] = {}
     for s in score_rollouts(rollouts, tasks):
@@ -152,7 +152,7 @@ class LiveEpisodes:
     errors the env appended (env mask 0). Keeps every episode played, for landing."""
 
     def __init__(self, tasks, base_model: str, hp, policy_id: str, parallelism=None):
-        from tasks.hf_policy import family_tools
+        from gymfoundry.tasks.hf_policy import family_tools
 
         self.parallelism = parallelism  # envs.records.ParallelismReward from the dataset, or None
         self.tasks = {t.task_id: t for t in tasks}
@@ -161,9 +161,9 @@ class LiveEpisodes:
         self.rollouts, self.group_success = [], []
 
     def __call__(self, prompts: list[str], trainer) -> dict[str, list]:
-        from tasks.evaluate import evaluation_budget
-        from tasks.hf_policy import HFPolicy
-        from tasks.rollout import rollout_seed, run_episode
+        from gymfoundry.tasks.evaluate import evaluation_budget
+        from gymfoundry.tasks.hf_policy import HFPolicy
+        from gymfoundry.tasks.rollout import rollout_seed, run_episode
 
         hp, step, n = self.hp, trainer.state.global_step, trainer.num_generations
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -205,7 +205,7 @@ class LiveEpisodes:
 def episode_reward(rollout, parallelism, step: int) -> float:
     """The episode's outcome (1 for a verified success), plus the dataset's annealed parallelism
     reward where it offers one: its weight at `step` x the episode's parallelism gain."""
-    from envs.delegation import parallelism_gain
+    from gymfoundry.envs.delegation import parallelism_gain
 
     bonus = 0.0 if parallelism is None else parallelism.at(step) * parallelism_gain(rollout)
     return float(rollout.success) + bonus
@@ -215,7 +215,7 @@ def dataset_parallelism(dataset: str):
     """The parallelism reward a GRPO dataset file offers (its rows carry the schedule), or None."""
     import pyarrow.parquet as pq
 
-    from envs.records import ParallelismReward
+    from gymfoundry.envs.records import ParallelismReward
 
     table = pq.read_table(str(dataset))
     if "parallelism_weight" not in table.column_names or table.num_rows == 0:
@@ -235,10 +235,10 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from tasks.isolate import landed_holdout_fractions, landed_splits
-    from tasks.training.base_model import load_model
-    from tasks.training.progress import ReportProgress
-    from tasks.training.runners import TimeLimit, template_metrics
+    from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits
+    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.training.progress import ReportProgress
+    from gymfoundry.tasks.training.runners import TimeLimit, template_metrics
 
     model, tokenizer = load_model(base_model)
     known = landed_splits(hp.data_dir)  # the splits recorded where the factory landed its tasks

@@ -8,8 +8,8 @@ import time
 
 from transformers import TrainerCallback
 
-from tasks import progress
-from tasks.progress import PERMILLE, TRAINING
+from gymfoundry.tasks import progress
+from gymfoundry.tasks.progress import PERMILLE, TRAINING
 
 
 class ReportProgress(TrainerCallback):

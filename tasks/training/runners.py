@@ -9,9 +9,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from tasks.training.base_model import load_model, template_source, tool_arguments_for
-from tasks.training.curriculum import CurriculumMixin, CurriculumSampler, row_weight
-from tasks.training.progress import ReportProgress
+from gymfoundry.tasks.training.base_model import load_model, template_source, tool_arguments_for
+from gymfoundry.tasks.training.curriculum import CurriculumMixin, CurriculumSampler, row_weight
+from gymfoundry.tasks.training.progress import ReportProgress
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def finish(trainer, tokenizer, output_dir: str, examples: int, started: float) -
 def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any]:
     from trl import SFTConfig
 
-    from tasks.training.sft import StepWeightedSFTTrainer, WeightedCollator, sft_examples
+    from gymfoundry.tasks.training.sft import StepWeightedSFTTrainer, WeightedCollator, sft_examples
 
     class Trainer(CurriculumMixin, StepWeightedSFTTrainer):
         pass
@@ -120,7 +120,7 @@ def run_dpo(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any
     from datasets import Dataset
     from trl import DPOConfig
 
-    from tasks.training.dpo import MaskedDPOTrainer, MaskedPreferenceCollator, preference_example
+    from gymfoundry.tasks.training.dpo import MaskedDPOTrainer, MaskedPreferenceCollator, preference_example
 
     class Trainer(CurriculumMixin, MaskedDPOTrainer):
         pass

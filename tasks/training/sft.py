@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from trl import SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from tasks.assemble import with_tool_arguments
-from tasks.training.base_model import tool_arguments_for
+from gymfoundry.tasks.assemble import with_tool_arguments
+from gymfoundry.tasks.training.base_model import tool_arguments_for
 
 STEP_WEIGHT_TEMPERATURE = 0.25
 

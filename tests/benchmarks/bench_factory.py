@@ -39,7 +39,7 @@ PLAIN_STAGES: list[dict[str, float]] = []
 
 
 def config(data_dir: str, n: int, samples: int, seed: int, batch_size: int | None):
-    from flows.config import FactoryConfig
+    from gymfoundry.flows.config import FactoryConfig
 
     return FactoryConfig(families=[FAMILY], tasks_per_family=n, seed=seed, policy="scripted", mistake_rate=MISTAKE_RATE,
                          samples_per_task=samples, data_dir=data_dir, batch_size=batch_size)
@@ -51,7 +51,7 @@ def outcome(landed: dict[str, int], datasets: dict[str, dict]) -> dict:
 
 
 def run_flow(cfg) -> dict:
-    from flows.factory import factory
+    from gymfoundry.flows.factory import factory
 
     report = factory(**cfg.params())
     return outcome(report["landed"], report["datasets"])
@@ -59,17 +59,17 @@ def run_flow(cfg) -> dict:
 
 def run_plain(cfg) -> dict:
     """The flow's stages in the flow's order, as plain calls: no task runs, no subflow, no artifacts."""
-    from envs.records import Run
-    from tasks.assemble import assemble_datasets
-    from tasks.audit import ensure_audited
-    from tasks.generate import generate_tasks
-    from tasks.isolate import assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
-    from tasks.land import land_records, land_run
-    from tasks.policies import make_policy
-    from tasks.retry import collect_with_retries, run_counts
-    from tasks.score import score_rollouts
-    from tasks.validate import validate_tasks
-    from warehouse import Warehouse
+    from gymfoundry.envs.records import Run
+    from gymfoundry.tasks.assemble import assemble_datasets
+    from gymfoundry.tasks.audit import ensure_audited
+    from gymfoundry.tasks.generate import generate_tasks
+    from gymfoundry.tasks.isolate import assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
+    from gymfoundry.tasks.land import land_records, land_run
+    from gymfoundry.tasks.policies import make_policy
+    from gymfoundry.tasks.retry import collect_with_retries, run_counts
+    from gymfoundry.tasks.score import score_rollouts
+    from gymfoundry.tasks.validate import validate_tasks
+    from gymfoundry.warehouse import Warehouse
 
     data_dir, family = cfg.data_dir, cfg.families[0]
     stages: dict[str, float] = {}
@@ -117,12 +117,12 @@ def timed(fn, *args) -> tuple[float, object]:
 
 
 def throughput(n: int, samples: int, seed: int) -> dict[str, float]:
-    from tasks.generate import generate_tasks
-    from tasks.isolate import isolate_tasks
-    from tasks.policies import make_policy
-    from tasks.rollout import collect_rollouts
-    from tasks.score import score_rollouts
-    from tasks.validate import validate_tasks
+    from gymfoundry.tasks.generate import generate_tasks
+    from gymfoundry.tasks.isolate import isolate_tasks
+    from gymfoundry.tasks.policies import make_policy
+    from gymfoundry.tasks.rollout import collect_rollouts
+    from gymfoundry.tasks.score import score_rollouts
+    from gymfoundry.tasks.validate import validate_tasks
 
     tasks, _ = isolate_tasks(validate_tasks(generate_tasks(FAMILY, n, seed))[0])
     policy = make_policy("scripted", FAMILY, mistake_rate=MISTAKE_RATE)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(shlex.quote(a) for a in [sys.executable.replace(os.getcwd() + "/", ""), *sys.argv])
 
     t0 = time.perf_counter()
-    import flows.factory  # noqa: F401  Prefect, polars, duckdb, the envs
+    import gymfoundry.flows.factory  # noqa: F401  Prefect, polars, duckdb, the envs
     import_s = time.perf_counter() - t0
     from prefect.testing.utilities import prefect_test_harness
 

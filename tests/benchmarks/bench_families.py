@@ -8,7 +8,7 @@ test (pytest collects test_*.py only).
 Two figures per family, medians of `--repeats`: `env` plays `--episodes` episodes (levels 1–5
 in turn) through the runtime stack without the outcome verifier (`make(..., verified=False)`),
 `verified` the same episodes with it (the verdict at each episode's end, its replays included).
-`check_family_s` is `envs.check.check_family` on the family, once.
+`check_family_s` is `gymfoundry.envs.check.check_family` on the family, once.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def steps_per_second(family: str, episodes: int, verified: bool) -> float:
-    from envs.family import family as family_of
-    from envs.registry import make
-    from envs.wrappers import standard_stack
-    from tasks.policies import make_policy
+    from gymfoundry.envs.family import family as family_of
+    from gymfoundry.envs.registry import make
+    from gymfoundry.envs.wrappers import standard_stack
+    from gymfoundry.tasks.policies import make_policy
 
     fam = family_of(family)
     tasks = [fam.generate(seed, level) for seed in range(episodes // 5 + 1) for level in fam.levels][:episodes]
@@ -53,8 +53,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json")
     args = parser.parse_args()
-    import envs  # noqa: F401
-    from envs.check import check_family
+    from gymfoundry import envs  # noqa: F401
+    from gymfoundry.envs.check import check_family
 
     results = []
     print(f"{'family':<14} {'env steps/s':>12} {'verified steps/s':>17} {'check-family s':>15}")

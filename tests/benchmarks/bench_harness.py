@@ -42,9 +42,9 @@ PER_EPISODE = 7
 
 
 def direct_tool_calls(n: int, task) -> list[float]:
-    from envs.records import ToolCall
-    from envs.registry import make
-    from envs.wrappers import standard_stack
+    from gymfoundry.envs.records import ToolCall
+    from gymfoundry.envs.registry import make
+    from gymfoundry.envs.wrappers import standard_stack
 
     times: list[float] = []
     while len(times) < n:
@@ -138,7 +138,7 @@ def hostile_load(episodes: int, waves: int = 1) -> dict:
 
     env_port, proxy_port = free_port(), free_port()
     env_url, proxy_url = f"http://127.0.0.1:{env_port}", f"http://127.0.0.1:{proxy_port}"
-    cli = [sys.executable, "-m", "flows.cli"]
+    cli = [sys.executable, "-m", "gymfoundry.flows.cli"]
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
     hostile = max(1, episodes // 10)
     kinds = ["slowloris", "poisoned", "wrong_token"]
@@ -258,7 +258,7 @@ def hostile_load(episodes: int, waves: int = 1) -> dict:
                 if process.poll() is None:
                     process.terminate()
                     process.wait(30)
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     with Warehouse(data_dir, read_only=True) as wh:
         rows = wh.sql_df("select termination, count(*) from rollouts group by termination order by 1").rows()
@@ -288,10 +288,10 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         return
 
-    import envs  # noqa: F401
-    from tasks.harness import EpisodeHub
-    from tasks.mcp_server import build_app, served
-    from tasks.proxy import build_proxy
+    from gymfoundry import envs  # noqa: F401
+    from gymfoundry.tasks.harness import EpisodeHub
+    from gymfoundry.tasks.mcp_server import build_app, served
+    from gymfoundry.tasks.proxy import build_proxy
     from tests.tasks.harness_stub import scripted_inventory
     from tests.verifiers.openai_stub import OpenAIStub
 

@@ -83,10 +83,10 @@ def serve(latency: float) -> None:
 
 
 def run(base_url: str, concurrency: int, episodes: int, seed: int) -> float:
-    from envs.records import PolicySpec, RetryPolicy
-    from tasks.generate import generate_tasks
-    from tasks.policies import make_policy
-    from tasks.retry import collect_with_retries
+    from gymfoundry.envs.records import PolicySpec, RetryPolicy
+    from gymfoundry.tasks.generate import generate_tasks
+    from gymfoundry.tasks.policies import make_policy
+    from gymfoundry.tasks.retry import collect_with_retries
 
     tasks = generate_tasks("inventory", episodes, seed=seed)
     spec = PolicySpec(kind="openai", model="stub", base_url=base_url, max_concurrency=concurrency, timeout_s=30,
@@ -114,7 +114,7 @@ def main() -> None:
         return serve(args.latency)
     import httpx
 
-    import envs  # noqa: F401
+    from gymfoundry import envs  # noqa: F401
 
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--latency", str(args.latency)],
                               stdout=subprocess.PIPE, text=True)

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import polars as pl  # noqa: E402
 
-from envs.inventory import InventoryEnv  # noqa: E402
-from envs.profile import DomainProfile  # noqa: E402
-from verifiers.rules import (COMPONENTS, INJECTION, INVALID_KINDS, REFUSED_KINDS, SEPARATOR,  # noqa: E402
+from gymfoundry.envs.inventory import InventoryEnv  # noqa: E402
+from gymfoundry.envs.profile import DomainProfile  # noqa: E402
+from gymfoundry.verifiers.rules import (COMPONENTS, INJECTION, INVALID_KINDS, REFUSED_KINDS, SEPARATOR,  # noqa: E402
                              STEP_SCHEMA, score_table)
 
 PROFILES = {"inventory": InventoryEnv.profile}
@@ -215,9 +215,9 @@ def bench_rules(n: int, loop_n: int, repeats: int) -> dict:
 
 
 def bench_judge(steps: int, latency: float, concurrencies: list[int]) -> list[dict]:
-    from envs.records import Rollout, Step, TaskSpec, Termination, ToolCall  # noqa: F401
+    from gymfoundry.envs.records import Rollout, Step, TaskSpec, Termination, ToolCall  # noqa: F401
     from tests.verifiers.openai_stub import OpenAIStub
-    from verifiers.judge import Judge, JudgeCache, JudgeSettings
+    from gymfoundry.verifiers.judge import Judge, JudgeCache, JudgeSettings
 
     def rollouts(tag: str) -> list[Rollout]:
         out = []

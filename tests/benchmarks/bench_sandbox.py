@@ -31,8 +31,8 @@ sys.path.insert(0, ROOT)
 
 
 def overhead(n: int) -> dict:
-    from envs.sandbox import create_sandbox
-    from envs.sandbox.bubblewrap import sandbox_python
+    from gymfoundry.envs.sandbox import create_sandbox
+    from gymfoundry.envs.sandbox.bubblewrap import sandbox_python
 
     python = sandbox_python()
     out = {}
@@ -58,11 +58,11 @@ def overhead(n: int) -> dict:
 
 
 def episodes(n: int, mistake_rate: float) -> dict:
-    import envs  # noqa: F401  registers the coding family
-    from envs.coding import generate_task
-    from envs.coding.policy import ScriptedCodingPolicy
-    from tasks.rollout import run_episode
-    from tasks.validate import validate_tasks
+    from gymfoundry import envs  # noqa: F401  registers the coding family
+    from gymfoundry.envs.coding import generate_task
+    from gymfoundry.envs.coding.policy import ScriptedCodingPolicy
+    from gymfoundry.tasks.rollout import run_episode
+    from gymfoundry.tasks.validate import validate_tasks
 
     tasks = [generate_task(seed, 1 + seed % 5) for seed in range(n)]
     started = time.perf_counter()
@@ -82,8 +82,8 @@ def episodes(n: int, mistake_rate: float) -> dict:
 
 
 def grading(n: int) -> dict:
-    import verifiers.coding as grader
-    from envs.coding import CodingEnv, generate_task
+    import gymfoundry.verifiers.coding as grader
+    from gymfoundry.envs.coding import CodingEnv, generate_task
 
     cold, warm = [], []
     for seed in range(n):

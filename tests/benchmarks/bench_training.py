@@ -19,7 +19,7 @@ tiny base (tokenizer on `factory_texts(n_tasks=100)`, vocab 1024), built once in
 
 s/step is the wall time of `trainer.train()` over the steps taken (for ours, the metrics'
 `train_seconds` / `steps`, measured the same way): model loading, tokenising and trainer set-up
-are excluded. Both sides share the hyperparameters of `tasks.training.runners.common_args`.
+are excluded. Both sides share the hyperparameters of `gymfoundry.tasks.training.runners.common_args`.
 Every measurement (and the base build) runs in a fresh subprocess of this script (`--one`), so
 its peak RSS (ru_maxrss) is its own; this parent imports no torch. Each repeat runs plain then
 ours for each trainer, side by side; figures are medians (the ratio is the median of the
@@ -68,7 +68,7 @@ def timed_train(trainer) -> tuple[float, int]:
 
 
 def plain_args(hp, out: str) -> dict:
-    from tasks.training.runners import common_args
+    from gymfoundry.tasks.training.runners import common_args
 
     # Plain TRL keeps its default: raw text columns are dropped once tokenised.
     return {**common_args(hp, out), "remove_unused_columns": True}
@@ -78,8 +78,8 @@ def plain_sft(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from tasks.training.base_model import load_model
-    from tasks.training.runners import load_rows
+    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)
     data = Dataset.from_list([{"messages": r["messages"], "tools": r["tools"]} for r in load_rows(dataset)])
@@ -91,8 +91,8 @@ def plain_dpo(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from tasks.training.base_model import load_model
-    from tasks.training.runners import load_rows
+    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)
     data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected", "tools")}
@@ -104,7 +104,7 @@ def plain_dpo(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
 def plain_grpo(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from trl import GRPOTrainer
 
-    from tasks.training.grpo import run_grpo
+    from gymfoundry.tasks.training.grpo import run_grpo
 
     metrics = run_grpo(dataset, base, out, hp, trainer_class=GRPOTrainer)
     return metrics["train_seconds"], metrics["steps"]
@@ -117,12 +117,12 @@ def one(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     if spec["kind"] == "base":
-        from tasks.training.base_model import build_base_model, factory_texts
+        from gymfoundry.tasks.training.base_model import build_base_model, factory_texts
 
         build_base_model(spec["out"], factory_texts(n_tasks=100), vocab_size=1024,
                          hidden_size=spec["hidden"], layers=spec["layers"])
         return {}
-    from tasks.train import Hyperparameters, train
+    from gymfoundry.tasks.train import Hyperparameters, train
 
     kind, dataset, base, out = spec["kind"], spec["dataset"], spec["base"], spec["out"]
     hp = {"max_steps": spec["steps"], "batch_size": spec["batch_size"], "num_threads": spec["threads"],
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.closed_loop:
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        from flows.training import closed_loop
+        from gymfoundry.flows.training import closed_loop
 
         print(json.dumps(closed_loop(data_dir=args.closed_loop), indent=2))
     return 0

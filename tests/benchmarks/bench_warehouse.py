@@ -24,7 +24,7 @@ below stages each batch's tasks with its rollouts in any case).
 
 Then the same batches again, the way the factory's workers land ("workers write, one process
 registers"): `--workers` processes (default 2) each build their share of the batches' records
-(untimed), then, all started together, `warehouse.stage` them (rows, content ids, gates, Parquet
+(untimed), then, all started together, `gymfoundry.warehouse.stage` them (rows, content ids, gates, Parquet
 files in the data dir's incoming folder) and hand each `Staged` over a queue to this process, whose
 `Warehouse.land_staged` checks the keys and references against the catalog and registers the files.
 Its rate is the batches' steps over the wall time from the start to the last registration; its
@@ -59,7 +59,7 @@ TERMINATIONS = ["success", "success", "failure", "constraint_violation", "trunca
 
 
 def make_batch(first: int, n_rollouts: int, families: list[str]):
-    from envs.records import (Cost, Difficulty, Hidden, OutcomeReport, Rollout, Source, Step, TaskSpec,
+    from gymfoundry.envs.records import (Cost, Difficulty, Hidden, OutcomeReport, Rollout, Source, Step, TaskSpec,
                               Termination, ToolCall)
 
     tasks, rollouts = [], []
@@ -90,8 +90,8 @@ def make_batch(first: int, n_rollouts: int, families: list[str]):
 def same_rows(tasks, rollouts) -> dict:
     """The batch's tasks (none when `tasks` is None), rollouts and steps as Arrow tables of the
     warehouse's logical columns, made with the garbage collector paused (as `stage` does)."""
-    from warehouse import TABLES
-    from warehouse.staged import _step_owners
+    from gymfoundry.warehouse import TABLES
+    from gymfoundry.warehouse.staged import _step_owners
 
     was_enabled = gc.isenabled()
     gc.disable()
@@ -116,8 +116,8 @@ def write_reference(con, arrow: dict, folder: Path) -> None:
 def stage_worker(data_dir: str, firsts: list[int], per_batch: int, n_rollouts: int, families: list[str], gate: bool,
                  ready, go, out) -> None:
     """One staging worker: build the records of its batches, then stage them one by one onto `out`."""
-    from warehouse import quality
-    from warehouse.staged import stage
+    from gymfoundry.warehouse import quality
+    from gymfoundry.warehouse.staged import stage
 
     if gate:
         quality._batch_definition()
@@ -135,7 +135,7 @@ def staged_landing(data_dir: Path, workers: int, per_batch: int, n_rollouts: int
     """Land every batch through `workers` staging processes and this one registering process."""
     import multiprocessing
 
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
 
     ctx = multiprocessing.get_context("spawn")
     firsts = list(range(0, n_rollouts, per_batch))
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(shlex.quote(a) for a in [sys.executable.replace(os.getcwd() + "/", ""), *sys.argv])
     import duckdb
 
-    from warehouse import Warehouse, quality
+    from gymfoundry.warehouse import Warehouse, quality
 
     t0 = time.perf_counter()
     if not args.no_gates:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments import check
-from flows.config import EvaluationConfig, FactoryConfig, TrainingConfig
-from flows.evaluation import evaluate
-from flows.factory import factory
-from flows.training import train
+from gymfoundry.deployments import check
+from gymfoundry.flows.config import EvaluationConfig, FactoryConfig, TrainingConfig
+from gymfoundry.flows.evaluation import evaluate
+from gymfoundry.flows.factory import factory
+from gymfoundry.flows.training import train
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
@@ -64,11 +64,11 @@ def test_deploying_checks_the_working_directory_and_the_parameters(tmp_path):
     assert "--task-runner: Input should be 'threads', 'dask' or 'ray' (got 'spark')" in problem
     steps = yaml.safe_load(PREFECT_FILE.read_text())["build"]
     assert steps == [{"prefect.deployments.steps.run_shell_script": {
-        "id": "check", "script": "python -m deployments.check", "stream_output": True}}]
+        "id": "check", "script": "python -m gymfoundry.deployments.check", "stream_output": True}}]
 
 
 def test_served_and_work_pool_deployments_never_share_a_name():
-    from deployments.serve import build_deployment, build_training_deployment
+    from gymfoundry.deployments.serve import build_deployment, build_training_deployment
 
     in_yaml = {d["name"] for d in yaml.safe_load(PREFECT_FILE.read_text())["deployments"]}
     served = [build_deployment(), build_training_deployment()]

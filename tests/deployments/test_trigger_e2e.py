@@ -19,8 +19,8 @@ from prefect.events.clients import PrefectEventsClient
 from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from deployments.serve import build_training_deployment
-from flows.factory import announce_dataset
+from gymfoundry.deployments.serve import build_training_deployment
+from gymfoundry.flows.factory import announce_dataset
 
 SERVER_STARTUP_TIMEOUT_S = 60
 FLOW_RUN_TIMEOUT_S = 60

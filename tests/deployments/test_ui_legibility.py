@@ -14,8 +14,8 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
     FlowRunFilterId, LogFilter, LogFilterFlowRunId
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.factory import factory
-from flows.training import train
+from gymfoundry.flows.factory import factory
+from gymfoundry.flows.training import train
 from tests.deployments.test_trigger_e2e import events_sent_to, running_server
 
 BYTECODE = re.compile(r"\b(RESUME|LOAD_GLOBAL|LOAD_FAST|LOAD_CONST|RETURN_VALUE|CALL_FUNCTION)\b")

@@ -5,9 +5,9 @@ import os
 import socket
 from contextlib import contextmanager
 
-from envs.coding import generate_task
-from envs.records import TaskSpec, ToolCall
-from envs.sandbox import bubblewrap
+from gymfoundry.envs.coding import generate_task
+from gymfoundry.envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.sandbox import bubblewrap
 
 UID_RANGE = bubblewrap.UID_RANGE
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from envs.base import EnvFault, ToolEnv, ToolError
-from envs.profile import DomainProfile
-from envs.records import Difficulty, Hidden, Source, TaskSpec, ToolCall
+from gymfoundry.envs.base import EnvFault, ToolEnv, ToolError
+from gymfoundry.envs.profile import DomainProfile
+from gymfoundry.envs.records import Difficulty, Hidden, Source, TaskSpec, ToolCall
 
 PROFILE = DomainProfile.model_validate({
     "name": "counter",

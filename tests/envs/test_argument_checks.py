@@ -1,12 +1,12 @@
-"""The plain-Python check of tool arguments (`envs.base.accepts`) never accepts what the strict
+"""The plain-Python check of tool arguments (`gymfoundry.envs.base.accepts`) never accepts what the strict
 JSON-schema validator refuses, for every tool of every family, on arguments made to sit on each
 keyword's edges; what it does not accept is left to jsonschema, whose message the agent sees."""
 
 from __future__ import annotations
 
-import envs  # noqa: F401  registers the families
-from envs.base import STRICT, accepts, argument_problem
-from envs.family import families
+from gymfoundry import envs  # noqa: F401  registers the families
+from gymfoundry.envs.base import STRICT, accepts, argument_problem
+from gymfoundry.envs.family import families
 
 
 class Str(str):

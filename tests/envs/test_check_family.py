@@ -10,19 +10,19 @@ import itertools
 import gymnasium
 import pytest
 
-import envs
-from envs import registry
-from envs.check import CHECKS, check_family
-from envs.inventory.world import InventoryEnv
-from envs.records import TaskSpec, ToolCall
-from envs.sandbox import bubblewrap
-from flows.cli import main
+from gymfoundry import envs
+from gymfoundry.envs import registry
+from gymfoundry.envs.check import CHECKS, check_family
+from gymfoundry.envs.inventory.world import InventoryEnv
+from gymfoundry.envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.sandbox import bubblewrap
+from gymfoundry.flows.cli import main
 from tests.sandbox_guard import require_sandbox
-from verifiers.base import OutcomeVerifier
-from verifiers.inventory import InventoryVerifier
+from gymfoundry.verifiers.base import OutcomeVerifier
+from gymfoundry.verifiers.inventory import InventoryVerifier
 
 FAMILIES = sorted({registry.ENV_ID.match(i)["name"] for i in envs.list_envs()})
-POLICY = "envs.inventory.policy:ScriptedInventoryPolicy"
+POLICY = "gymfoundry.envs.inventory.policy:ScriptedInventoryPolicy"
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -11,17 +11,17 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs
-import verifiers.coding
-from envs.coding import GENERATOR_VERSION, CodingEnv, generate_task
-from envs.coding.generator import LEVELS, Site, TEMPLATES_DIR, inject, load_templates
-from envs.coding.policy import ScriptedCodingPolicy
-from envs.coding.world import RUNNER_SOURCE
-from envs.records import TaskSpec, Termination, ToolCall, content_hash
-from envs.sandbox import bubblewrap, create_sandbox
-from tasks.isolate import find_leaks
-from tasks.rollout import run_episode
-from tasks.validate import validate_tasks
+from gymfoundry import envs
+import gymfoundry.verifiers.coding
+from gymfoundry.envs.coding import GENERATOR_VERSION, CodingEnv, generate_task
+from gymfoundry.envs.coding.generator import LEVELS, Site, TEMPLATES_DIR, inject, load_templates
+from gymfoundry.envs.coding.policy import ScriptedCodingPolicy
+from gymfoundry.envs.coding.world import RUNNER_SOURCE
+from gymfoundry.envs.records import TaskSpec, Termination, ToolCall, content_hash
+from gymfoundry.envs.sandbox import bubblewrap, create_sandbox
+from gymfoundry.tasks.isolate import find_leaks
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.validate import validate_tasks
 from tests.envs.coding_helpers import ScriptPolicy, alive_with, local_listener, quick_task, run, sandbox_processes
 
 from tests.sandbox_guard import needs_sandbox  # skips here, fails under CI=true
@@ -382,7 +382,7 @@ def test_a_task_whose_files_or_limits_are_malformed_is_refused_at_reset():
 
 @needs_sandbox
 def test_sandbox_faults_are_environment_faults(monkeypatch):
-    from envs.sandbox import docker_backend
+    from gymfoundry.envs.sandbox import docker_backend
 
     if docker_backend.probe()[0]:
         pytest.skip("a Docker engine answers here")
@@ -398,8 +398,8 @@ def test_sandbox_faults_are_environment_faults(monkeypatch):
 # -- the factory ----------------------------------------------------------------------------
 @needs_sandbox
 def test_factory_lands_coding_rollouts_with_their_sandbox_guarantees(tmp_path, prefect_harness):
-    from flows.factory import factory
-    from warehouse import Warehouse
+    from gymfoundry.flows.factory import factory
+    from gymfoundry.warehouse import Warehouse
 
     report = factory(families=["coding"], tasks_per_family=4, seed=3, samples_per_task=2, data_dir=str(tmp_path))
     with Warehouse(str(tmp_path), read_only=True) as wh:

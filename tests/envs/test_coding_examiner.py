@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from envs.coding import examiner, observer
-from envs.coding.examiner import Observed, parse_report, passes, rewrite
-from envs.coding.generator import load_templates
+from gymfoundry.envs.coding import examiner, observer
+from gymfoundry.envs.coding.examiner import Observed, parse_report, passes, rewrite
+from gymfoundry.envs.coding.generator import load_templates
 
 SOURCE = '''
 def helper(fn, *args):

@@ -8,13 +8,13 @@ import uuid
 
 import pytest
 
-import verifiers.coding as grader
-from envs.coding import CodingEnv
-from envs.records import TaskSpec, Termination, ToolCall
-from tasks.rollout import run_episode
+import gymfoundry.verifiers.coding as grader
+from gymfoundry.envs.coding import CodingEnv
+from gymfoundry.envs.records import TaskSpec, Termination, ToolCall
+from gymfoundry.tasks.rollout import run_episode
 from tests.envs.coding_helpers import ScriptPolicy, quick_task, run
-from verifiers.coding import CodingVerifier
-from verifiers.rules import score_rules
+from gymfoundry.verifiers.coding import CodingVerifier
+from gymfoundry.verifiers.rules import score_rules
 
 from tests.sandbox_guard import needs_sandbox as pytestmark  # noqa: F401  skips here, fails under CI=true
 

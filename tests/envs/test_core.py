@@ -3,11 +3,11 @@ import time
 
 import pytest
 
-from envs.parsing import ActionError, parse_action
-from envs.profile import DomainProfile
-from envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
-from envs.registry import UnknownEnv, family_env_id, list_envs, make, register
-from envs.wrappers import (ObservationTruncation, PermissionGuard, Recorder, TimeLimit, ToolBudget,
+from gymfoundry.envs.parsing import ActionError, parse_action
+from gymfoundry.envs.profile import DomainProfile
+from gymfoundry.envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
+from gymfoundry.envs.registry import UnknownEnv, family_env_id, list_envs, make, register
+from gymfoundry.envs.wrappers import (ObservationTruncation, PermissionGuard, Recorder, TimeLimit, ToolBudget,
                            standard_stack)
 from tests.envs.counter_env import CounterEnv, reward_at_target
 
@@ -162,7 +162,7 @@ def test_permission_guard_asks_the_world_when_given_no_approver():
 
 
 def test_permission_guard_reports_bad_arguments_before_permission_and_replays_skip_its_refusals():
-    from verifiers.base import calls_of
+    from gymfoundry.verifiers.base import calls_of
 
     env = PermissionGuard(CounterEnv(), require_approval={ToolCategory.write})
     env.reset(seed=1)

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-import envs
-from envs.errors import (AGENT_INPUT, ROLLED_BACK, ActionError, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError,
+from gymfoundry import envs
+from gymfoundry.envs.errors import (AGENT_INPUT, ROLLED_BACK, ActionError, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError,
                          boundary)
-from envs.faults import FaultInjection
-from envs.inventory import InventoryEnv
-from envs.parsing import MAX_DEPTH, parse_action
-from envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Step, TaskSpec, Termination, ToolCall, check_task
-from envs.registry import UnknownEnv, family_env_id, make, spec
-from envs.wrappers import standard_stack
+from gymfoundry.envs.faults import FaultInjection
+from gymfoundry.envs.inventory import InventoryEnv
+from gymfoundry.envs.parsing import MAX_DEPTH, parse_action
+from gymfoundry.envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Step, TaskSpec, Termination, ToolCall, check_task
+from gymfoundry.envs.registry import UnknownEnv, family_env_id, make, spec
+from gymfoundry.envs.wrappers import standard_stack
 from tests.envs.counter_env import CounterEnv
 
 DEEP = '{"name": "read", "arguments": ' + "[" * 1500 + "]" * 1500 + "}"  # ~3 KB: past json's recursion limit
@@ -120,7 +120,7 @@ def test_injected_crashes_are_env_faults_never_env_bugs():
 
 
 def test_a_parser_crash_would_be_an_env_bug_not_the_agents_mistake(monkeypatch):
-    import envs.base
+    import gymfoundry.envs.base
 
     monkeypatch.setattr(envs.base, "parse_action", lambda action, limit: 1 / 0)
     ts = counter().step(ToolCall(name="read"))
@@ -295,6 +295,6 @@ def test_a_tool_refusal_keeps_the_attempt_in_the_state():
 
 
 def test_an_env_fault_exception_type_is_still_exported_from_envs_base():
-    from envs.base import EnvFault as Fault, ToolError as Refusal
+    from gymfoundry.envs.base import EnvFault as Fault, ToolError as Refusal
 
     assert Fault is EnvFault and Refusal is ToolError and envs.EnvFault is EnvFault

@@ -10,17 +10,17 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import Field
 
-import envs
-from envs.base import ToolEnv
-from envs.discovery import FamilyLoadWarning, discover_external, load_errors
-from envs.errors import InvalidTask
-from envs.family import family, families, masked_dirs
-from envs.inventory import FAMILY, generate_task
-from envs.records import TaskSpec, ToolCategory
-from envs.registry import UnknownEnv, make
-from envs.tools import ProfileMismatch, arguments_schema, render_hint, tool
-from verifiers.base import ReplayVerifier
-from verifiers.inventory import InventoryVerifier
+from gymfoundry import envs
+from gymfoundry.envs.base import ToolEnv
+from gymfoundry.envs.discovery import FamilyLoadWarning, discover_external, load_errors
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.family import family, families, masked_dirs
+from gymfoundry.envs.inventory import FAMILY, generate_task
+from gymfoundry.envs.records import TaskSpec, ToolCategory
+from gymfoundry.envs.registry import UnknownEnv, make
+from gymfoundry.envs.tools import ProfileMismatch, arguments_schema, render_hint, tool
+from gymfoundry.verifiers.base import ReplayVerifier
+from gymfoundry.verifiers.inventory import InventoryVerifier
 
 
 def test_builtin_families_are_found_from_their_folders():
@@ -162,11 +162,11 @@ def test_hidden_facts_of_the_wrong_shape_are_refused_when_built_and_when_read():
 TINY = '''
 from typing import Annotated
 from pydantic import Field
-from envs.base import ToolEnv
-from envs.family import Family, HiddenFacts
-from envs.records import ToolCall, ToolCategory
-from envs.tools import tool
-from verifiers.base import ReplayVerifier
+from gymfoundry.envs.base import ToolEnv
+from gymfoundry.envs.family import Family, HiddenFacts
+from gymfoundry.envs.records import ToolCall, ToolCategory
+from gymfoundry.envs.tools import tool
+from gymfoundry.verifiers.base import ReplayVerifier
 
 
 class TinyFacts(HiddenFacts):
@@ -270,7 +270,7 @@ def test_an_entry_point_that_fails_to_import_is_reported_and_breaks_nothing(tmp_
 def test_rendered_schemas_keep_the_order_a_person_writes():
     """The tool schemas are prompt text (chat templates render them): their key order is stable,
     lower bounds before upper ones, so porting a family onto @tool left its SFT rows unchanged."""
-    from envs.inventory import InventoryEnv
+    from gymfoundry.envs.inventory import InventoryEnv
 
     params = {t["function"]["name"]: t["function"]["parameters"]["properties"]
               for t in InventoryEnv.profile.function_schemas(None)}

@@ -16,9 +16,9 @@ import random
 
 import pytest
 
-import envs
-from envs.check import fuzz_action_texts, fuzz_tools
-from envs.sandbox import bubblewrap
+from gymfoundry import envs
+from gymfoundry.envs.check import fuzz_action_texts, fuzz_tools
+from gymfoundry.envs.sandbox import bubblewrap
 from tests.envs.coding_helpers import quick_task
 
 BUILTIN = envs.list_envs()  # before any test registers its own (a test env may crash on purpose)
@@ -51,7 +51,7 @@ def test_no_hostile_argument_crashes_a_tool(env_id):
 
 @pytest.mark.parametrize("env_id", BUILTIN)
 def test_no_hostile_action_text_crashes_the_runtime(env_id):
-    from envs.wrappers import standard_stack
+    from gymfoundry.envs.wrappers import standard_stack
 
     needs(env_id)
     env, task = make_env(env_id)
@@ -88,7 +88,7 @@ def test_no_workspace_the_agent_builds_crashes_a_tool_or_the_record(workspace):
     quota are the agent's doing: tools answer or refuse (never env_bug), the attempt is the model's
     failure, and the rollout stores (no lone surrogate in any reason, or the batch would fail to
     land)."""
-    from tasks.rollout import run_episode
+    from gymfoundry.tasks.rollout import run_episode
     from tests.envs.coding_helpers import ScriptPolicy
 
     needs("gymfoundry/coding-v0")

@@ -1,7 +1,7 @@
 import gymnasium
 from gymnasium.utils.env_checker import check_env
 
-import envs
+from gymfoundry import envs
 
 
 def test_gymnasium_make_passes_check_env():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from envs.harness import ModelCall, assemble_steps, inference_end, policy_of, seen
-from envs.records import Step, ToolCall
+from gymfoundry.envs.harness import ModelCall, assemble_steps, inference_end, policy_of, seen
+from gymfoundry.envs.records import Step, ToolCall
 
 
 def env_step(index: int, name: str, arguments: dict, observation: str = "obs") -> Step:

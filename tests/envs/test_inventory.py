@@ -3,15 +3,15 @@ import re
 
 import pytest
 
-from envs.inventory import GENERATOR_VERSION, InventoryEnv, generate_task
-from envs.inventory.policy import ScriptedInventoryPolicy
-from envs.records import TaskSpec, ToolCall, content_hash
-from envs.registry import list_envs, make, register
-from verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.inventory import GENERATOR_VERSION, InventoryEnv, generate_task
+from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
+from gymfoundry.envs.records import TaskSpec, ToolCall, content_hash
+from gymfoundry.envs.registry import list_envs, make, register
+from gymfoundry.verifiers.inventory import InventoryVerifier
 
 ENV_ID = "gymfoundry/inventory-v0"
 if ENV_ID not in list_envs():
-    register(ENV_ID, "envs.inventory.world:InventoryEnv", verifier="verifiers.inventory:InventoryVerifier")
+    register(ENV_ID, "gymfoundry.envs.inventory.world:InventoryEnv", verifier="gymfoundry.verifiers.inventory:InventoryVerifier")
 
 
 def obs(text: str) -> dict:

@@ -6,15 +6,15 @@ tests may not import `tasks`, its deliberately broken gold tasks rejected by the
 
 import pytest
 
-import envs  # noqa: F401  (registers the families)
-from envs.conversation import FAMILY
-from envs.conversation.policy import ScriptedConversationPolicy
-from envs.errors import EnvFault
-from envs.person import (Fact, LLMSimulator, Persona, ScriptedSimulator, Simulator, SimulatorFault, asks,
+from gymfoundry import envs  # noqa: F401  (registers the families)
+from gymfoundry.envs.conversation import FAMILY
+from gymfoundry.envs.conversation.policy import ScriptedConversationPolicy
+from gymfoundry.envs.errors import EnvFault
+from gymfoundry.envs.person import (Fact, LLMSimulator, Persona, ScriptedSimulator, Simulator, SimulatorFault, asks,
                          make_simulator, new_memory)
-from envs.records import TaskSpec, ToolCall
-from tasks.rollout import run_episode
-from tasks.validate import validate_tasks
+from gymfoundry.envs.records import TaskSpec, ToolCall
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.validate import validate_tasks
 from tests.verifiers.openai_stub import OpenAIStub
 
 PERSONA = Persona(
@@ -215,7 +215,7 @@ def test_broken_gold_tasks_are_rejected_with_a_reason():
 
 
 def test_a_value_counts_as_told_only_as_a_whole():
-    from envs.person import says
+    from gymfoundry.envs.person import says
 
     assert says("My horizon is 5 years.", "5 years") and not says("My horizon is 15 years.", "5 years")
     assert says("Write to ann@example.com.", "ann@example.com") and not says("ann@example.community", "ann@example.com")

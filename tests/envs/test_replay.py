@@ -4,8 +4,8 @@ refusal keeps what the tool did, and a crash half-way through a tool is rolled b
 
 from __future__ import annotations
 
-from envs.base import ToolError, copy_state
-from envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.base import ToolError, copy_state
+from gymfoundry.envs.records import TaskSpec, ToolCall
 from tests.envs.counter_env import PROFILE, CounterEnv
 
 TAKE = {"name": "take", "description": "take n; a bug once the counter is negative", "category": "write",

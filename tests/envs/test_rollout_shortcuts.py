@@ -9,12 +9,12 @@ import copy
 
 import pytest
 
-import envs  # noqa: F401  registers the families
-import envs.base as base
-from envs.errors import ActionError, InvalidTask
-from envs.family import family
-from envs.parsing import parse_action, replay_call
-from envs.records import Step, StepScore, ToolCall, construct
+from gymfoundry import envs  # noqa: F401  registers the families
+import gymfoundry.envs.base as base
+from gymfoundry.envs.errors import ActionError, InvalidTask
+from gymfoundry.envs.family import family
+from gymfoundry.envs.parsing import parse_action, replay_call
+from gymfoundry.envs.records import Step, StepScore, ToolCall, construct
 from tests.envs.counter_env import CounterEnv
 
 
@@ -173,7 +173,7 @@ def test_the_size_bound_that_lets_a_replay_skip_the_json_is_never_below_the_json
     import json
     import random
 
-    from envs.parsing import _json_bound, _shallow_plain
+    from gymfoundry.envs.parsing import _json_bound, _shallow_plain
 
     rng = random.Random(7)
     alphabet = ["a", "\x00", "\x1f", '"', "\\", "é", "\u2028", "\U0001F600", "\ud7ff", "\uffff"]

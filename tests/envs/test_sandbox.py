@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from envs.base import EnvFault
-from envs.family import family
-from envs.family import masked_dirs as declared_masks
-from envs.sandbox import (Limits, PathError, SandboxError, SandboxUnavailable, backend_status, create_sandbox,
+from gymfoundry.envs.base import EnvFault
+from gymfoundry.envs.family import family
+from gymfoundry.envs.family import masked_dirs as declared_masks
+from gymfoundry.envs.sandbox import (Limits, PathError, SandboxError, SandboxUnavailable, backend_status, create_sandbox,
                           select_backend)
-from envs.sandbox import bubblewrap, docker_backend
-from envs.sandbox.base import normalize_path
+from gymfoundry.envs.sandbox import bubblewrap, docker_backend
+from gymfoundry.envs.sandbox.base import normalize_path
 from tests.envs.coding_helpers import alive_with, local_listener
 
 from tests.sandbox_guard import needs_sandbox as needs_bwrap, require_sandbox
@@ -338,8 +338,8 @@ def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
         # a family declaring the stand-in's folders (the coding family's spec with its `masked`)
         declared = dataclasses.replace(family("coding"), masked=(os.path.join(stand_in, "envs", "coding"),
                                                                  os.path.join(stand_in, "verifiers")))
-        # (`envs.family` the attribute is the lookup function; the module is in sys.modules)
-        monkeypatch.setitem(sys.modules["envs.family"]._FAMILIES, "stand_in", declared)
+        # (`gymfoundry.envs.family` the attribute is the lookup function; the module is in sys.modules)
+        monkeypatch.setitem(sys.modules["gymfoundry.envs.family"]._FAMILIES, "stand_in", declared)
         monkeypatch.setattr(bubblewrap, "SYSTEM_DIRS", bubblewrap.SYSTEM_DIRS + (stand_in,))
         assert bubblewrap.masked_dirs([stand_in]) == [os.path.join(stand_in, "envs", "coding"),
                                                       os.path.join(stand_in, "verifiers")]

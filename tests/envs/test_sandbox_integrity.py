@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import Limits, PathError, SandboxError, SandboxUnavailable, bubblewrap, create_sandbox, files, quota, staging
-from envs.sandbox.base import fault_count
+from gymfoundry.envs.sandbox import Limits, PathError, SandboxError, SandboxUnavailable, bubblewrap, create_sandbox, files, quota, staging
+from gymfoundry.envs.sandbox.base import fault_count
 from tests.envs.coding_helpers import alive_with
 from tests.sandbox_guard import require_sandbox
 
@@ -276,7 +276,7 @@ def test_a_staging_name_planted_by_another_user_is_never_used():
 HOLDER = """
 import json, sys, threading, time
 sys.path.insert(0, {root!r})
-from envs.sandbox import create_sandbox, cgroups, Limits
+from gymfoundry.envs.sandbox import create_sandbox, cgroups, Limits
 box = create_sandbox({{}}, limits=Limits(wall_s=60), backend="bubblewrap")
 support = cgroups.detect()
 if {run!r}:
@@ -316,7 +316,7 @@ def test_state_of_a_killed_host_is_swept_at_the_next_start_and_a_live_one_is_kep
         killed.wait()
         assert os.path.isdir(left["dir"]) and all(os.path.isdir(p) for p in left["cgroups"])  # left behind
         subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-                        "from envs.sandbox import create_sandbox\ncreate_sandbox({}, backend='bubblewrap').destroy()"],
+                        "from gymfoundry.envs.sandbox import create_sandbox\ncreate_sandbox({}, backend='bubblewrap').destroy()"],
                        check=True, timeout=60)
         assert not os.path.exists(left["dir"]) and not any(os.path.exists(p) for p in left["cgroups"])
         assert sleeping(mark) == []
@@ -335,7 +335,7 @@ def test_a_stale_record_naming_a_live_sandbox_s_uid_kills_nothing_of_it(monkeypa
     sweep (its first sandbox sweeps), racing this test's own sweep."""
     import threading
 
-    from envs.sandbox import stale
+    from gymfoundry.envs.sandbox import stale
 
     require_sandbox()
     base = tempfile.mkdtemp(prefix="gymfoundry-test-base-")
@@ -404,7 +404,7 @@ def test_a_child_that_dies_setting_up_is_a_sandbox_fault_however_the_race_with_i
 PEER = """
 import json, sys, time
 sys.path.insert(0, {root!r})
-from envs.sandbox import Limits, SandboxError, create_sandbox
+from gymfoundry.envs.sandbox import Limits, SandboxError, create_sandbox
 from tests.envs.test_sandbox_integrity import UNREACHABLE, _failing_setup
 problems, rounds, deadline = [], 0, time.monotonic() + {seconds}
 while time.monotonic() < deadline:
@@ -433,7 +433,7 @@ def test_two_processes_sandboxes_at_once_never_disturb_each_other():
     sweeps the shared sandbox dir: every command of both gets its own result, every setup
     failure is a sandbox fault, and nothing of either is killed or swept by the other."""
     require_sandbox()
-    from envs.sandbox import stale
+    from gymfoundry.envs.sandbox import stale
 
     peer = subprocess.Popen([sys.executable, "-c", PEER.format(root=str(ROOT), seconds=6)], cwd=str(ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -14,12 +14,12 @@ from pathlib import Path
 import gymnasium
 import pytest
 
-from envs import registry
-from envs.check import CHECKS, check_family
-from envs.family import _FAMILIES, add
-from envs.scaffold import ENVS_DIR, TEMPLATES, ScaffoldError, new_family
-from flows.cli import main
-from tasks.audit import audit_family
+from gymfoundry.envs import registry
+from gymfoundry.envs.check import CHECKS, check_family
+from gymfoundry.envs.family import _FAMILIES, add
+from gymfoundry.envs.scaffold import ENVS_DIR, TEMPLATES, ScaffoldError, new_family
+from gymfoundry.flows.cli import main
+from gymfoundry.tasks.audit import audit_family
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "scaffolded_notes"  # a top-level package name nothing else uses
@@ -67,7 +67,7 @@ def test_its_own_tests_pass(scaffolded):
 
 
 def test_a_short_factory_run_lands_its_rollouts_with_mixed_outcomes(scaffolded, tmp_path, prefect_harness):
-    from flows.factory import factory
+    from gymfoundry.flows.factory import factory
 
     report = factory(families=[NAME], tasks_per_family=10, seed=3, data_dir=str(tmp_path / "data"))
     terminations = {r["termination"]: r["rollouts"] for r in report["summary"] if r["task_family"] == NAME}
@@ -81,7 +81,7 @@ def test_written_into_the_envs_package_it_is_a_builtin_family(tmp_path):
     shutil.copytree(ENVS_DIR, tmp_path / "envs", ignore=shutil.ignore_patterns("__pycache__"))
     before = {p.relative_to(tmp_path) for p in (tmp_path / "envs").rglob("*")}
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # this copy of envs first; the rest from the checkout
-    cli = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
+    cli = [sys.executable, "-c", "import sys; from gymfoundry.flows.cli import main; sys.exit(main())"]
     made = subprocess.run(cli + ["new-family", "probe"], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=120)
     assert made.returncode == 0, made.stderr

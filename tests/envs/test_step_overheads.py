@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from envs.base import copy_state
-from envs.records import ToolCall
-from envs.wrappers import StepWorker, TimeLimit, standard_stack
+from gymfoundry.envs.base import copy_state
+from gymfoundry.envs.records import ToolCall
+from gymfoundry.envs.wrappers import StepWorker, TimeLimit, standard_stack
 from tests.envs.counter_env import CounterEnv, reward_at_target
 
 WHERE: list[threading.Thread] = []
@@ -107,7 +107,7 @@ def test_each_step_runs_in_an_empty_context_and_an_idle_worker_ends_and_restarts
 
 
 def test_a_fault_rolls_the_state_back_exactly_including_the_event_log():
-    from envs.family import family
+    from gymfoundry.envs.family import family
 
     fam = family("inventory")
     task = fam.generate(3, 3)
@@ -188,8 +188,8 @@ def test_a_replayable_world_undoes_a_crash_by_replay_without_copying_before_each
     """Inventory is `replayable`: no copy before each live call; a crash (here in a tool that ran
     earlier in the episode, shadowed for this one call as fault injection does) is undone by
     replaying the episode's calls, refusals included, with the class's own tools."""
-    import envs.base as base
-    from envs.family import family
+    import gymfoundry.envs.base as base
+    from gymfoundry.envs.family import family
 
     fam = family("inventory")
     task = next(t for t in (fam.generate(seed, 3) for seed in range(50))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import build_parser
-from flows.config import known_families
+from gymfoundry.flows.cli import build_parser
+from gymfoundry.flows.config import known_families
 
 REPO = Path(__file__).resolve().parents[2]
-PROBE = ("import sys; from flows.cli import main; code = main(sys.argv[1:]); "
+PROBE = ("import sys; from gymfoundry.flows.cli import main; code = main(sys.argv[1:]); "
          "assert 'prefect' not in sys.modules, 'prefect was imported'; sys.exit(code)")
 
 

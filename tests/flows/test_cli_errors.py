@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
 ENDLESS = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM t) SELECT count(*) FROM t"
@@ -21,7 +21,7 @@ def gymfoundry(tmp_path: Path, *argv: str | bytes, timeout: float = 600) -> subp
     """`gymfoundry argv...` with its own Prefect home (so a started Prefect server would show there)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(tmp_path / "prefect-home")}
     env.pop("GYMFOUNDRY_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gymfoundry.flows.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
                           timeout=timeout)
 
 
@@ -144,11 +144,11 @@ def test_sql_timeout_cancels_an_endless_query_with_one_line_and_frees_the_catalo
 def test_bad_input_a_flow_finds_is_one_line_and_exit_2_without_a_traceback(tmp_path, capfd):
     # The loop's arm timing is checked by the flow itself, once Prefect has started; Prefect logs the
     # failed run (to the file descriptor, hence capfd) without the traceback.
-    from flows.cli import main
+    from gymfoundry.flows.cli import main
 
     import logging
 
-    from flows.cli import _UserErrorsWithoutTraceback
+    from gymfoundry.flows.cli import _UserErrorsWithoutTraceback
 
     assert main(["loop", "--train-seconds", "10", "--grpo-seconds", "20", "--data-dir", str(tmp_path / "d")]) == 2
     err = capfd.readouterr().err
@@ -168,7 +168,7 @@ def test_labels_import_of_a_missing_file_is_one_line_and_imports_nothing(tmp_pat
 
 def test_a_crash_still_shows_its_traceback(warehouse_dir, monkeypatch, capsys):
     # Not a user error: the traceback is what a bug report needs (and the exit is 1, not 2).
-    from flows.cli import main
+    from gymfoundry.flows.cli import main
 
     def crash(self, **_):
         raise KeyError("boom")
@@ -183,7 +183,7 @@ def test_a_crash_still_shows_its_traceback(warehouse_dir, monkeypatch, capsys):
 def test_a_pydantic_error_is_one_line_that_never_repeats_its_input():
     from pydantic import BaseModel, ValidationError
 
-    from flows.cli import one_line
+    from gymfoundry.flows.cli import one_line
 
     class Endpoint(BaseModel):
         port: int

@@ -10,17 +10,17 @@ import time
 
 import pytest
 
-import envs  # noqa: F401
-from envs.records import PolicySpec, RetryPolicy, Termination
-from flows.cli import main
-from tasks.engine import run_concurrently
-from tasks.evaluate import evaluate_policy
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.retry import RetryExhausted, collect_with_retries
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import PolicySpec, RetryPolicy, Termination
+from gymfoundry.flows.cli import main
+from gymfoundry.tasks.engine import run_concurrently
+from gymfoundry.tasks.evaluate import evaluate_policy
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries
 from tests.tasks.policy_endpoint import always, inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 
 def delayed(respond, delay_s: float):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.factory import factory
-from warehouse import Warehouse
+from gymfoundry.flows.factory import factory
+from gymfoundry.warehouse import Warehouse
 
 distributed = pytest.importorskip("distributed", reason="prefect-dask is in the dev extra")
 

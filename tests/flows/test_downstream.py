@@ -7,10 +7,10 @@ import pytest
 import yaml
 from prefect.events import DeploymentEventTrigger
 
-import flows.factory as factory_module
-from deployments.serve import build_training_deployment
-from flows.factory import DATASET_READY, announce_dataset, factory
-from warehouse import Warehouse
+import gymfoundry.flows.factory as factory_module
+from gymfoundry.deployments.serve import build_training_deployment
+from gymfoundry.flows.factory import DATASET_READY, announce_dataset, factory
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 PREFECT_YAML = Path(__file__).resolve().parents[2] / "deployments" / "prefect.yaml"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
-from warehouse import TABLES, Warehouse
+from gymfoundry.flows.cli import main
+from gymfoundry.warehouse import TABLES, Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -54,7 +54,7 @@ def kill_during_landing(data_dir: Path, marker: Path) -> str:
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "GYMFOUNDRY_PAUSE_LANDING": str(marker),
            "GYMFOUNDRY_PAUSE_LANDING_S": "300", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *RUN, "--data-dir", str(data_dir)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "gymfoundry.flows.cli", *RUN, "--data-dir", str(data_dir)], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 300
     while not marker.exists():

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from flows.cli import build_parser
-from flows.evaluation import evaluate, render_report
-from flows.factory import factory
-from warehouse import Warehouse
+from gymfoundry.flows.cli import build_parser
+from gymfoundry.flows.evaluation import evaluate, render_report
+from gymfoundry.flows.factory import factory
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -4,9 +4,9 @@ from pathlib import Path
 import datasets
 import pytest
 
-from flows.cli import main
-from flows.factory import factory
-from warehouse import Warehouse
+from gymfoundry.flows.cli import main
+from gymfoundry.flows.factory import factory
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -65,7 +65,7 @@ def test_batch_size_changes_no_id(run_dir, tmp_path):
     (5000, 2, 25, 25),      # --batch-size wins
 ])
 def test_batch_size_is_chosen_from_the_work(tasks, workers, given, size):
-    from flows.factory import batch_size_for
+    from gymfoundry.flows.factory import batch_size_for
 
     assert batch_size_for(tasks, workers, given) == size
 
@@ -112,7 +112,7 @@ def test_cli_run_and_sql(tmp_path, capsys):
 def test_task_runner_choice():
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    from flows.factory import make_task_runner
+    from gymfoundry.flows.factory import make_task_runner
 
     assert isinstance(make_task_runner("threads"), ThreadPoolTaskRunner)
     with pytest.raises(ValueError, match="unknown task runner"):
@@ -155,7 +155,7 @@ def test_family_runs_hand_their_output_over_before_their_runs_close():
     block's exit waits for every run and raises what a run raised after its hand-off."""
     import threading
 
-    from flows.factory import _family_runs, _handoff
+    from gymfoundry.flows.factory import _family_runs, _handoff
 
     from prefect.utilities.annotations import quote
 
@@ -178,7 +178,7 @@ def test_family_runs_hand_their_output_over_before_their_runs_close():
 
 
 def test_a_family_that_fails_before_its_hand_off_fails_the_block():
-    from flows.factory import _family_runs
+    from gymfoundry.flows.factory import _family_runs
 
     def pipeline(family, data_dir, **options):
         raise ValueError(f"{family} broke")
@@ -191,7 +191,7 @@ def test_a_family_that_fails_before_its_hand_off_fails_the_block():
 def test_the_family_subflow_hands_over_what_it_returns(tmp_path):
     from concurrent.futures import Future
 
-    from flows.factory import _handoff, family_pipeline
+    from gymfoundry.flows.factory import _handoff, family_pipeline
 
     handoff = Future()
     token = _handoff.set(handoff)
@@ -206,7 +206,7 @@ def test_the_family_subflow_hands_over_what_it_returns(tmp_path):
 def test_a_family_subflow_that_fails_after_its_hand_off_lands_nothing(tmp_path, monkeypatch):
     """The factory stages while the subflow runs close, and lands only once all ended well: a run
     that fails after handing its output over leaves no rows but its failed `runs` row."""
-    import flows.factory as ff
+    import gymfoundry.flows.factory as ff
 
     hand_over = ff._hand_over
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from envs.records import FaultConfig, RetryPolicy, Run, Termination
-from flows.cli import main
-from flows.factory import factory
-from tasks.generate import generate_tasks
-from tasks.isolate import HOLDOUT_FRACTION, isolate_tasks
-from tasks.policies import make_policy
-from tasks.retry import RetryExhausted, collect_with_retries
-from tasks.validate import validate_tasks
-from warehouse import Warehouse
+from gymfoundry.envs.records import FaultConfig, RetryPolicy, Run, Termination
+from gymfoundry.flows.cli import main
+from gymfoundry.flows.factory import factory
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, isolate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries
+from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -5,15 +5,15 @@ that is no valid tool call stays the model's."""
 
 import pytest
 
-import envs  # noqa: F401
-from envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
-from flows.factory import factory
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.rollout import run_episode
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
+from gymfoundry.flows.factory import factory
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import run_episode
 from tests.tasks.policy_endpoint import always, closed_port_url
 from tests.verifiers.openai_stub import OpenAIStub, chat_reply
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 
 def spec(base_url: str, retries: int = 1) -> PolicySpec:

@@ -7,8 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from tasks.training.grpo import dataset_parallelism
-from warehouse import Warehouse
+from gymfoundry.tasks.training.grpo import dataset_parallelism
+from gymfoundry.warehouse import Warehouse
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "orchestration.md"
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import io
 import threading
 
-import envs  # noqa: F401
-from envs.records import RetryPolicy
-from tasks import progress
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.retry import collect_with_retries
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import RetryPolicy
+from gymfoundry.tasks import progress
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.retry import collect_with_retries
 
 
 class Recorder:
@@ -52,7 +52,7 @@ def test_a_listener_that_raises_never_stops_the_work_and_can_be_removed():
 def test_training_progress_reaches_the_whole_budget_with_loss_notes():
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from tasks.training.progress import ReportProgress
+    from gymfoundry.tasks.training.progress import ReportProgress
 
     recorder = Recorder()
     stop = progress.listen(recorder)
@@ -77,7 +77,7 @@ def test_training_progress_reaches_the_whole_budget_with_loss_notes():
 def test_the_cli_bars_show_each_family_and_the_notes():
     from rich.console import Console
 
-    import flows.progress_bars as bars
+    import gymfoundry.flows.progress_bars as bars
 
     out = io.StringIO()
     console = Console(file=out, width=120, force_terminal=False)
@@ -91,7 +91,7 @@ def test_the_cli_bars_show_each_family_and_the_notes():
 
 
 def test_bars_can_be_turned_off():
-    from flows.progress_bars import progress_bars
+    from gymfoundry.flows.progress_bars import progress_bars
 
     with progress_bars(enabled=False) as bar:
         assert bar is None

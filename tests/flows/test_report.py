@@ -13,14 +13,14 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 from prefect.context import get_run_context
 
-from envs.records import TrainingRun
-from flows.factory import factory
-from flows import report as report_module
-from flows.report import (PNG_SIGNATURE, TITLES, _figure, _png, charts, publish_run_artifacts,
+from gymfoundry.envs.records import TrainingRun
+from gymfoundry.flows.factory import factory
+from gymfoundry.flows import report as report_module
+from gymfoundry.flows.report import (PNG_SIGNATURE, TITLES, _figure, _png, charts, publish_run_artifacts,
                           publish_training_artifacts, publishing_run_artifacts, read_report, reward_boxes, reward_chart,
                           success_chart, training_chart, write_html_report)
-from flows.report_cli import add_report_command
-from warehouse import TABLES, Warehouse
+from gymfoundry.flows.report_cli import add_report_command
+from gymfoundry.warehouse import TABLES, Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -128,9 +128,9 @@ def test_a_score_that_is_no_finite_number_changes_no_box(run_dir, tmp_path):
     so a NaN whisker made every score a flier. They are left out of the boxes and the fliers."""
     import shutil
 
-    from warehouse import catalog
-    from warehouse.lake import write_batch
-    from warehouse.store import _row
+    from gymfoundry.warehouse import catalog
+    from gymfoundry.warehouse.lake import write_batch
+    from gymfoundry.warehouse.store import _row
 
     data_dir, _, _ = run_dir
     copy = tmp_path / "copy"
@@ -260,7 +260,7 @@ def test_a_factory_run_publishes_its_artifacts_before_it_ends(run_dir):
 def test_a_failure_to_publish_fails_the_factory_run(tmp_path, monkeypatch, where):
     """Drawing or reading the report fails: the flow run fails, but the run was recorded and its
     datasets announced before (a failing read lost both: review finding)."""
-    import flows.factory as factory_module
+    import gymfoundry.flows.factory as factory_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("the report broke")

@@ -4,13 +4,13 @@ version, so a SQL query shows the versions side by side for the same rollouts.""
 
 import pytest
 
-from envs.records import FaultConfig, Termination
-from flows.cli import main
-from flows.factory import factory
-from flows.reverify import reverify
-from tasks.reverify import load_stored, plan
-from verifiers.inventory import InventoryVerifier
-from warehouse import Warehouse
+from gymfoundry.envs.records import FaultConfig, Termination
+from gymfoundry.flows.cli import main
+from gymfoundry.flows.factory import factory
+from gymfoundry.flows.reverify import reverify
+from gymfoundry.tasks.reverify import load_stored, plan
+from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -130,8 +130,8 @@ def test_reverify_backfills_the_original_verdicts_of_rollouts_landed_without_the
 
 
 def test_the_episodes_own_end_outranks_the_new_verdict_and_a_grader_fault_lands_nothing(run_dir, monkeypatch):
-    from envs.errors import EnvFault
-    from tasks.reverify import reverify_rollout, reverify_rollouts
+    from gymfoundry.envs.errors import EnvFault
+    from gymfoundry.tasks.reverify import reverify_rollout, reverify_rollouts
 
     data_dir, rollouts = run_dir
     with Warehouse(data_dir, read_only=True) as wh:

@@ -6,14 +6,14 @@ import polars as pl
 import pytest
 import yaml
 
-from envs.inventory import InventoryEnv
-from flows.cli import main
-from flows.scoring import calibrate, rescore
-from tasks.calibrate import export_label_sample, import_labels
-from tasks.score import latest_step_rewards, newest_scores
+from gymfoundry.envs.inventory import InventoryEnv
+from gymfoundry.flows.cli import main
+from gymfoundry.flows.scoring import calibrate, rescore
+from gymfoundry.tasks.calibrate import export_label_sample, import_labels
+from gymfoundry.tasks.score import latest_step_rewards, newest_scores
 from tests.verifiers.openai_stub import OpenAIStub
 from tests.verifiers.prm_data import build_warehouse, label_sample
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -103,7 +103,7 @@ def test_calibrate_flow_and_later_scoring_runs_use_the_calibrator(data_dir, tmp_
     assert calibrated["scorer_version"].to_list() == [report["version"]] and combined["n"][0] > 0
 
     # the factory scores new rollouts with it too
-    from flows.factory import factory
+    from gymfoundry.flows.factory import factory
 
     with Warehouse(data_dir, read_only=True) as wh:
         known = set(wh.sql_df("select rollout_id from rollouts")["rollout_id"])

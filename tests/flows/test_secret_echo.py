@@ -21,17 +21,17 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-import envs  # noqa: F401
-from envs.conversation.policy import ScriptedConversationPolicy
-from envs.person import LLMSimulator, Persona, SimulatorFault, new_memory
-from envs.records import PolicySpec, RetryPolicy
-from envs.secrets import MASK, redact
-from flows.config import FactoryConfig
-from flows.factory import factory
-from flows.report import write_html_report
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.conversation.policy import ScriptedConversationPolicy
+from gymfoundry.envs.person import LLMSimulator, Persona, SimulatorFault, new_memory
+from gymfoundry.envs.records import PolicySpec, RetryPolicy
+from gymfoundry.envs.secrets import MASK, redact
+from gymfoundry.flows.config import FactoryConfig
+from gymfoundry.flows.factory import factory
+from gymfoundry.flows.report import write_html_report
 from tests.tasks.policy_endpoint import tool_reply
 from tests.verifiers.openai_stub import OpenAIStub, chat_reply
-from verifiers.judge import JudgeSettings
+from gymfoundry.verifiers.judge import JudgeSettings
 
 POLICY_KEY = "sk-policy-echo-0123456789abcdef"  # in a variable named only by --api-key-env
 JUDGE_KEY = "sk-judge-echo-fedcba9876543210"
@@ -206,7 +206,7 @@ def test_a_url_with_a_password_is_refused_where_the_endpoint_is_configured(where
 
 
 def test_the_cli_refuses_a_base_url_with_a_password_in_one_line_and_writes_nothing(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--policy", "openai", "--model", "m",
+    done = subprocess.run([sys.executable, "-m", "gymfoundry.flows.cli", "run", "--policy", "openai", "--model", "m",
                            "--base-url", USERINFO_URL, "--api-key-env", "K", "--data-dir", str(tmp_path / "d")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     [line] = done.stderr.strip().splitlines()

@@ -8,12 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import envs  # noqa: F401  registers the built-in families
-from envs.records import Split
-from flows.training import train
-from tasks.generate import generate_tasks
-from tasks.isolate import HoldoutError, assign_split, landed_splits
-from warehouse import Warehouse
+from gymfoundry import envs  # noqa: F401  registers the built-in families
+from gymfoundry.envs.records import Split
+from gymfoundry.flows.training import train
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.isolate import HoldoutError, assign_split, landed_splits
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -50,8 +50,8 @@ def test_train_refuses_a_dataset_naming_a_holdout_task(recorded, method):
 
 
 def test_grpo_flow_plays_no_task_of_a_recorded_holdout(recorded, monkeypatch):
-    import tasks.training.base_model as base_model
-    import tasks.training.grpo as grpo
+    import gymfoundry.tasks.training.base_model as base_model
+    import gymfoundry.tasks.training.grpo as grpo
 
     data_dir, victims = recorded
     played = []

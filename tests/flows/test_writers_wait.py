@@ -16,12 +16,12 @@ import time
 
 import pytest
 
-import flows.factory as factory_module
-from envs.records import RetryPolicy
-from flows.factory import factory
+import gymfoundry.flows.factory as factory_module
+from gymfoundry.envs.records import RetryPolicy
+from gymfoundry.flows.factory import factory
 from tests.envs.test_person import email_task, llm_customer
 from tests.verifiers.openai_stub import OpenAIStub
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -202,7 +202,7 @@ def test_a_failure_before_anything_landed_records_the_run_too(tmp_path, monkeypa
 
 
 def test_one_simulator_500_during_validation_is_retried_and_the_task_validated(monkeypatch):
-    from tasks.validate import ReplayEnvFault, validate_tasks
+    from gymfoundry.tasks.validate import ReplayEnvFault, validate_tasks
 
     task = email_task()
     failures = {"left": 1}
@@ -234,7 +234,7 @@ def test_the_factorys_validate_stage_uses_the_runs_retry_policy(monkeypatch):
 
 
 def test_evaluation_rollouts_land_with_their_verdict_rows(tmp_path):
-    from flows.evaluation import evaluate
+    from gymfoundry.flows.evaluation import evaluate
 
     data_dir = str(tmp_path / "data")
     factory(families=["inventory"], tasks_per_family=12, samples_per_task=1, seed=3, data_dir=data_dir)
@@ -249,10 +249,10 @@ def test_evaluation_rollouts_land_with_their_verdict_rows(tmp_path):
 
 
 def test_a_full_disk_while_the_views_are_rebuilt_reports_the_disk_not_a_missing_file(tmp_path, monkeypatch):
-    from envs.records import Termination
-    from tasks.land import land_records
+    from gymfoundry.envs.records import Termination
+    from gymfoundry.tasks.land import land_records
     from tests.warehouse.conftest import make_rollout, make_task
-    from warehouse import catalog
+    from gymfoundry.warehouse import catalog
 
     data_dir = tmp_path / "data"
     Warehouse(data_dir).close()
@@ -279,8 +279,8 @@ def test_a_full_disk_while_the_views_are_rebuilt_reports_the_disk_not_a_missing_
 def test_every_writers_records_spool_and_land_with_the_next_landing(tmp_path, monkeypatch):
     """Training runs and re-verified verdicts (as the train and reverify flows hand them to
     `land_or_spool`) wait in the spool while a reader holds the catalog past the wait."""
-    from envs.records import Termination, TrainingRun, Verdict
-    from tasks.land import land_or_spool, land_records
+    from gymfoundry.envs.records import Termination, TrainingRun, Verdict
+    from gymfoundry.tasks.land import land_or_spool, land_records
     from tests.warehouse.conftest import make_rollout, make_task
 
     monkeypatch.setenv("GYMFOUNDRY_LOCK_WAIT_S", "0.5")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tasks.training.base_model import build_base_model, factory_texts
+from gymfoundry.tasks.training.base_model import build_base_model, factory_texts
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,7 @@ def tool_call(name, arguments, call_id):
 
 @pytest.fixture
 def conversation():
-    """An SFT row as `tasks.assemble` writes it: three assistant steps with their tool results."""
+    """An SFT row as `gymfoundry.tasks.assemble` writes it: three assistant steps with their tool results."""
     messages = [
         {"role": "system", "content": "SYS"},
         {"role": "user", "content": 'Order ORD-1 needs:\n- 1 x "cotton clamp"'},
@@ -32,7 +32,7 @@ def conversation():
         {"role": "assistant", "content": "Done.", "tool_calls": [tool_call("submit", {"status": "reserved"}, "c2")]},
         {"role": "tool", "name": "submit", "tool_call_id": "c2", "content": '{"ok": true}'},
     ]
-    import envs
+    from gymfoundry import envs
 
     tools = envs.make("gymfoundry/inventory-v0", verified=False).available_tools
     return {"messages": messages, "tools": json.dumps(tools), "step_rewards": [0.5, 0.0, 1.0],

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from envs.harness import text_of
-from envs.inventory.policy import ScriptedInventoryPolicy
-from envs.parsing import parse_action
+from gymfoundry.envs.harness import text_of
+from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
+from gymfoundry.envs.parsing import parse_action
 
 TOKEN_IDS = [101, 102, 103]
 LOGPROBS = [-0.5, -0.25, -0.125]

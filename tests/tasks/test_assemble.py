@@ -8,17 +8,17 @@ import json
 
 import pytest
 
-import envs
-from envs.records import Split, Termination
-from tasks import curriculum
-from tasks.assemble import assemble_datasets, load_dataset, trajectory_value
-from tasks.generate import generate_tasks
-from tasks.isolate import isolate_tasks
-from tasks.land import land_batch
-from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts
-from tasks.score import latest_step_rewards, score_rollouts
-from warehouse import Warehouse
+from gymfoundry import envs
+from gymfoundry.envs.records import Split, Termination
+from gymfoundry.tasks import curriculum
+from gymfoundry.tasks.assemble import assemble_datasets, load_dataset, trajectory_value
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.isolate import isolate_tasks
+from gymfoundry.tasks.land import land_batch
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import collect_rollouts
+from gymfoundry.tasks.score import latest_step_rewards, score_rollouts
+from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
 MISTAKES = 0.35
@@ -240,7 +240,7 @@ def as_written(messages):
 
 
 def test_dpo_pairs_end_on_the_assistant_turn_and_keep_their_turns(built):
-    from tasks.assemble import step_messages, turn_messages
+    from gymfoundry.tasks.assemble import step_messages, turn_messages
 
     data_dir, result, _ = built
     dpo = load_dataset(result["dpo"]["path"]).to_list()
@@ -315,7 +315,7 @@ def test_a_tojson_template_double_encodes_string_arguments_and_renders_dicts_rig
 def test_trl_sft_trainer_takes_dict_arguments(built, tmp_path):
     from trl import SFTConfig, SFTTrainer
 
-    from tasks.training.base_model import CHAT_TEMPLATE
+    from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE
     from tests.tasks.tiny_lm import tiny_model, tiny_tokenizer
 
     _, result, _ = built

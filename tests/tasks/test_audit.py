@@ -6,22 +6,22 @@ import json
 
 import pytest
 
-import envs
-from envs import registry
-from envs.family import family
-from envs.records import ToolCall, Verdict
-from envs.sandbox import bubblewrap
-from flows.cli import main
-from tasks.assemble import assemble_datasets
-from tasks.audit import (ADVERSARIES, AuditRefused, Calls, Pool, _perturb, audit_family, current_versions, land_audit,
+from gymfoundry import envs
+from gymfoundry.envs import registry
+from gymfoundry.envs.family import family
+from gymfoundry.envs.records import ToolCall, Verdict
+from gymfoundry.envs.sandbox import bubblewrap
+from gymfoundry.flows.cli import main
+from gymfoundry.tasks.assemble import assemble_datasets
+from gymfoundry.tasks.audit import (ADVERSARIES, AuditRefused, Calls, Pool, _perturb, audit_family, current_versions, land_audit,
                          latest_audit, negate, require_audited)
-from tasks.rollout import run_episode
+from gymfoundry.tasks.rollout import run_episode
 from tests.sandbox_guard import require_sandbox
-from envs.advisory.verifier import AdvisoryVerifier
-from envs.browser.verifier import BrowserVerifier
-from envs.conversation.verifier import ConversationVerifier
-from verifiers.inventory import InventoryVerifier
-from warehouse import Warehouse
+from gymfoundry.envs.advisory.verifier import AdvisoryVerifier
+from gymfoundry.envs.browser.verifier import BrowserVerifier
+from gymfoundry.envs.conversation.verifier import ConversationVerifier
+from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.warehouse import Warehouse
 
 FAMILIES = sorted({registry.ENV_ID.match(i)["name"] for i in envs.list_envs()})
 
@@ -83,7 +83,7 @@ def test_the_audit_flags_browsers_blind_report_by_adversary_and_level():
 
 
 def test_the_audit_flags_advisorys_topic_only_disclosures(monkeypatch):
-    monkeypatch.setattr("envs.advisory.verifier.disclosure_problem", lambda topic, text, product: None)
+    monkeypatch.setattr("gymfoundry.envs.advisory.verifier.disclosure_problem", lambda topic, text, product: None)
     report = audit_family("advisory", episodes=2, adversaries=["negated"], verifier=TopicOnlyAdvisory)
     assert flagged(report, "negated") == [1, 2, 3, 4, 5], report.render()
 
@@ -91,7 +91,7 @@ def test_the_audit_flags_advisorys_topic_only_disclosures(monkeypatch):
 def test_the_audit_flags_conversations_blind_refusal_and_false_promises(monkeypatch):
     report = audit_family("conversation", episodes=2, adversaries=["blind_ending"], verifier=BlindConversation)
     assert flagged(report, "blind_ending") == [2, 3, 5], report.render()  # level 1 has no refusals
-    monkeypatch.setattr("envs.conversation.verifier.false_statements", lambda state, initial: [])
+    monkeypatch.setattr("gymfoundry.envs.conversation.verifier.false_statements", lambda state, initial: [])
     report = audit_family("conversation", episodes=2, adversaries=["negated"], verifier=ConversationVerifier)
     assert flagged(report, "negated") == [1, 2, 3, 4, 5], report.render()
 
@@ -235,7 +235,7 @@ def test_the_audit_landed_last_decides_even_one_landed_before(tmp_path, inventor
 def test_odd_values_in_replies_and_schemas_never_crash_the_adversaries():
     import random
 
-    from tasks.audit import make_value
+    from gymfoundry.tasks.audit import make_value
 
     pool = Pool()
     pool.see('{"stock": 1' + "0" * 400 + ', "x": NaN, "y": Infinity, "z": -1e999}')

@@ -9,8 +9,8 @@ import json
 import pytest
 from trl import chat_template_utils as trl_templates
 
-from tasks.training.base_model import CHAT_TEMPLATE, load_tokenizer, template_source, tool_arguments_for
-from tasks.training.sft import render_ids, turn_spans
+from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE, load_tokenizer, template_source, tool_arguments_for
+from gymfoundry.tasks.training.sft import render_ids, turn_spans
 
 UNKNOWN = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
            "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -89,8 +89,8 @@ def test_an_unknown_template_without_chatml_is_refused(tmp_path):
 def test_a_training_run_records_the_template_it_used(tiny_model_dir, tmp_path, conversation):
     import shutil
 
-    from tasks.assemble import write_dataset
-    from tasks.train import train
+    from gymfoundry.tasks.assemble import write_dataset
+    from gymfoundry.tasks.train import train
 
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)

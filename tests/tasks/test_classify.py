@@ -1,7 +1,7 @@
 import pytest
 
-from envs.records import MODEL_OUTCOMES, CheckResult, OutcomeReport, Step, Termination
-from tasks.classify import classify
+from gymfoundry.envs.records import MODEL_OUTCOMES, CheckResult, OutcomeReport, Step, Termination
+from gymfoundry.tasks.classify import classify
 
 
 def report(success, violation=False):

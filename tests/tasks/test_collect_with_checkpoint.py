@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from flows.cli import main
-from tasks.hf_policy import checkpoint_version
-from warehouse import Warehouse
+from gymfoundry.flows.cli import main
+from gymfoundry.tasks.hf_policy import checkpoint_version
+from gymfoundry.warehouse import Warehouse
 
 
 @pytest.mark.usefixtures("prefect_harness")

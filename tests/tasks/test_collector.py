@@ -10,8 +10,8 @@ import weakref
 
 import pytest
 
-from tasks import collector
-from tasks.collector import frozen_before
+from gymfoundry.tasks import collector
+from gymfoundry.tasks.collector import frozen_before
 
 
 class Node:
@@ -103,7 +103,7 @@ def test_a_process_that_froze_objects_itself_keeps_its_freeze_as_it_was():
 
 
 def test_the_scoring_stage_runs_in_a_batch(monkeypatch):
-    from tasks import score
+    from gymfoundry.tasks import score
 
     inside = []
     monkeypatch.setattr(score, "score_rules", lambda *a: inside.append(gc.get_freeze_count()) or [])

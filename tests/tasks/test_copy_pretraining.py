@@ -1,7 +1,7 @@
 import torch
 
-from tasks.training.base_model import build_base_model, factory_texts, load_model
-from tasks.training.copy_pretraining import copy_sequences, random_value, recall_sequence, token_pools
+from gymfoundry.tasks.training.base_model import build_base_model, factory_texts, load_model
+from gymfoundry.tasks.training.copy_pretraining import copy_sequences, random_value, recall_sequence, token_pools
 
 
 def test_recall_labels_are_exactly_the_recalled_values(tiny_model_dir):
@@ -36,7 +36,7 @@ def test_recall_labels_are_exactly_the_recalled_values(tiny_model_dir):
 
 
 def test_copy_pretraining_teaches_the_model_to_copy(tmp_path):
-    from tasks.training.copy_pretraining import pretrain_copying
+    from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
 
     texts = factory_texts("inventory", n_tasks=8)
     model, tokenizer = load_model(build_base_model(tmp_path / "base", texts, vocab_size=400, hidden_size=64,

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
-import envs  # noqa: F401  (registers the families)
-from envs.family import family
-from envs.records import ToolCall
-from tasks.assemble import sft_rows
-from tasks.policies import make_policy
-from tasks.rollout import run_episode
-from warehouse import Warehouse
+from gymfoundry import envs  # noqa: F401  (registers the families)
+from gymfoundry.envs.family import family
+from gymfoundry.envs.records import ToolCall
+from gymfoundry.tasks.assemble import sft_rows
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
 
@@ -90,9 +90,9 @@ def test_the_scripted_orchestrator_through_run_episode():
 
 
 def test_parallelism_reward_is_annealed_and_never_grows_with_sub_agents_alone():
-    from envs.delegation import parallelism_gain
-    from envs.records import ParallelismReward
-    from tasks.training.grpo import episode_reward
+    from gymfoundry.envs.delegation import parallelism_gain
+    from gymfoundry.envs.records import ParallelismReward
+    from gymfoundry.tasks.training.grpo import episode_reward
 
     fam = family("orchestrator")
     task = next(t for s in range(60) for t in [fam.generate(s, 3)]
@@ -119,8 +119,8 @@ def test_parallelism_reward_is_annealed_and_never_grows_with_sub_agents_alone():
 
 
 def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
-    from tasks.assemble import assemble_datasets
-    from tasks.training.grpo import dataset_parallelism
+    from gymfoundry.tasks.assemble import assemble_datasets
+    from gymfoundry.tasks.training.grpo import dataset_parallelism
 
     fam = family("orchestrator")
     tasks = [fam.generate(s, 1) for s in range(4)]
@@ -142,8 +142,8 @@ def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
 
 
 def test_a_subagent_policy_spec_plays_the_sub_tasks_and_is_recorded():
-    from envs.records import PolicySpec, RetryPolicy
-    from tasks.retry import collect_with_retries
+    from gymfoundry.envs.records import PolicySpec, RetryPolicy
+    from gymfoundry.tasks.retry import collect_with_retries
 
     fam = family("orchestrator")
     task = fam.generate(5, 2)
@@ -166,7 +166,7 @@ def test_a_subagent_policy_spec_plays_the_sub_tasks_and_is_recorded():
 
 
 def test_a_stage_no_accepted_call_owns_is_not_the_episodes():
-    from tasks.rollout import with_delegation
+    from gymfoundry.tasks.rollout import with_delegation
 
     task = retried_task()
     rollout = run_episode(task, Calls(task.hidden.reference), seed=7)

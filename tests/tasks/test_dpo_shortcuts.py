@@ -12,11 +12,11 @@ import json
 
 import pytest
 
-import envs  # noqa: F401
-from envs.records import CheckResult, OutcomeReport, Termination
-from tasks.assemble import dpo_rows
-from tasks.generate import generate_tasks
-from tasks.rollout import run_episode
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import CheckResult, OutcomeReport, Termination
+from gymfoundry.tasks.assemble import dpo_rows
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.rollout import run_episode
 
 
 class Calls:

@@ -3,11 +3,11 @@ finds exactly the episodes it would play (the step cap and the policy's knobs in
 
 from __future__ import annotations
 
-import envs  # noqa: F401
-from envs.records import Rollout, Termination
-from tasks.evaluate import evaluate_policy, expected_rollout_id, summarize
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import Rollout, Termination
+from gymfoundry.tasks.evaluate import evaluate_policy, expected_rollout_id, summarize
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
 
 
 def test_heldout_success_counts_model_outcomes_only():

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-import envs  # noqa: F401
-from envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Rollout, Termination
-from tasks import curriculum
-from tasks.assemble import assemble_datasets, load_dataset
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.retry import collect_with_retries
-from warehouse import Warehouse
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Rollout, Termination
+from gymfoundry.tasks import curriculum
+from gymfoundry.tasks.assemble import assemble_datasets, load_dataset
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.retry import collect_with_retries
+from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
 N_TASKS, SEED = 30, 3

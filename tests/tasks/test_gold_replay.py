@@ -3,10 +3,10 @@ person family whose reference does not succeed or whose facts contradict its own
 
 from __future__ import annotations
 
-import envs  # noqa: F401
-from envs.advisory import FAMILY as ADVISORY
-from envs.records import TaskSpec
-from tasks.validate import validate_tasks
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.advisory import FAMILY as ADVISORY
+from gymfoundry.envs.records import TaskSpec
+from gymfoundry.tasks.validate import validate_tasks
 
 
 def rebuilt(task: TaskSpec, edit) -> TaskSpec:
@@ -35,7 +35,7 @@ def test_advisory_gold_tasks_that_fail_are_rejected_with_their_reason():
 
 
 def test_every_generated_person_task_passes_validation():
-    from envs.conversation import FAMILY as CONVERSATION
+    from gymfoundry.envs.conversation import FAMILY as CONVERSATION
 
     tasks = [family.generate(seed, level) for family in (ADVISORY, CONVERSATION) for level in family.levels
              for seed in range(3)]

@@ -1,7 +1,7 @@
 import pytest
 
-from tasks.train import train
-from tasks.training.grpo import completion_advantages, group_step_advantages, reward_to_go, token_advantages
+from gymfoundry.tasks.train import train
+from gymfoundry.tasks.training.grpo import completion_advantages, group_step_advantages, reward_to_go, token_advantages
 
 
 def test_step_advantages_vary_within_a_completion_and_survive_equal_outcomes():
@@ -45,7 +45,7 @@ def test_grpo_trains_with_trl_on_per_token_step_advantages(tiny_model_dir, tmp_p
     from safetensors.torch import load_file
     from trl import GRPOTrainer
 
-    from tasks.training.grpo import StepGRPOTrainer
+    from gymfoundry.tasks.training.grpo import StepGRPOTrainer
 
     fed = []
     compute_loss = StepGRPOTrainer._compute_loss
@@ -92,8 +92,8 @@ def test_grpo_dataset_tasks_regenerate_in_curriculum_order(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tasks.generate import family_env_class
-    from tasks.training.grpo import dataset_tasks
+    from gymfoundry.tasks.generate import family_env_class
+    from gymfoundry.tasks.training.grpo import dataset_tasks
 
     env_class = family_env_class("inventory")
     rows = []

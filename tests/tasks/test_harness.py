@@ -16,18 +16,18 @@ from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabl
 from agents.mcp import MCPServerStreamableHttp
 from openai import APIConnectionError, AsyncOpenAI
 
-import envs  # noqa: F401
-from envs.harness import ModelCall
-from envs.leaks import hidden_values
-from envs.records import Split, Termination
-from tasks.assemble import assemble_datasets
-from tasks.harness import EpisodeHub
-from tasks.mcp_server import build_app, served
-from tasks.proxy import build_proxy, merged
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.harness import ModelCall
+from gymfoundry.envs.leaks import hidden_values
+from gymfoundry.envs.records import Split, Termination
+from gymfoundry.tasks.assemble import assemble_datasets
+from gymfoundry.tasks.harness import EpisodeHub
+from gymfoundry.tasks.mcp_server import build_app, served
+from gymfoundry.tasks.proxy import build_proxy, merged
 from tests.tasks.harness_stub import LOGPROBS, TOKEN_IDS, scripted_inventory
 from tests.tasks.policy_endpoint import always
 from tests.verifiers.openai_stub import OpenAIStub
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,8 +229,8 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     """A harness that re-renders its context (summaries) sends 3 conversations for one episode:
     still one rollout, the same steps, cost and dataset weight; each step's observation is what
     the model was sent in that request."""
-    from tasks.assemble import sft_rows
-    from tasks.curriculum import success_rates
+    from gymfoundry.tasks.assemble import sft_rows
+    from gymfoundry.tasks.curriculum import success_rates
 
     hub = EpisodeHub("inventory", tmp_path, tasks=1, seed=0, land=False)
 
@@ -282,7 +282,7 @@ def test_serve_env_over_stdio_plays_one_episode_and_lands_it(tmp_path):
 
     from agents.mcp import MCPServerStdio
 
-    command = [sys.executable, "-m", "flows.cli", "serve-env", "--family", "inventory", "--transport", "stdio",
+    command = [sys.executable, "-m", "gymfoundry.flows.cli", "serve-env", "--family", "inventory", "--transport", "stdio",
                "--episode", "stdio-1", "--tasks", "4", "--data-dir", str(tmp_path)]
     token = "launcher-chosen-token"  # the launcher owns the process it starts, and so the episode
     with OpenAIStub(respond=scripted_inventory) as upstream, \
@@ -479,7 +479,7 @@ def test_the_commands_serve_a_harness_and_a_stopped_server_lands_its_open_episod
         raise AssertionError(f"{url} did not start")
 
     env_port, proxy_port = free_port(), free_port()
-    cli = [sys.executable, "-m", "flows.cli"]
+    cli = [sys.executable, "-m", "gymfoundry.flows.cli"]
     with OpenAIStub(respond=scripted_inventory) as upstream:
         server = subprocess.Popen(cli + ["serve-env", "--family", "inventory", "--port", str(env_port), "--tasks", "4",
                                          "--data-dir", str(tmp_path)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -517,7 +517,7 @@ def test_a_coding_harness_runs_its_commands_in_the_sandbox_and_never_sees_the_gr
     """The runtime stack over MCP is the factory's: a `coding` episode's commands run in the
     family's sandbox as a non-root user, the folders the family masks are not there, and the
     rollout records the sandbox's guarantees."""
-    from envs.family import family
+    from gymfoundry.envs.family import family
 
     hub = EpisodeHub("coding", tmp_path, tasks=1, seed=0, land=False)
     masked = family("coding").masked_dirs()
@@ -561,7 +561,7 @@ def test_an_episode_name_used_again_in_a_later_run_is_a_new_rollout_with_only_it
 
 def test_a_harness_cannot_open_more_episodes_at_once_than_the_server_keeps(tmp_path):
     """Hostile: a harness that names a new episode per request would hold an env (a sandbox) each."""
-    from tasks.harness import TooManyEpisodes
+    from gymfoundry.tasks.harness import TooManyEpisodes
 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False, max_open=2)
     hub.open("a"), hub.open("b")

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-import envs  # noqa: F401
-from envs.records import Termination
-from tasks.harness import EpisodeHub
-from tasks.mcp_server import build_app, served
-from warehouse import Warehouse
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import Termination
+from gymfoundry.tasks.harness import EpisodeHub
+from gymfoundry.tasks.mcp_server import build_app, served
+from gymfoundry.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
@@ -98,7 +98,7 @@ def free_port() -> int:
 
 
 def start_server(data_dir: Path, port: int) -> subprocess.Popen:
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-env", "--family", "inventory", "--port",
+    server = subprocess.Popen([sys.executable, "-m", "gymfoundry.flows.cli", "serve-env", "--family", "inventory", "--port",
                                str(port), "--tasks", "4", "--data-dir", str(data_dir)], cwd=ROOT,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -271,7 +271,7 @@ def test_serve_env_refuses_a_connection_cap_or_read_timeout_that_is_not_positive
     for option, value, said in (("--max-connections", "-1", "a positive number of connections, not -1"),
                                 ("--max-connections", "0", "a positive number of connections, not 0"),
                                 ("--read-timeout", "0", "a positive number of seconds, not 0")):
-        run = subprocess.run([sys.executable, "-m", "flows.cli", "serve-env", "--family", "inventory", "--port",
+        run = subprocess.run([sys.executable, "-m", "gymfoundry.flows.cli", "serve-env", "--family", "inventory", "--port",
                               str(free_port()), option, value, "--data-dir", str(tmp_path)], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
         assert (run.returncode, run.stderr) == (2, f"gymfoundry serve-env: {option} must be {said}\n")

@@ -14,12 +14,12 @@ from starlette.applications import Starlette
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-import envs  # noqa: F401
-from envs.records import MODEL_OUTCOMES, Termination
-from envs.secrets import SECRET_ENV_VARS
-from tasks.harness import EpisodeHub
-from tasks.mcp_server import build_app, served
-from tasks.proxy import build_proxy
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import MODEL_OUTCOMES, Termination
+from gymfoundry.envs.secrets import SECRET_ENV_VARS
+from gymfoundry.tasks.harness import EpisodeHub
+from gymfoundry.tasks.mcp_server import build_app, served
+from gymfoundry.tasks.proxy import build_proxy
 from tests.tasks.harness_stub import scripted_inventory
 from tests.verifiers.openai_stub import OpenAIStub
 
@@ -84,7 +84,7 @@ def test_a_failing_harness_cannot_leave_the_statistics_by_ending_on_a_request_of
 def test_a_stream_the_harness_closes_is_its_own_never_a_fault_nor_a_whole_answer(tmp_path, monkeypatch):
     # No secret known to this process (earlier tests register theirs): with one, the proxy holds a
     # chunk shorter than it back until more text follows, and the first chunk would come 3 s later.
-    monkeypatch.setattr("envs.secrets._registered", set())
+    monkeypatch.setattr("gymfoundry.envs.secrets._registered", set())
     for name in SECRET_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False)
@@ -176,7 +176,7 @@ def test_a_failing_harness_cannot_drop_its_episode_by_spraying_candidate_secrets
         hub.finish("sprayer")
     hub.close()
     assert episode.landing_error is None and episode.harness_leak
-    from warehouse import Warehouse
+    from gymfoundry.warehouse import Warehouse
     with Warehouse(tmp_path, read_only=True) as wh:
         [rollout] = wh.load_rollouts()
     assert rollout.rollout_id == episode.rollout.rollout_id
@@ -381,7 +381,7 @@ def test_a_harness_hanging_up_mid_body_spends_no_call_number_and_a_restart_conti
     """The proxy numbers a call once its body is in: a client that disconnects while sending made no
     call. A restarted proxy numbers after the highest index on record (a gap left by a crash is
     never filled with a second call of the same number)."""
-    from tasks.harness import CallLog
+    from gymfoundry.tasks.harness import CallLog
 
     path, token = "/episodes/ep/v1/chat/completions", CallLog(str(tmp_path)).open("ep")
 

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from envs.records import Budget, PolicySpec
-from tasks.generate import generate_tasks
-from tasks.hf_policy import HFPolicy, _Request, family_tools
-from tasks.policies import make_policy
-from tasks.rollout import run_episode
-from tasks.training.base_model import load_model
+from gymfoundry.envs.records import Budget, PolicySpec
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.hf_policy import HFPolicy, _Request, family_tools
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.training.base_model import load_model
 
 K = 6
 LIMITS = Budget(max_steps=3)

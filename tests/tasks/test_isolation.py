@@ -9,19 +9,19 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-import envs  # noqa: F401  registers the built-in families
-from envs.records import Split, TaskSpec
-from envs.registry import _REGISTRY, ENV_ID
-from tasks.assemble import assemble_datasets
-from tasks.generate import generate_tasks
-from tasks.isolate import (LeakError, assert_no_leaks_in_rows, assign_split, find_leaks, isolate_tasks,
+from gymfoundry import envs  # noqa: F401  registers the built-in families
+from gymfoundry.envs.records import Split, TaskSpec
+from gymfoundry.envs.registry import _REGISTRY, ENV_ID
+from gymfoundry.tasks.assemble import assemble_datasets
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.isolate import (LeakError, assert_no_leaks_in_rows, assign_split, find_leaks, isolate_tasks,
                            landed_splits, row_texts)
-from tasks.land import land_batch
-from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts
-from tasks.score import score_rollouts
-from tasks.validate import validate_tasks
-from warehouse import Warehouse
+from gymfoundry.tasks.land import land_batch
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import collect_rollouts
+from gymfoundry.tasks.score import score_rollouts
+from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
 FAMILIES = sorted({ENV_ID.match(i)["name"] for i, spec in _REGISTRY.items() if spec.scripted_policy})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.training.base_model import load_model
-from tasks.training.sft import assistant_tokens, sft_examples, step_weights, turn_spans
+from gymfoundry.tasks.training.base_model import load_model
+from gymfoundry.tasks.training.sft import assistant_tokens, sft_examples, step_weights, turn_spans
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 import json
 
-from tasks.training.base_model import CHAT_TEMPLATE, load_model
-from tasks.training.sft import assistant_spans, render_ids
+from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE, load_model
+from gymfoundry.tasks.training.sft import assistant_spans, render_ids
 
 
 def test_builder_saves_a_model_that_loads_like_any_checkpoint(tiny_model_dir):

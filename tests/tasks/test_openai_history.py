@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 
-import envs  # noqa: F401
-from envs.records import MODEL_OUTCOMES, PolicySpec, Termination
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.rollout import run_episode
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, Termination
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import run_episode
 from tests.verifiers.openai_stub import OpenAIStub, chat_reply
 
 MALFORMED = '{"query": "copper magnet"'  # the closing brace never came

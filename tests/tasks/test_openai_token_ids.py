@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-import envs  # noqa: F401
-from envs.records import PolicySpec
-from tasks.generate import generate_tasks
-from tasks.openai_policy import sampled_ids
-from tasks.policies import make_policy
-from tasks.rollout import run_episode
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import PolicySpec
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.openai_policy import sampled_ids
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import run_episode
 from tests.tasks.policy_endpoint import inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
 

@@ -16,12 +16,12 @@ from functools import partial
 
 import pytest
 
-from envs.records import Budget, RetryPolicy, TaskSpec, Termination
-from envs.registry import register
-from envs.wrappers import Recorder, StepWorker, TimeLimit, _Lane, play_watched
-from tasks.engine import run_concurrently
-from tasks.retry import collect_with_retries
-from tasks.rollout import collect_rollouts, episode, run_episode
+from gymfoundry.envs.records import Budget, RetryPolicy, TaskSpec, Termination
+from gymfoundry.envs.registry import register
+from gymfoundry.envs.wrappers import Recorder, StepWorker, TimeLimit, _Lane, play_watched
+from gymfoundry.tasks.engine import run_concurrently
+from gymfoundry.tasks.retry import collect_with_retries
+from gymfoundry.tasks.rollout import collect_rollouts, episode, run_episode
 from tests.envs.counter_env import CounterEnv
 
 ENV_ID = "gymfoundry/counter-v0"
@@ -118,7 +118,7 @@ def test_collect_rollouts_plays_its_batch_after_one_hand_off(monkeypatch):
 
 
 def test_an_evaluation_plays_its_batch_after_one_hand_off(monkeypatch):
-    from tasks.evaluate import SLACK_STEPS, evaluate_policy, evaluation_budget
+    from gymfoundry.tasks.evaluate import SLACK_STEPS, evaluate_policy, evaluation_budget
 
     submitted = []
     submit = StepWorker.submit

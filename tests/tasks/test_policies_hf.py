@@ -3,12 +3,12 @@ import json
 import httpx
 import pytest
 
-import envs
-from envs.records import Termination
-from tasks.hf_policy import HFPolicy, family_tools
-from tasks.openai_policy import OpenAIPolicy
-from tasks.policies import make_policy
-from tasks.rollout import run_episode
+from gymfoundry import envs
+from gymfoundry.envs.records import Termination
+from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
+from gymfoundry.tasks.openai_policy import OpenAIPolicy
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import run_episode
 
 
 @pytest.fixture(scope="module")

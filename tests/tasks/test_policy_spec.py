@@ -4,17 +4,17 @@ rollouts' policy id is the model's and its sampling knobs are part of their iden
 import pytest
 from pydantic import ValidationError
 
-import envs  # noqa: F401
-from envs.records import PolicySpec, Run, Sampling
-from flows.cli import main
-from flows.factory import factory
-from tasks.generate import generate_tasks
-from tasks.openai_policy import OpenAIPolicy
-from tasks.policies import make_policy
-from tasks.rollout import policy_params, run_episode
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import PolicySpec, Run, Sampling
+from gymfoundry.flows.cli import main
+from gymfoundry.flows.factory import factory
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.openai_policy import OpenAIPolicy
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import policy_params, run_episode
 from tests.tasks.policy_endpoint import inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 
 def test_the_spec_validates_and_names_its_model():

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from envs.secrets import MASK
-from tasks.harness import CallLog
-from tasks.http_guard import served
-from tasks.proxy import build_proxy
+from gymfoundry.envs.secrets import MASK
+from gymfoundry.tasks.harness import CallLog
+from gymfoundry.tasks.http_guard import served
+from gymfoundry.tasks.proxy import build_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
@@ -134,7 +134,7 @@ def test_a_request_over_8_mib_is_refused_by_default(tmp_path):
 def test_an_upstream_echoing_the_proxys_key_shows_it_neither_to_the_harness_nor_to_the_log(tmp_path, monkeypatch):
     """An upstream that echoes the proxy's key must not show it to the harness: not in a stream (a key
     split between chunks passes any per-chunk redaction), not escaped in JSON, not in an error."""
-    monkeypatch.setattr("envs.secrets._registered", set())  # the key is this test's alone, not the process's
+    monkeypatch.setattr("gymfoundry.envs.secrets._registered", set())  # the key is this test's alone, not the process's
     log = CallLog(tmp_path)
     auth = {"Authorization": f"Bearer {log.open('echo')}"}
     with served(echo_upstream()) as upstream, \
@@ -191,7 +191,7 @@ def test_the_proxy_command_cuts_slow_clients_and_closes_connections_over_its_cap
     would need its head first, so slow clients over the cap would still hold descriptors)."""
     token = CallLog(tmp_path).open("slow")
     port = free_port()
-    proxy = subprocess.Popen([sys.executable, "-m", "flows.cli", "proxy", "--upstream", "http://127.0.0.1:9/v1",
+    proxy = subprocess.Popen([sys.executable, "-m", "gymfoundry.flows.cli", "proxy", "--upstream", "http://127.0.0.1:9/v1",
                               "--port", str(port), "--read-timeout", "1", "--max-connections", "2",
                               "--max-retries", "0", "--data-dir", str(tmp_path)], cwd=ROOT,
                              stderr=subprocess.PIPE, text=True)

@@ -6,18 +6,18 @@ from collections import defaultdict
 
 import pytest
 
-import envs
-from envs.base import AgentEnv
-from envs.faults import FaultInjection
-from envs.records import (MODEL_OUTCOMES, Budget, FaultConfig, RetryPolicy, Rollout, Run, Termination, ToolCall,
+from gymfoundry import envs
+from gymfoundry.envs.base import AgentEnv
+from gymfoundry.envs.faults import FaultInjection
+from gymfoundry.envs.records import (MODEL_OUTCOMES, Budget, FaultConfig, RetryPolicy, Rollout, Run, Termination, ToolCall,
                           content_hash)
-from envs.registry import register
-from envs.timestep import TimeStep
-from envs.wrappers import standard_stack
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.retry import RetryExhausted, collect_with_retries, run_counts
-from tasks.rollout import policy_params
+from gymfoundry.envs.registry import register
+from gymfoundry.envs.timestep import TimeStep
+from gymfoundry.envs.wrappers import standard_stack
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries, run_counts
+from gymfoundry.tasks.rollout import policy_params
 from tests.envs.counter_env import CounterEnv
 
 
@@ -196,8 +196,8 @@ def test_fail_after_n_retries():
 
 
 def test_factory_run_with_20_percent_faults_reports_every_rollout(tmp_path, prefect_harness):
-    from flows.factory import factory
-    from warehouse import Warehouse
+    from gymfoundry.flows.factory import factory
+    from gymfoundry.warehouse import Warehouse
 
     retry = RetryPolicy(max_retries=1, backoff_s=0.0)
     faults = FaultConfig(rate=0.2, seed=9)

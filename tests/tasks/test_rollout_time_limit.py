@@ -8,10 +8,10 @@ import json
 import threading
 import time
 
-from envs.records import Budget
-from envs.registry import register
-from envs.wrappers import Recorder, TimeLimit, run_watched
-from tasks.rollout import run_episode
+from gymfoundry.envs.records import Budget
+from gymfoundry.envs.registry import register
+from gymfoundry.envs.wrappers import Recorder, TimeLimit, run_watched
+from gymfoundry.tasks.rollout import run_episode
 from tests.envs.counter_env import CounterEnv
 
 ENV_ID = "gymfoundry/counter-v0"

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from tasks.training.base_model import load_model
-from tasks.training.curriculum import curriculum_order
-from tasks.training.sft import (WeightedCollator, assistant_spans, render_ids, sft_examples, step_weights,
+from gymfoundry.tasks.training.base_model import load_model
+from gymfoundry.tasks.training.curriculum import curriculum_order
+from gymfoundry.tasks.training.sft import (WeightedCollator, assistant_spans, render_ids, sft_examples, step_weights,
                                 weighted_token_loss)
 
 
@@ -105,7 +105,7 @@ def test_curriculum_starts_easy_then_follows_the_weights():
 
 
 def test_a_non_positive_step_weight_temperature_is_refused_before_training():
-    from tasks.train import Hyperparameters
+    from gymfoundry.tasks.train import Hyperparameters
 
     with pytest.raises(ValueError, match="step_weight_temperature must be positive"):
         Hyperparameters.from_dict({"step_weight_temperature": 0})

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import envs  # noqa: F401  registers the built-in families
-from envs.coding.generator import LEVELS, generate_task
-from envs.records import Split
-from tasks.generate import family_env_class, generate_tasks
-from tasks.isolate import HoldoutError, assign_split, landed_splits, recorded_splits, tasks_of_split
-from warehouse import Warehouse
+from gymfoundry import envs  # noqa: F401  registers the built-in families
+from gymfoundry.envs.coding.generator import LEVELS, generate_task
+from gymfoundry.envs.records import Split
+from gymfoundry.tasks.generate import family_env_class, generate_tasks
+from gymfoundry.tasks.isolate import HoldoutError, assign_split, landed_splits, recorded_splits, tasks_of_split
+from gymfoundry.warehouse import Warehouse
 
 
 class Stop(Exception):
@@ -117,8 +117,8 @@ def test_a_coding_task_s_bugs_share_one_module_and_its_template_names_it():
 # --- the embedded base's tokenizer text -------------------------------------------------------
 
 def test_base_model_tokenizer_text_has_no_holdout_task_recorded_or_hashed(tmp_path, monkeypatch):
-    import tasks.training.base_model as base_model
-    from flows.training import default_base_model
+    import gymfoundry.tasks.training.base_model as base_model
+    from gymfoundry.flows.training import default_base_model
 
     generated = generate_tasks("inventory", 200, seed=0)  # what factory_texts reads
     victims = hash_train(generated)[:4]
@@ -141,7 +141,7 @@ def test_base_model_tokenizer_text_has_no_holdout_task_recorded_or_hashed(tmp_pa
 
 
 def test_factory_texts_leave_out_a_recorded_holdout():
-    from tasks.training.base_model import factory_texts
+    from gymfoundry.tasks.training.base_model import factory_texts
 
     generated = generate_tasks("inventory", 30, seed=0)
     victims = hash_train(generated)[:3]
@@ -151,9 +151,9 @@ def test_factory_texts_leave_out_a_recorded_holdout():
 
 
 def test_a_cached_base_is_not_reused_once_a_template_of_its_text_is_held_out(tmp_path, monkeypatch):
-    import flows.training as training
-    import tasks.training.base_model as base_model
-    from flows.training import default_base_model
+    import gymfoundry.flows.training as training
+    import gymfoundry.tasks.training.base_model as base_model
+    from gymfoundry.flows.training import default_base_model
 
     builds = []
 
@@ -176,10 +176,10 @@ def test_a_cached_base_is_not_reused_once_a_template_of_its_text_is_held_out(tmp
 # --- GRPO's live tasks ------------------------------------------------------------------------
 
 def grpo_tasks(monkeypatch, hyperparameters, dataset=None):
-    """The tasks `run_grpo` would play, through `tasks.train.train` (no model is loaded)."""
-    import tasks.training.base_model as base_model
-    import tasks.training.grpo as grpo
-    from tasks.train import train
+    """The tasks `run_grpo` would play, through `gymfoundry.tasks.train.train` (no model is loaded)."""
+    import gymfoundry.tasks.training.base_model as base_model
+    import gymfoundry.tasks.training.grpo as grpo
+    from gymfoundry.tasks.train import train
 
     chosen = []
 
@@ -225,7 +225,7 @@ def test_a_grpo_dataset_naming_a_holdout_task_is_refused(tmp_path, monkeypatch):
 # --- the holdout fraction a warehouse locked --------------------------------------------------
 
 def record_run(data_dir, families, holdout_fraction) -> None:
-    from envs.records import RetryPolicy, Run
+    from gymfoundry.envs.records import RetryPolicy, Run
 
     run = Run(params={"families": families, "holdout_fraction": holdout_fraction, "seed": holdout_fraction},
               retry_policy=RetryPolicy(), attempted=0, by_class={})
@@ -237,10 +237,10 @@ def test_training_holds_out_unlanded_templates_by_the_fraction_the_factory_ran_w
     # The factory ran at holdout fraction 0.5 and landed a few tasks. Templates it has not landed yet
     # are held out at 0.5 by its next run; training must not take them as train by the default 0.1,
     # or the next run's held-out evaluation measures tasks the tokenizer and GRPO already saw.
-    from envs.records import Split
-    from flows.factory import factory
-    from tasks.isolate import in_holdout, landed_holdout_fractions
-    from tasks.training.base_model import text_tasks
+    from gymfoundry.envs.records import Split
+    from gymfoundry.flows.factory import factory
+    from gymfoundry.tasks.isolate import in_holdout, landed_holdout_fractions
+    from gymfoundry.tasks.training.base_model import text_tasks
 
     record(tmp_path, generate_tasks("inventory", 3, seed=9), Split.train)
     record_run(tmp_path, ["inventory"], 0.5)
@@ -254,8 +254,8 @@ def test_training_holds_out_unlanded_templates_by_the_fraction_the_factory_ran_w
     assert any(later_holdout(t) for t in hash_train(pool))  # the default rule alone trains on them
     chosen = grpo_tasks(monkeypatch, {"tasks": 12, "family": "inventory", "data_dir": str(tmp_path)})
     assert chosen and not any(later_holdout(t) for t in chosen)
-    from flows.training import default_base_model
-    import tasks.training.base_model as base_model
+    from gymfoundry.flows.training import default_base_model
+    import gymfoundry.tasks.training.base_model as base_model
 
     seen: list[str] = []
 
@@ -276,7 +276,7 @@ def test_training_holds_out_unlanded_templates_by_the_fraction_the_factory_ran_w
 @pytest.mark.parametrize("fraction", [float("nan"), -0.1, 1.5])
 def test_a_holdout_fraction_outside_0_1_is_refused_before_any_episode(tmp_path, fraction):
     # NaN or a negative fraction held out nothing, silently; the lock could never match NaN either.
-    from flows.factory import factory
+    from gymfoundry.flows.factory import factory
 
     with pytest.raises(ValueError, match=r"must be a number in \[0, 1\]"):
         factory.fn(families=["inventory"], tasks_per_family=2, data_dir=str(tmp_path), holdout_fraction=fraction)
@@ -286,8 +286,8 @@ def test_a_holdout_fraction_outside_0_1_is_refused_before_any_episode(tmp_path, 
 def test_a_run_that_dies_after_landing_tasks_still_locks_its_fraction(tmp_path, monkeypatch, prefect_harness):
     # `runs` is written when a run ends; the lock must not wait for it, or a run that landed tasks
     # and then died locks nothing and training falls back to the default fraction.
-    import flows.factory as factory_flow
-    from tasks.isolate import check_holdout_fraction, landed_holdout_fractions
+    import gymfoundry.flows.factory as factory_flow
+    from gymfoundry.tasks.isolate import check_holdout_fraction, landed_holdout_fractions
 
     def die(*args, **kwargs):
         raise RuntimeError("killed while assembling")
@@ -305,7 +305,7 @@ def test_a_run_that_dies_after_landing_tasks_still_locks_its_fraction(tmp_path, 
 
 
 def test_a_boolean_is_no_holdout_fraction(tmp_path):
-    from tasks.isolate import check_holdout_fraction
+    from gymfoundry.tasks.isolate import check_holdout_fraction
 
     with pytest.raises(ValueError, match=r"must be a number in \[0, 1\]"):
         check_holdout_fraction(tmp_path, ["inventory"], True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import logging
 
-from envs.records import HoldoutLock, RetryPolicy, Run
-from tasks.land import land_or_spool, land_run
-from warehouse import Warehouse, spool
+from gymfoundry.envs.records import HoldoutLock, RetryPolicy, Run
+from gymfoundry.tasks.land import land_or_spool, land_run
+from gymfoundry.warehouse import Warehouse, spool
 
 
 def test_an_unlandable_spool_file_is_set_aside_and_the_rest_lands(tmp_path, caplog):

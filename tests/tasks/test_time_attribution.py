@@ -1,5 +1,5 @@
 """Time and tokens are charged to whoever spent them (envs.wrappers.TimeLimit), through the public
-interface (`tasks.rollout.run_episode` with small policies, the real stack and verifiers):
+interface (`gymfoundry.tasks.rollout.run_episode` with small policies, the real stack and verifiers):
 
 - the policy's own time (a stall in `act`) and its reported tokens running out end the episode
   `truncated`, a counted model outcome: stalling cannot take a failure out of a success rate;
@@ -21,21 +21,21 @@ import time
 
 import pytest
 
-import envs  # noqa: F401
-from envs.discussion import FAMILY as DISCUSSION
-from envs.records import (MODEL_OUTCOMES, Budget, OutcomeReport, PolicySpec, RetryPolicy, TaskSpec, Termination,
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.discussion import FAMILY as DISCUSSION
+from gymfoundry.envs.records import (MODEL_OUTCOMES, Budget, OutcomeReport, PolicySpec, RetryPolicy, TaskSpec, Termination,
                           ToolCall)
-from envs.registry import register, verifier_for
-from tasks.evaluate import summarize
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.policies import PolicyOutput
-from tasks.retry import collect_with_retries
-from tasks.rollout import run_episode
+from gymfoundry.envs.registry import register, verifier_for
+from gymfoundry.tasks.evaluate import summarize
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.policies import PolicyOutput
+from gymfoundry.tasks.retry import collect_with_retries
+from gymfoundry.tasks.rollout import run_episode
 from tests.envs.counter_env import CounterEnv
 from tests.tasks.test_openai_history import scripted_model
 from tests.verifiers.openai_stub import OpenAIStub
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 COUNTER = "gymfoundry/counter-v0"
 SLOW_GRADER = "gymfoundry/slowgrader-v0"

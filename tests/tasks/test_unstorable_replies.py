@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-import envs  # noqa: F401
-from envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
-from flows.factory import factory
-from tasks.generate import generate_tasks
-from tasks.policies import PolicyOutput, make_policy, register_policy
-from tasks.rollout import run_episode
+from gymfoundry import envs  # noqa: F401
+from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
+from gymfoundry.flows.factory import factory
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import PolicyOutput, make_policy, register_policy
+from gymfoundry.tasks.rollout import run_episode
 from tests.tasks.policy_endpoint import inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 
 def spec(base_url: str) -> PolicySpec:

@@ -4,13 +4,13 @@ the sandbox problem."""
 
 import pytest
 
-import envs  # noqa: F401  registers the families
-from envs.base import EnvFault
-from envs.coding import generate_task
-from envs.inventory import generate_task as inventory_task
-from envs.records import TaskSpec
-from envs.sandbox import bubblewrap, docker_backend
-from tasks.validate import ReplayEnvFault, check_reference, validate_tasks
+from gymfoundry import envs  # noqa: F401  registers the families
+from gymfoundry.envs.base import EnvFault
+from gymfoundry.envs.coding import generate_task
+from gymfoundry.envs.inventory import generate_task as inventory_task
+from gymfoundry.envs.records import TaskSpec
+from gymfoundry.envs.sandbox import bubblewrap, docker_backend
+from gymfoundry.tasks.validate import ReplayEnvFault, check_reference, validate_tasks
 from tests.sandbox_guard import needs_sandbox
 
 
@@ -71,8 +71,8 @@ def test_an_invalid_coding_task_is_still_rejected_when_the_sandbox_works():
 def test_an_env_bug_or_a_crashing_grader_during_the_replay_is_no_verdict_on_the_task(monkeypatch):
     """An env crashing on the reference's call, or the outcome verifier crashing, says nothing
     about the task: the stage stops naming it instead of filing the task as invalid."""
-    from envs.inventory import InventoryEnv
-    from verifiers.inventory import InventoryVerifier
+    from gymfoundry.envs.inventory import InventoryEnv
+    from gymfoundry.verifiers.inventory import InventoryVerifier
 
     task = inventory_task(3, 2)
     assert check_reference(task) is None

@@ -9,13 +9,13 @@ import random
 import numpy as np
 import polars as pl
 
-from tasks.generate import generate_tasks
-from tasks.land import land_batch
-from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts
-from tasks.score import score_steps
-from tasks.validate import validate_tasks
-from verifiers.judge import JudgeSettings
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.land import land_batch
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import collect_rollouts
+from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.verifiers.judge import JudgeSettings
 
 
 def build_warehouse(data_dir, n_tasks: int = 30, seed: int = 3, mistake_rate: float = 0.35) -> dict:

@@ -11,14 +11,14 @@ import json
 import polars as pl
 import pytest
 
-from envs.records import Rollout, Step, Termination, ToolCall
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts
+from gymfoundry.envs.records import Rollout, Step, Termination, ToolCall
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import collect_rollouts
 from tests.verifiers.test_injection import INJECTED_THOUGHTS, ORDINARY
 from tests.verifiers.test_rules import POTENTIALS, PROFILES
-from verifiers import rules
-from verifiers.rules import INJECTION_HINT, agent_text, agent_texts, score_rules
+from gymfoundry.verifiers import rules
+from gymfoundry.verifiers.rules import INJECTION_HINT, agent_text, agent_texts, score_rules
 
 
 def step(i: int, thought: str | None = None, arguments: dict | None = None, result: str = '{"ok": true}',

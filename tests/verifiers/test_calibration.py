@@ -7,15 +7,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from envs.inventory import InventoryEnv
-from envs.records import StepScore
-from tasks.calibrate import export_label_sample, fit_calibrators, import_labels, load_labels, stratified_sample
-from tasks.score import score_steps
+from gymfoundry.envs.inventory import InventoryEnv
+from gymfoundry.envs.records import StepScore
+from gymfoundry.tasks.calibrate import export_label_sample, fit_calibrators, import_labels, load_labels, stratified_sample
+from gymfoundry.tasks.score import score_steps
 from tests.verifiers.prm_data import build_warehouse, distorted_label, label_sample
-from verifiers.calibration import (Calibrator, agreement, fit_calibrator, load_current, save_calibrator,
+from gymfoundry.verifiers.calibration import (Calibrator, agreement, fit_calibrator, load_current, save_calibrator,
                                    to_labels)
-from verifiers.judge import JudgeSettings
-from verifiers.prm import combine
+from gymfoundry.verifiers.judge import JudgeSettings
+from gymfoundry.verifiers.prm import combine
 
 RNG = np.random.default_rng(0)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from envs.profile import DomainProfile
-from envs.records import StepScore
-from verifiers.prm import JUDGE_FLOOR, PRM_VERSION, combine, injection_starts, judge_label, layers_version
+from gymfoundry.envs.profile import DomainProfile
+from gymfoundry.envs.records import StepScore
+from gymfoundry.verifiers.prm import JUDGE_FLOOR, PRM_VERSION, combine, injection_starts, judge_label, layers_version
 
 
 def reference_row(**fields) -> StepScore:

@@ -8,16 +8,16 @@ import time
 import httpx
 import pytest
 
-from envs.records import MODEL_OUTCOMES, Termination
-from tasks.generate import generate_tasks
-from tasks.hf_policy import family_tools
-from tasks.openai_policy import OpenAIPolicy
-from tasks.rollout import run_episode
-from tasks.score import score_steps
+from gymfoundry.envs.records import MODEL_OUTCOMES, Termination
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.hf_policy import family_tools
+from gymfoundry.tasks.openai_policy import OpenAIPolicy
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, TricklingServer, chat_reply
 from tests.verifiers.test_rules import FIND, STOCK, TASK, rollout
-from verifiers.endpoint import DeadlineClient, EndpointError
-from verifiers.judge import Judge, JudgeSettings
+from gymfoundry.verifiers.endpoint import DeadlineClient, EndpointError
+from gymfoundry.verifiers.judge import Judge, JudgeSettings
 
 DEADLINE = 1.0
 SLACK = 0.6  # thread start, one system call, test machine load

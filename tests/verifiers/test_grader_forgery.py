@@ -7,10 +7,10 @@ and without the same harmless edit, still succeeds."""
 
 import pytest
 
-import verifiers.coding as grader
-from envs.coding.generator import inject, load_templates
-from envs.records import TaskSpec, Termination, ToolCall
-from tasks.rollout import run_episode
+import gymfoundry.verifiers.coding as grader
+from gymfoundry.envs.coding.generator import inject, load_templates
+from gymfoundry.envs.records import TaskSpec, Termination, ToolCall
+from gymfoundry.tasks.rollout import run_episode
 from tests.envs.coding_helpers import ScriptPolicy, quick_task
 from tests.sandbox_guard import needs_sandbox as pytestmark  # noqa: F401  skips here, fails under CI=true
 

@@ -11,20 +11,20 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from envs.coding import CodingEnv
-from envs.inventory import InventoryEnv
-from envs.profile import ScoreWeights
-from envs.records import Rollout, Step, Termination, ToolCall
-from tasks.generate import generate_tasks
-from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts
-from tasks.score import score_steps
+from gymfoundry.envs.coding import CodingEnv
+from gymfoundry.envs.inventory import InventoryEnv
+from gymfoundry.envs.profile import ScoreWeights
+from gymfoundry.envs.records import Rollout, Step, Termination, ToolCall
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import collect_rollouts
+from gymfoundry.tasks.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, split_prompt
 from tests.verifiers.test_rules import (AUTH, FIND, POTENTIALS, PROFILES, RESERVE, STOCK, SUBMIT, TASK, FlakyEnv, call,
                                         rollout)
-from verifiers.judge import Judge, JudgeSettings, encode_data, judge_messages, rubric_of, step_data
-from verifiers.prm import PRM_VERSION
-from verifiers.rules import (INJECTION, INJECTION_HINT, RULES_VERSION, _injected_rows, agent_text, reading_text,
+from gymfoundry.verifiers.judge import Judge, JudgeSettings, encode_data, judge_messages, rubric_of, step_data
+from gymfoundry.verifiers.prm import PRM_VERSION
+from gymfoundry.verifiers.rules import (INJECTION, INJECTION_HINT, RULES_VERSION, _injected_rows, agent_text, reading_text,
                              rules_version, score_rules)
 
 TASKS = {TASK.task_id: TASK}

@@ -12,11 +12,11 @@ from collections import Counter
 
 import pytest
 
-import verifiers.inventory as inv
-from envs.inventory import InventoryEnv, generate_task
-from envs.inventory.policy import ScriptedInventoryPolicy
-from envs.records import CheckResult
-from verifiers.base import calls_of
+import gymfoundry.verifiers.inventory as inv
+from gymfoundry.envs.inventory import InventoryEnv, generate_task
+from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
+from gymfoundry.envs.records import CheckResult
+from gymfoundry.verifiers.base import calls_of
 
 verifier = inv.InventoryVerifier()
 

@@ -10,10 +10,10 @@ import copy
 import pickle
 import random
 
-import verifiers.inventory as inv
-from envs.base import ToolEnv
-from envs.inventory import InventoryEnv, generate_task
-from envs.records import ToolCall
+import gymfoundry.verifiers.inventory as inv
+from gymfoundry.envs.base import ToolEnv
+from gymfoundry.envs.inventory import InventoryEnv, generate_task
+from gymfoundry.envs.records import ToolCall
 from tests.verifiers.test_inventory_check_shortcuts import hostile_states, outcome, played
 
 verifier = inv.InventoryVerifier()

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-import verifiers.inventory as inv
-from envs.inventory import InventoryEnv, generate_task
+import gymfoundry.verifiers.inventory as inv
+from gymfoundry.envs.inventory import InventoryEnv, generate_task
 from tests.verifiers.test_inventory_check_shortcuts import outcome, played
 
 verifier = inv.InventoryVerifier()

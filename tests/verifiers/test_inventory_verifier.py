@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-from envs.base import EnvFault
-from envs.inventory import InventoryEnv, generate_task
-from envs.inventory.policy import ScriptedInventoryPolicy
-from envs.records import Step, TaskSpec, ToolCall
-from verifiers.base import calls_of
-from verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.base import EnvFault
+from gymfoundry.envs.inventory import InventoryEnv, generate_task
+from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
+from gymfoundry.envs.records import Step, TaskSpec, ToolCall
+from gymfoundry.verifiers.base import calls_of
+from gymfoundry.verifiers.inventory import InventoryVerifier
 
 verifier = InventoryVerifier()
 
@@ -253,7 +253,7 @@ def test_lookups_change_nothing_but_the_event_log():
     whatever the state (before and after authorising, reserving, submitting) and the arguments."""
     import copy
 
-    from verifiers.inventory import LOOKUPS
+    from gymfoundry.verifiers.inventory import LOOKUPS
 
     for level in (1, 3, 5):
         for seed in range(3):

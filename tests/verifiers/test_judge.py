@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from envs.inventory import InventoryEnv
-from envs.profile import ScoreWeights
-from tasks.score import score_steps
+from gymfoundry.envs.inventory import InventoryEnv
+from gymfoundry.envs.profile import ScoreWeights
+from gymfoundry.tasks.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, split_prompt
 from tests.verifiers.test_rules import AUTH, FIND, RESERVE, STOCK, SUBMIT, TASK, FlakyEnv, rollout
-from verifiers.judge import (DEFAULT_RUBRIC, Judge, JudgeCache, JudgeSettings, parse_verdict, prompt_version,
+from gymfoundry.verifiers.judge import (DEFAULT_RUBRIC, Judge, JudgeCache, JudgeSettings, parse_verdict, prompt_version,
                              rubric_of)
 
 PROFILE = InventoryEnv.profile

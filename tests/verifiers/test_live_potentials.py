@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-import envs  # noqa: F401  registers the families
-from envs.family import families, family
-from envs.records import FaultConfig, ToolCall
-from envs.registry import verifier_for
-from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts, rollout_seed, run_episode
-from verifiers.base import ReplayVerifier, recorded_potentials
+from gymfoundry import envs  # noqa: F401  registers the families
+from gymfoundry.envs.family import families, family
+from gymfoundry.envs.records import FaultConfig, ToolCall
+from gymfoundry.envs.registry import verifier_for
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import collect_rollouts, rollout_seed, run_episode
+from gymfoundry.verifiers.base import ReplayVerifier, recorded_potentials
 
 REPLAYED = [f.name for f in families()
             if isinstance(verifier_for(f.env_id), ReplayVerifier) and f.scripted_policy is not None]

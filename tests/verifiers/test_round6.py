@@ -1,4 +1,4 @@
-"""`verifiers.rules.round6` returns a float with an integral value as it is instead of calling
+"""`gymfoundry.verifiers.rules.round6` returns a float with an integral value as it is instead of calling
 `round(value, 6)`: it must be `round(value, 6)` exactly, bit for bit (the sign of zero included),
 for every value a score row can hold, and raise what round raises."""
 
@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from verifiers.rules import round6
+from gymfoundry.verifiers.rules import round6
 
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -3.0, 1e-7, -1e-7, 5e-7, 4.9999995e-7, 0.1 + 0.2, 1 / 3, -2 / 3,
            0.2 * 3 - 0.7 * 0.5, 2.0 ** 52, 2.0 ** 52 + 1, 2.0 ** 53, 2.0 ** 53 + 2, 2.0 ** 60, 1e15 + 0.5, 1e16, 1e22,

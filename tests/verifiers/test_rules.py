@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-from envs.base import EnvFault
-from envs.inventory import InventoryEnv, generate_task
-from envs.profile import ScoreWeights
-from envs.records import Rollout, TaskSpec, Termination
-from verifiers.inventory import InventoryVerifier
-from verifiers.rules import COMPONENTS, RULES_VERSION, rule_frame, rules_version, score_rules
+from gymfoundry.envs.base import EnvFault
+from gymfoundry.envs.inventory import InventoryEnv, generate_task
+from gymfoundry.envs.profile import ScoreWeights
+from gymfoundry.envs.records import Rollout, TaskSpec, Termination
+from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.verifiers.rules import COMPONENTS, RULES_VERSION, rule_frame, rules_version, score_rules
 
 PROFILES = {"inventory": InventoryEnv.profile}
 POTENTIALS = {"inventory": InventoryVerifier().potentials}
@@ -256,7 +256,7 @@ def test_only_declared_arguments_are_grounded():
 def test_values_escaped_in_a_json_observation_count_as_seen():
     import polars as pl
 
-    from verifiers.rules import STEP_SCHEMA, score_table
+    from gymfoundry.verifiers.rules import STEP_SCHEMA, score_table
 
     name = 'the "big" box\nsecond line'
     seen = json.dumps({"tool": "find_items", "ok": True, "result": {"items": [{"name": name}]}})

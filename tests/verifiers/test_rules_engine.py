@@ -12,12 +12,12 @@ import json
 import polars as pl
 import pytest
 
-import verifiers.rules as rules
-from envs.inventory import InventoryEnv, generate_task
-from envs.inventory.policy import ScriptedInventoryPolicy
-from envs.records import Rollout, Termination
+import gymfoundry.verifiers.rules as rules
+from gymfoundry.envs.inventory import InventoryEnv, generate_task
+from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
+from gymfoundry.envs.records import Rollout, Termination
 from tests.benchmarks.bench_rules import synthetic_steps
-from verifiers.inventory import InventoryVerifier
+from gymfoundry.verifiers.inventory import InventoryVerifier
 
 PROFILES = {"inventory": InventoryEnv.profile}
 POTENTIALS = {"inventory": InventoryVerifier().potentials}

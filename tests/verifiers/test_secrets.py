@@ -8,15 +8,15 @@ import logging
 
 import pytest
 
-from envs.secrets import MASK, known_secrets, redact, register_secret
-from tasks.generate import generate_tasks
-from tasks.hf_policy import family_tools
-from tasks.openai_policy import OpenAIPolicy
-from tasks.rollout import run_episode
-from tasks.score import score_steps
+from gymfoundry.envs.secrets import MASK, known_secrets, redact, register_secret
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.hf_policy import family_tools
+from gymfoundry.tasks.openai_policy import OpenAIPolicy
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, chat_reply
 from tests.verifiers.test_rules import AUTH, FIND, STOCK, TASK, rollout
-from verifiers.judge import JudgeSettings
+from gymfoundry.verifiers.judge import JudgeSettings
 
 JUDGE_KEY = "sk-judge-0123456789abcdefXYZ"
 POLICY_KEY = "sk-policy-9876543210fedcbaQRS"

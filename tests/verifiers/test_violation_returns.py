@@ -6,12 +6,12 @@ return."""
 
 import json
 
-from envs.family import family
-from envs.inventory import generate_task as inventory_task
-from envs.records import ToolCall
-from envs.registry import verifier_for
-from tasks.rollout import run_episode
-from verifiers.rules import score_rules
+from gymfoundry.envs.family import family
+from gymfoundry.envs.inventory import generate_task as inventory_task
+from gymfoundry.envs.records import ToolCall
+from gymfoundry.envs.registry import verifier_for
+from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.verifiers.rules import score_rules
 
 
 class Calls:

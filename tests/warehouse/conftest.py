@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from envs.records import (CheckResult, Cost, Difficulty, Hidden, OutcomeReport, Rollout, Source, Step, StepScore,
+from gymfoundry.envs.records import (CheckResult, Cost, Difficulty, Hidden, OutcomeReport, Rollout, Source, Step, StepScore,
                           TaskRejection, TaskSpec, Termination, ToolCall)
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 
 def make_task(family: str = "inventory", n: int = 0) -> TaskSpec:

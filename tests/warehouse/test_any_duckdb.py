@@ -11,10 +11,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from envs.records import Termination
-from warehouse import TABLES, Warehouse, catalog
-from warehouse.lake import write_batch
-from warehouse.store import _row
+from gymfoundry.envs.records import Termination
+from gymfoundry.warehouse import TABLES, Warehouse, catalog
+from gymfoundry.warehouse.lake import write_batch
+from gymfoundry.warehouse.store import _row
 
 DUCKDB_CLI = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "duckdb"
 # The query of the README's tour and of docs/warehouse.md's "Analysis views".

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from envs.records import Step, Verdict
-from warehouse import TABLES
-from warehouse.lake import STAGING_DIR
+from gymfoundry.envs.records import Step, Verdict
+from gymfoundry.warehouse import TABLES
+from gymfoundry.warehouse.lake import STAGING_DIR
 
 
 def same_rows(table, records, **added):
@@ -78,7 +78,7 @@ def test_a_record_holding_a_value_of_another_type_goes_to_quarantine_not_a_crash
 def test_a_landing_pauses_the_garbage_collector_and_restores_it(wh, build, monkeypatch):
     import gc
 
-    from warehouse import catalog, quality
+    from gymfoundry.warehouse import catalog, quality
 
     seen = []
     real_gates, real_register = quality.validate_batch, catalog.register
@@ -112,7 +112,7 @@ def test_a_tampered_copy_first_in_a_batch_is_reported_on_its_own_row(wh, build):
 def test_steps_take_their_rollouts_id_and_family_as_rows_where_a_rollout_holds_no_text_there(data_dir, build):
     """The steps' rollout_id and task_family columns are each rollout's value repeated by Arrow; a
     rollout whose id is no text (`model_copy` does not validate) makes them rows instead, as before."""
-    from warehouse.staged import stage
+    from gymfoundry.warehouse.staged import stage
 
     task = build.task("inventory", 4)
     good, odd = build.rollout(task, seed=1), build.rollout(task, seed=2).model_copy(update={"rollout_id": 7})
@@ -133,7 +133,7 @@ def test_enum_members_reach_arrow_as_their_values_whether_or_not_they_are_text()
 
     from pydantic import BaseModel
 
-    from warehouse.schema import to_arrays, to_row
+    from gymfoundry.warehouse.schema import to_arrays, to_row
 
     class Colour(str, Enum):
         red = "r"
@@ -176,7 +176,7 @@ def test_the_first_row_of_each_key_whether_or_not_a_key_repeats(build):
     """Keys that never repeat keep every row; otherwise the first of each, nulls and NaN alike equal."""
     import pyarrow as pa
 
-    from warehouse.staged import first_of_each_key
+    from gymfoundry.warehouse.staged import first_of_each_key
 
     table = TABLES["step_scores"]
     scores = [build.score(build.rollout(build.task("inventory", 1)), i) for i in range(3)]

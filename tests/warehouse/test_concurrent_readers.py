@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import duckdb
 import pytest
 
-from warehouse import Warehouse
+from gymfoundry.warehouse import Warehouse
 
 
 def test_readers_open_at_once_all_read_and_stay_confined(data_dir, build):

@@ -13,9 +13,9 @@ import stat
 import duckdb
 import pytest
 
-from flows.cli import main
-from warehouse import ConsoleRefused, Warehouse
-from warehouse.console import check_query
+from gymfoundry.flows.cli import main
+from gymfoundry.warehouse import ConsoleRefused, Warehouse
+from gymfoundry.warehouse.console import check_query
 
 
 def land(data_dir, build):
@@ -163,8 +163,8 @@ def test_render_prints_a_result_as_table_csv_or_json(data_dir, build):
 
     import pyarrow as pa
 
-    from envs.records import RetryPolicy, Run
-    from warehouse.console import render
+    from gymfoundry.envs.records import RetryPolicy, Run
+    from gymfoundry.warehouse.console import render
 
     land(data_dir, build)
     with Warehouse(data_dir) as wh:
@@ -196,7 +196,7 @@ ENDLESS = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM t) SELECT 
 
 
 def test_a_query_past_the_time_bound_is_cancelled_and_the_catalog_freed(data_dir, build):
-    from warehouse.console import QueryCancelled, query
+    from gymfoundry.warehouse.console import QueryCancelled, query
 
     land(data_dir, build)
     with pytest.raises(QueryCancelled, match=r"^the query ran past the console's time limit of 1.5 s \(--timeout\) "
@@ -208,7 +208,7 @@ def test_a_query_past_the_time_bound_is_cancelled_and_the_catalog_freed(data_dir
 
 
 def test_a_query_past_the_memory_bound_is_cancelled_and_the_bounds_are_set(data_dir, build):
-    from warehouse.console import QueryCancelled, default_max_memory, query
+    from gymfoundry.warehouse.console import QueryCancelled, default_max_memory, query
 
     land(data_dir, build)
     with pytest.raises(QueryCancelled, match=r"^the query needed more than the console's memory limit of 50MB "

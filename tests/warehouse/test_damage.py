@@ -15,8 +15,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
-from warehouse import TABLES, DamagedWarehouse, Warehouse, catalog
+from gymfoundry.flows.cli import main
+from gymfoundry.warehouse import TABLES, DamagedWarehouse, Warehouse, catalog
 
 FAMILIES = ("inventory", "coding")
 
@@ -206,7 +206,7 @@ def test_repair_follows_references_into_later_landings(data_dir, build, capsys):
 def test_repair_follows_dataset_lineage_to_rollouts_of_a_later_landing(data_dir, build, capsys):
     # The task landed earlier; a later landing adds a second sample's rollout, and a dataset names both.
     # Damage to the later landing must take the dataset with it: none of its rows may name a lost rollout.
-    from envs.records import DatasetManifest, DatasetRow
+    from gymfoundry.envs.records import DatasetManifest, DatasetRow
 
     land_all(data_dir, build)
     task, first, _ = records(build, "inventory", 0)

@@ -10,8 +10,8 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from flows.cli import main
-from warehouse import TABLES, Warehouse
+from gymfoundry.flows.cli import main
+from gymfoundry.warehouse import TABLES, Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -14,19 +14,19 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
-from tasks.assemble import assemble_datasets, load_dataset, rebuild_dataset
-from tasks.generate import generate_tasks
-from tasks.isolate import isolate_tasks
-from tasks.land import land_batch
-from tasks.policies import make_policy
-from tasks.rollout import collect_rollouts
-from tasks.score import score_rollouts
-from tasks.train import train
+from gymfoundry.flows.cli import main
+from gymfoundry.tasks.assemble import assemble_datasets, load_dataset, rebuild_dataset
+from gymfoundry.tasks.generate import generate_tasks
+from gymfoundry.tasks.isolate import isolate_tasks
+from gymfoundry.tasks.land import land_batch
+from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.rollout import collect_rollouts
+from gymfoundry.tasks.score import score_rollouts
+from gymfoundry.tasks.train import train
 from tests.audits import audited
-from warehouse import DamagedWarehouse, Warehouse, catalog
-from warehouse.lake import file_sha256
-from warehouse.store import DamagedDataset
+from gymfoundry.warehouse import DamagedWarehouse, Warehouse, catalog
+from gymfoundry.warehouse.lake import file_sha256
+from gymfoundry.warehouse.store import DamagedDataset
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_a_dataset_that_cannot_be_rebuilt_is_quarantined_and_assembled_anew(buil
     assert moved == [relative] and repair.rebuilt == []
     assert [f["error"] for f in repair.failures[folder.name]] == [
         f"{relative}: dataset {dataset_id}: the file is missing; not rebuilt: no rebuilder was given "
-        "(`tasks.assemble.rebuild_dataset` rebuilds datasets)"]
+        "(`gymfoundry.tasks.assemble.rebuild_dataset` rebuilds datasets)"]
     code, report, _ = check(data_dir, capsys)
     assert code == 0 and [(f["path"], f["kind"]) for f in report["files"]] == [(relative, "quarantined")]
     with pytest.raises(DamagedDataset, match=f"dataset file {path} is damaged \\(quarantined"):
@@ -210,7 +210,7 @@ def test_cli_train_refuses_a_flipped_dataset_before_prefect_starts(built, capsys
     data_dir, result = built
     path = Path(result["sft"]["path"])
     flip_a_tool_description_bit(path)
-    monkeypatch.setattr("flows.training_cli._prefect_defaults", lambda: pytest.fail("Prefect was started"))
+    monkeypatch.setattr("gymfoundry.flows.training_cli._prefect_defaults", lambda: pytest.fail("Prefect was started"))
     code = main(["train", "--method", "sft", "--dataset", result["sft"]["dataset_id"], "--data-dir", str(data_dir)])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
@@ -220,7 +220,7 @@ def test_cli_train_refuses_a_flipped_dataset_before_prefect_starts(built, capsys
 def test_the_train_flow_refuses_a_flipped_dataset_before_reading_it(built, prefect_harness):
     """The flow the `train-on-new-dataset` deployment runs reads the file's row count, task ids and
     families before training: a damaged file is refused there, never skipped as too small."""
-    from flows.training import train as train_flow
+    from gymfoundry.flows.training import train as train_flow
 
     data_dir, result = built
     path = Path(result["sft"]["path"])

@@ -8,8 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from envs.records import Termination
-from warehouse import Warehouse
+from gymfoundry.envs.records import Termination
+from gymfoundry.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "warehouse.md"

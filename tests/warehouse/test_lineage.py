@@ -9,9 +9,9 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.records import DatasetManifest, RetryPolicy, Run, StepScore, Verdict
-from warehouse import TABLES, Warehouse, catalog
-from warehouse.lake import Batch, file_sha256, staging_path
+from gymfoundry.envs.records import DatasetManifest, RetryPolicy, Run, StepScore, Verdict
+from gymfoundry.warehouse import TABLES, Warehouse, catalog
+from gymfoundry.warehouse.lake import Batch, file_sha256, staging_path
 
 
 def make_run(**fields) -> Run:

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from envs.records import RetryPolicy, Run, Termination
-from tasks.land import land_records, land_run
-from warehouse import Warehouse
+from gymfoundry.envs.records import RetryPolicy, Run, Termination
+from gymfoundry.tasks.land import land_records, land_run
+from gymfoundry.warehouse import Warehouse
 
 HOLD = ("import duckdb, sys, time\n"
         "con = duckdb.connect(sys.argv[1], read_only=True)\n"
@@ -111,6 +111,6 @@ def test_a_reader_that_lets_go_within_the_wait_only_delays_the_landing(data_dir,
     ("IO Error: Could not set lock on file: Resource temporarily unavailable", "another process"),
 ])
 def test_the_lock_holder_is_read_from_duckdbs_message(message, holder):
-    from warehouse.store import lock_holder
+    from gymfoundry.warehouse.store import lock_holder
 
     assert lock_holder(message) == holder

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from warehouse import TABLES, quality
-from warehouse.staged import frame, rows_part
-from warehouse.store import _row
+from gymfoundry.warehouse import TABLES, quality
+from gymfoundry.warehouse.staged import frame, rows_part
+from gymfoundry.warehouse.store import _row
 
 BAD_JSON = ["{", "NaN", "{'a': 1}", '{"a": NaN}', '{"a": 1} trailing', "", 7]
 
@@ -143,7 +143,7 @@ def test_a_float_that_is_no_finite_number_is_refused_where_pandas_would_take_it_
     """pandas holds NaN and null alike, so a nullable float's NaN passed every rule; no record holds
     NaN or an infinity (`allow_inf_nan` is off). Records made without validation (Arrow path) and
     row dicts (the row-by-row path) are both refused, the report naming the column and the value."""
-    from envs.records import StepScore
+    from gymfoundry.envs.records import StepScore
 
     task = build.task("inventory", 5)
     rollout = build.rollout(task)
@@ -167,8 +167,8 @@ def test_a_float_that_is_no_finite_number_is_refused_where_pandas_would_take_it_
 
 
 def test_check_finds_a_nan_that_reached_a_table_around_the_gates(wh, data_dir, build):
-    from warehouse import catalog
-    from warehouse.lake import write_batch
+    from gymfoundry.warehouse import catalog
+    from gymfoundry.warehouse.lake import write_batch
 
     task = build.task("inventory", 6)
     rollout = build.rollout(task)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 from math import comb
 
-from envs.records import Rollout, Termination
+from gymfoundry.envs.records import Rollout, Termination
 
 S, F = Termination.success, Termination.failure
 

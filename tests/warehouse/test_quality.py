@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from envs.records import DatasetRow, Run, RetryPolicy, StepScore, Termination
-from flows.cli import main
-from warehouse import TABLES, QuarantinedBatch, Warehouse, catalog
-from warehouse.lake import write_batch
-from warehouse.quality import table_expectations
-from warehouse.store import _row
+from gymfoundry.envs.records import DatasetRow, Run, RetryPolicy, StepScore, Termination
+from gymfoundry.flows.cli import main
+from gymfoundry.warehouse import TABLES, QuarantinedBatch, Warehouse, catalog
+from gymfoundry.warehouse.lake import write_batch
+from gymfoundry.warehouse.quality import table_expectations
+from gymfoundry.warehouse.store import _row
 
 
 def snapshot(wh, data_dir):
@@ -138,7 +138,7 @@ def test_suites_are_derived_from_the_records():
 
 
 def test_a_crash_before_the_commit_leaves_no_partial_batch(wh, data_dir, build, monkeypatch):
-    import warehouse.store
+    import gymfoundry.warehouse.store
 
     task, rollout, scores = clean_batch(build)
 
@@ -165,7 +165,7 @@ def test_runs_and_dataset_lineage_land_and_read_back(wh, build):
     task, rollout, _ = clean_batch(build)
     wh.land(tasks=[task], rollouts=[rollout]).checked()
     run = Run(params={"seed": 1}, retry_policy=RetryPolicy(max_retries=3), attempted=1, by_class={"success": 1})
-    from envs.records import DatasetManifest
+    from gymfoundry.envs.records import DatasetManifest
 
     manifest = DatasetManifest(dataset_id="sft-x", kind="sft", rows=1, families=["inventory"], learnability="p(1-p)",
                                mixture={"inventory/2": 1.0})
@@ -209,8 +209,8 @@ def test_the_flow_says_so_loudly_when_a_batch_is_quarantined(tmp_path, prefect_h
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    import flows.factory as factory_module
-    from tasks.land import stage_records
+    import gymfoundry.flows.factory as factory_module
+    from gymfoundry.tasks.land import stage_records
 
     def stage_corrupted(data_dir, tasks, rejections, rollouts, scores, **lineage):  # the factory stages, then lands
         bad = StepScore.model_construct(**{**scores[0].model_dump(), "score": 9.0})

@@ -1,4 +1,4 @@
-"""Workers write, one process registers: `warehouse.stage` (rows, content ids, gates, Parquet files
+"""Workers write, one process registers: `gymfoundry.warehouse.stage` (rows, content ids, gates, Parquet files
 in the data dir's incoming folder) runs in any process; `Warehouse.land_staged` in the one writer
 checks keys and references against the catalog and registers the files. Hostile: a staged file
 changed after its gates, a batch staged for another data dir, a reference nothing satisfies, and a
@@ -15,10 +15,10 @@ import pytest
 import os
 import time
 
-from envs.records import Step, Verdict
-from warehouse import TABLES, Warehouse, catalog
-from warehouse.lake import batch_id
-from warehouse.staged import INCOMING_DIR, stage
+from gymfoundry.envs.records import Step, Verdict
+from gymfoundry.warehouse import TABLES, Warehouse, catalog
+from gymfoundry.warehouse.lake import batch_id
+from gymfoundry.warehouse.staged import INCOMING_DIR, stage
 
 
 def contents(wh: Warehouse) -> dict[str, list]:
@@ -124,7 +124,7 @@ def test_a_batch_failing_its_gates_is_written_nowhere_and_goes_to_quarantine(wh,
 
 
 def test_a_check_that_raises_while_the_files_are_written_leaves_nothing_in_incoming(data_dir, build, monkeypatch):
-    from warehouse import quality
+    from gymfoundry.warehouse import quality
 
     def broken(*args, **kwargs):
         raise RuntimeError("the gates broke")
@@ -149,7 +149,7 @@ def test_a_tampered_copy_repeating_a_key_is_staged_with_its_verdict_and_its_file
     """The files are written before the content ids are checked (from the first row of each key): a
     tampered copy that repeats its original's key joins the rows afterwards, and the batch never
     passes, even were its gates to say so, and leaves no file behind."""
-    from warehouse import quality
+    from gymfoundry.warehouse import quality
 
     task = build.task("inventory", 2)
     tampered = task.model_copy(update={"goal": "tampered goal"})

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import logging
 
-from envs.records import TaskSpec
-from flows.cli import main
-from warehouse import TABLES, Warehouse, catalog
-from warehouse.lake import write_batch
-from warehouse.store import _row
+from gymfoundry.envs.records import TaskSpec
+from gymfoundry.flows.cli import main
+from gymfoundry.warehouse import TABLES, Warehouse, catalog
+from gymfoundry.warehouse.lake import write_batch
+from gymfoundry.warehouse.store import _row
 
 
 def test_a_tampered_task_goes_to_quarantine_with_a_clear_failure(wh, data_dir, build):
@@ -42,7 +42,7 @@ def test_a_tampered_copy_of_a_landed_task_is_refused_not_skipped(wh, build):
 def test_a_task_edited_in_place_after_its_id_was_remembered_is_refused(wh, build, monkeypatch):
     """`compute_id` remembers ids by content: an edit inside a nested dict after the task was made
     (its id hashed and remembered) is new content, hashed again, and refused at landing."""
-    from envs import records
+    from gymfoundry.envs import records
 
     task = build.task("inventory", 7)
     original = task.task_id

@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-import warehouse.staged as staged_module
-from envs.records import RetryPolicy, Run, Step, ToolCall
-from tasks.land import land_records, stage_records
-from warehouse import QuarantinedBatch
+import gymfoundry.warehouse.staged as staged_module
+from gymfoundry.envs.records import RetryPolicy, Run, Step, ToolCall
+from gymfoundry.tasks.land import land_records, stage_records
+from gymfoundry.warehouse import QuarantinedBatch
 
 
 def batch(build, poison: dict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envs.records import TaskRejection, Termination
+from gymfoundry.envs.records import TaskRejection, Termination
 
 
 def test_analysis_views(wh, build):
@@ -41,7 +41,7 @@ def test_analysis_views(wh, build):
 def test_reward_by_layer_reads_the_same_whatever_order_the_scores_landed_in(tmp_path, build):
     """A statistic is a function of the rows, not of the order DuckDB happened to add them in: the same
     scores landed in opposite orders (and read with several threads) give bit-identical means."""
-    from warehouse.store import Warehouse
+    from gymfoundry.warehouse.store import Warehouse
 
     tasks = [build.task("inventory", n) for n in range(3)]
     rollouts = [build.rollout(tasks[i % 3], seed=i) for i in range(60)]

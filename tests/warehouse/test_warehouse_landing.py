@@ -7,10 +7,10 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from envs.records import Termination
-from warehouse import TABLES, QuarantinedBatch, Warehouse
-from warehouse.lake import write_batch
-from warehouse.store import _row
+from gymfoundry.envs.records import Termination
+from gymfoundry.warehouse import TABLES, QuarantinedBatch, Warehouse
+from gymfoundry.warehouse.lake import write_batch
+from gymfoundry.warehouse.store import _row
 
 
 def lake_files(data_dir):

@@ -6,8 +6,8 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel
 
-from envs.records import Rollout, Step, TaskSpec, ToolCall
-from warehouse import TABLES, arrow_schema, from_row, model_columns, to_row
+from gymfoundry.envs.records import Rollout, Step, TaskSpec, ToolCall
+from gymfoundry.warehouse import TABLES, arrow_schema, from_row, model_columns, to_row
 
 
 class Colour(str, Enum):

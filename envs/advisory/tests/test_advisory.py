@@ -10,17 +10,17 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from envs.advisory import FAMILY
-from envs.advisory.policy import ScriptedAdvisoryPolicy
-from envs.advisory.rules import TOPICS, prohibited_claims
-from envs.check import check_family, play as replay
-from envs.family import add
-from envs.leaks import find_leaks
-from envs.records import OutcomeReport, TaskSpec, ToolCall
-from envs.registry import make, verifier_for
-from envs.wrappers import standard_stack
+from gymfoundry.envs.advisory import FAMILY
+from gymfoundry.envs.advisory.policy import ScriptedAdvisoryPolicy
+from gymfoundry.envs.advisory.rules import TOPICS, prohibited_claims
+from gymfoundry.envs.check import check_family, play as replay
+from gymfoundry.envs.family import add
+from gymfoundry.envs.leaks import find_leaks
+from gymfoundry.envs.records import OutcomeReport, TaskSpec, ToolCall
+from gymfoundry.envs.registry import make, verifier_for
+from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import envs` found it
+add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
 
 
 def task_where(predicate, levels=(1, 2, 3, 4, 5)):

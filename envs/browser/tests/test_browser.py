@@ -11,19 +11,19 @@ import re
 
 import pytest
 
-from envs.browser import FAMILY
-from envs.browser.policy import ScriptedBrowserPolicy
-from envs.browser.rules import CATEGORIES, describe, misses, offers
-from envs.browser.site import (ADD_TO_CART, ADDRESS, CART, CHECKOUT, NEXT, OPTION, PLACE_ORDER, PRODUCT_LINK, QUANTITY,
+from gymfoundry.envs.browser import FAMILY
+from gymfoundry.envs.browser.policy import ScriptedBrowserPolicy
+from gymfoundry.envs.browser.rules import CATEGORIES, describe, misses, offers
+from gymfoundry.envs.browser.site import (ADD_TO_CART, ADDRESS, CART, CHECKOUT, NEXT, OPTION, PLACE_ORDER, PRODUCT_LINK, QUANTITY,
                                SEARCH_BOX, SEARCH_BUTTON, Site)
-from envs.check import check_family
-from envs.family import add
-from envs.leaks import find_leaks
-from envs.records import ToolCall
-from envs.registry import make, verifier_for
-from envs.wrappers import standard_stack
+from gymfoundry.envs.check import check_family
+from gymfoundry.envs.family import add
+from gymfoundry.envs.leaks import find_leaks
+from gymfoundry.envs.records import ToolCall
+from gymfoundry.envs.registry import make, verifier_for
+from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import envs` found it
+add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
 DB = ("orders", "cart", "account", "ending")
 SAVE_ID = 79
 NOUN = {category: noun for category, (noun, _, _) in CATEGORIES.items()}
@@ -484,8 +484,8 @@ def test_urls_are_read_as_a_browser_reads_them():
 
 
 def test_a_task_whose_facts_disagree_with_its_site_is_refused_before_any_action():
-    from envs.errors import InvalidTask
-    from envs.records import TaskSpec
+    from gymfoundry.envs.errors import InvalidTask
+    from gymfoundry.envs.records import TaskSpec
 
     task = task_where(feasible_buy)
     facts = FAMILY.facts_of(task)
@@ -553,7 +553,7 @@ def test_a_value_the_agent_wrote_onto_a_page_is_not_a_value_the_site_showed():
     repeats the url, a results page repeats the query), or the same value read off another
     product's page, was never shown by the page that holds it: no success, though the number is
     right. Only the target's own page (the product's, or the order's) counts."""
-    from envs.browser.site import money
+    from gymfoundry.envs.browser.site import money
 
     def shown(facts):
         return {"price": f"Price: {money(round(facts.answer * 100))}", "rating": f"Rating: {facts.answer} out of 5",

@@ -6,15 +6,15 @@ by `validate_tasks`."""
 
 import json
 
-import envs  # noqa: F401  (registers the families)
-from envs.check import check_family
-from envs.conversation import FAMILY
-from envs.conversation.policy import ScriptedConversationPolicy
-from envs.conversation.verifier import ConversationVerifier
-from envs.conversation.world import money
-from envs.records import ToolCall
-from envs.registry import make
-from envs.wrappers import standard_stack
+from gymfoundry import envs  # noqa: F401  (registers the families)
+from gymfoundry.envs.check import check_family
+from gymfoundry.envs.conversation import FAMILY
+from gymfoundry.envs.conversation.policy import ScriptedConversationPolicy
+from gymfoundry.envs.conversation.verifier import ConversationVerifier
+from gymfoundry.envs.conversation.world import money
+from gymfoundry.envs.records import ToolCall
+from gymfoundry.envs.registry import make
+from gymfoundry.envs.wrappers import standard_stack
 
 
 def find_task(pred, levels=(1, 2, 3, 4, 5), seeds=range(60)):

@@ -9,18 +9,18 @@ import re
 import httpx
 import pytest
 
-from envs.check import check_family
-from envs.discussion import FAMILY
-from envs.discussion.policy import ScriptedDiscussionPolicy
-from envs.discussion.rules import contains, group_claims, normalize, rationale_claims, spoken_list, strict_claim
-from envs.discussion.world import ACCEPT_MARK
-from envs.family import add
-from envs.leaks import find_leaks
-from envs.records import TaskSpec, ToolCall
-from envs.registry import make, verifier_for
-from envs.wrappers import standard_stack
+from gymfoundry.envs.check import check_family
+from gymfoundry.envs.discussion import FAMILY
+from gymfoundry.envs.discussion.policy import ScriptedDiscussionPolicy
+from gymfoundry.envs.discussion.rules import contains, group_claims, normalize, rationale_claims, spoken_list, strict_claim
+from gymfoundry.envs.discussion.world import ACCEPT_MARK
+from gymfoundry.envs.family import add
+from gymfoundry.envs.leaks import find_leaks
+from gymfoundry.envs.records import TaskSpec, ToolCall
+from gymfoundry.envs.registry import make, verifier_for
+from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import envs` found it
+add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
 
 
 def task_where(predicate, levels=(1, 2, 3, 4, 5), seeds=200):
@@ -626,7 +626,7 @@ def test_a_confidential_fact_in_leetspeak_or_backwards_still_leaks(disguise, pre
 
 def test_folding_leetspeak_keeps_false_positives_low():
     """The reference rationales (numbers, plain words) never read as leaks; amounts differ by digit."""
-    from envs.discussion.rules import repeats
+    from gymfoundry.envs.discussion.rules import repeats
 
     assert repeats("moving to L1$b0n", "Lisbon") and repeats("nobsiL", "Lisbon")
     assert not repeats("$66,600 for catering", "$66,500") and not repeats("list 80 names", "Lisbon")

@@ -13,16 +13,16 @@ import json
 
 import pytest
 
-import envs  # noqa: F401  (registers the families)
-from envs.check import check_family
-from envs.engineering import FAMILY
-from envs.engineering import fleet
-from envs.engineering.policy import ScriptedEngineeringPolicy
-from envs.engineering.verifier import EngineeringVerifier
-from envs.records import Rollout, Termination, ToolCall
-from envs.registry import make
-from envs.scripted import ScriptedPolicy, tool_result
-from envs.wrappers import standard_stack
+from gymfoundry import envs  # noqa: F401  (registers the families)
+from gymfoundry.envs.check import check_family
+from gymfoundry.envs.engineering import FAMILY
+from gymfoundry.envs.engineering import fleet
+from gymfoundry.envs.engineering.policy import ScriptedEngineeringPolicy
+from gymfoundry.envs.engineering.verifier import EngineeringVerifier
+from gymfoundry.envs.records import Rollout, Termination, ToolCall
+from gymfoundry.envs.registry import make
+from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
+from gymfoundry.envs.wrappers import standard_stack
 
 VERIFIER = EngineeringVerifier()
 
@@ -140,7 +140,7 @@ def test_editing_a_config_without_restarting_does_not_heal():
 
 
 # -- the approval path is the runtime's -------------------------------------------------------
-RULES = importlib.import_module("verifiers.rules")  # envs/ code may not import verifiers; a test may read it
+RULES = importlib.import_module("gymfoundry.verifiers.rules")  # envs/ code may not import verifiers; a test may read it
 
 
 def permitted_scores(task, steps):
@@ -406,7 +406,7 @@ def test_the_scripted_policy_mixes_outcomes_at_its_default_rate():
 
 
 def test_replayed_verdicts_equal_the_live_ones_and_nothing_hidden_is_shown():
-    from envs.leaks import find_leaks
+    from gymfoundry.envs.leaks import find_leaks
 
     for level in (1, 3, 5):
         for seed in range(8):

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from envs.check import check_family
-from envs.errors import InvalidTask
-from envs.family import FamilyError, add, family
-from envs.generic import FAMILY
-from envs.generic.domain import load_family, read_domain
-from envs.generic.expr import EvalError, check, evaluate, parse_path, ExprProblem
-from envs.records import ToolCall
-from envs.registry import make, verifier_for
-from envs.wrappers import standard_stack
+from gymfoundry.envs.check import check_family
+from gymfoundry.envs.errors import InvalidTask
+from gymfoundry.envs.family import FamilyError, add, family
+from gymfoundry.envs.generic import FAMILY
+from gymfoundry.envs.generic.domain import load_family, read_domain
+from gymfoundry.envs.generic.expr import EvalError, check, evaluate, parse_path, ExprProblem
+from gymfoundry.envs.records import ToolCall
+from gymfoundry.envs.registry import make, verifier_for
+from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import envs` found it
+add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 LIBRARY = (HERE / "library.yaml").read_text(encoding="utf-8")
@@ -358,8 +358,8 @@ def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_
         "- add: [$state.books.$book.copies, -1]", "- mul: [$state.books.$book.copies, -1]"), encoding="utf-8")
     (tmp_path / "dup.yaml").write_text(ROOMS, encoding="utf-8")  # declares `generic`, which is taken
     env = {**os.environ, "GYMFOUNDRY_FAMILY_DIRS": os.pathsep.join([str(tmp_path), str(tmp_path / "absent")])}
-    probe = ("import json, warnings\nwarnings.simplefilter('ignore')\nimport envs\n"
-             "from envs.discovery import load_errors\nfrom envs.family import family, families\n"
+    probe = ("import json, warnings\nwarnings.simplefilter('ignore')\nfrom gymfoundry import envs\n"
+             "from gymfoundry.envs.discovery import load_errors\nfrom gymfoundry.envs.family import family, families\n"
              "print(json.dumps({'families': [f.name for f in families()], 'errors': load_errors(),"
              " 'masked': family('library').masked_dirs(), 'env_id': family('library').env_id}))")
     out = run([sys.executable, "-c", probe], env)
@@ -377,7 +377,7 @@ def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_
 def test_without_the_setting_no_user_domain_is_loaded(tmp_path):
     (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "GYMFOUNDRY_FAMILY_DIRS"}
-    out = run([sys.executable, "-c", "import envs; from envs.family import families; "
+    out = run([sys.executable, "-c", "from gymfoundry import envs; from gymfoundry.envs.family import families; "
                                      "print([f.name for f in families()])"], env)
     assert out.returncode == 0 and "library" not in out.stdout and "generic" in out.stdout
 
@@ -432,7 +432,7 @@ def test_the_classes_of_a_domain_pickle_by_name():
 
 
 def test_a_task_whose_world_is_not_this_domains_is_refused_at_reset():
-    from envs.records import TaskSpec
+    from gymfoundry.envs.records import TaskSpec
 
     task = task_at(2)
     rooms = {k: {**v, "capacity": "big"} for k, v in task.initial_state["rooms"].items()}
@@ -443,7 +443,7 @@ def test_a_task_whose_world_is_not_this_domains_is_refused_at_reset():
 
 
 def test_no_tool_shows_another_teams_private_agenda():
-    from envs.leaks import find_leaks
+    from gymfoundry.envs.leaks import find_leaks
 
     for level in FAMILY.levels:
         for seed in range(4):
@@ -483,7 +483,7 @@ LOOPS = {  # each would run for hours (or fill memory) if evaluated naively
 @pytest.mark.parametrize("loop", sorted(LOOPS))
 def test_an_expression_that_would_run_for_hours_is_refused_in_seconds(tmp_path, loop):
     """Hostile: a domain file whose task state loops (nested maps over ranges, a value doubled
-    twenty times, a template rendering it) made the loader, and so `import envs` with the user's
+    twenty times, a template rendering it) made the loader, and so `import gymfoundry.envs` with the user's
     folder set, hang. Evaluation has a budget of steps: over it, the file is refused naming it."""
     import time
 
@@ -566,12 +566,12 @@ def test_a_path_that_is_no_regular_file_or_too_large_is_refused_without_reading_
 
 def test_a_fifo_in_the_user_folder_is_reported_and_import_envs_goes_on(tmp_path):
     """Hostile: discovery read each user file for its name before the loader's checks, so a FIFO
-    named *.yaml in the folder hung `import envs` (and with it every CLI command) for ever."""
+    named *.yaml in the folder hung `import gymfoundry.envs` (and with it every CLI command) for ever."""
     os.mkfifo(tmp_path / "fifo.yaml")
     (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
     env = {**os.environ, "GYMFOUNDRY_FAMILY_DIRS": str(tmp_path)}
-    probe = ("import json, warnings\nwarnings.simplefilter('ignore')\nimport envs\n"
-             "from envs.discovery import load_errors\nfrom envs.family import families\n"
+    probe = ("import json, warnings\nwarnings.simplefilter('ignore')\nfrom gymfoundry import envs\n"
+             "from gymfoundry.envs.discovery import load_errors\nfrom gymfoundry.envs.family import families\n"
              "print(json.dumps({'families': [f.name for f in families()], 'errors': load_errors()}))")
     out = run([sys.executable, "-c", probe], env, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -5,11 +5,11 @@ critical steps."""
 
 import json
 
-from envs.delegation import MAX_ATTEMPTS
-from envs.orchestrator import FAMILY
-from envs.records import Delegation, DelegationStage, ToolCall
-from envs.registry import make, verifier_for
-from envs.wrappers import standard_stack
+from gymfoundry.envs.delegation import MAX_ATTEMPTS
+from gymfoundry.envs.orchestrator import FAMILY
+from gymfoundry.envs.records import Delegation, DelegationStage, ToolCall
+from gymfoundry.envs.registry import make, verifier_for
+from gymfoundry.envs.wrappers import standard_stack
 
 
 def play(task, calls, subagent=None):
@@ -108,8 +108,8 @@ def test_replay_reproduces_every_sub_agent_episode():
 
 
 def test_a_custom_frozen_subagent_plays_and_is_recorded():
-    from envs.inventory.policy import ScriptedInventoryPolicy
-    from envs.advisory.policy import ScriptedAdvisoryPolicy
+    from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
+    from gymfoundry.envs.advisory.policy import ScriptedAdvisoryPolicy
 
     def perfect(task, seed):  # another frozen policy: the families' scripted agents without mistakes
         cls = ScriptedInventoryPolicy if task.family == "inventory" else ScriptedAdvisoryPolicy

@@ -1,0 +1,26 @@
+"""pytest names a family's own tests (envs/<family>/tests/) by their folders, `envs.<family>.tests...`;
+the project is installed as `gymfoundry.envs...`. So that such a test module and the family it tests are
+one module each, not two copies, a folder's bare name is an alias of its installed module here."""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+FOLDERS = ("envs", "verifiers", "warehouse", "tasks", "flows", "deployments")
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in FOLDERS:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return importlib.import_module(f"gymfoundry.{spec.name}")
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.insert(0, _Alias())
