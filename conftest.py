@@ -1,11 +1,19 @@
 """pytest names a family's own tests (envs/<family>/tests/) by their folders, `envs.<family>.tests...`;
 the project is installed as `gymfoundry.envs...`. So that such a test module and the family it tests are
-one module each, not two copies, a folder's bare name is an alias of its installed module here."""
+one module each, not two copies, a folder's bare name is an alias of its installed module here.
+The fixtures here serve every test folder, the families' included."""
 
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FOLDERS = ("envs", "verifiers", "warehouse", "tasks", "flows", "deployments")
 
@@ -24,3 +32,12 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.insert(0, _Alias())
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One ephemeral Prefect API for the whole session (a cold start can take 20 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -281,7 +281,7 @@ from typing import Any
 
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from gymfoundry.envs.scripted import tool_result
-from gymfoundry.verifiers.base import ReplayVerifier, calls_of
+from gymfoundry.envs.verifier import ReplayVerifier, calls_of
 
 from .generator import {{Name}}Facts
 from .world import {{Name}}Env

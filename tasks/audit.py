@@ -16,7 +16,7 @@ the world's replies show:
 - `reference_perturbed`: the reference with one argument of its ending or of one of its writes
   changed (a number moved, an id's number changed, another enum value);
 - `reference_no_reads`: the reference without its reads, where it ends by an ending the verifier
-  declares evidence for (`verifiers.base.Ending`);
+  declares evidence for (`envs.verifier.Ending`);
 - `collateral`: the reference plus one extra write before its ending that changed the world
   (the reference's own writes aimed at another target it saw, then random writes; a write that
   was refused, changed only `ephemeral_state`, only said free text to a person or is a statement
@@ -56,7 +56,7 @@ from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, FamilyAudit, Rollout
 from gymfoundry.envs.registry import spec, verifier_for
 from gymfoundry.tasks.rollout import run_episode
 from gymfoundry.tasks.score import score_steps
-from gymfoundry.verifiers.base import calls_of
+from gymfoundry.envs.verifier import calls_of
 from gymfoundry.verifiers.judge import JudgeSettings
 from gymfoundry.verifiers.rules import rules_version
 

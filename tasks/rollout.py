@@ -21,7 +21,7 @@ from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, play
 from gymfoundry.tasks.classify import classify
 from gymfoundry.tasks.collector import frozen_before
 from gymfoundry.tasks.policies import Policy, PolicyOutput
-from gymfoundry.verifiers.base import ReplayVerifier
+from gymfoundry.envs.verifier import ReplayVerifier
 from gymfoundry.verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
 
 
@@ -172,7 +172,7 @@ class _Played:
     EndpointError, raised by its HTTP layer), "context" (the endpoint refused a context too long) or
     "refused" (it refused what the model wrote: ModelOutputRefused) to the reason (read once the
     loop ended or overran); and the verifier's live record of its progress potentials
-    (verifiers.base.LiveProgress); `verdict`: (outcome, verifier error) once the loop ended."""
+    (envs.verifier.LiveProgress); `verdict`: (outcome, verifier error) once the loop ended."""
 
     def __init__(self) -> None:
         self.ts = self.policy_error = self.env_error = self.env_bug = None

@@ -1,7 +1,6 @@
 """Environments and verifiers must be usable from a plain Python loop: they never import the
-orchestration, storage or training stacks, and dependencies point one way. One exception: a
-family folder's own verifier module (envs/<family>/verifier.py, beside a profile.yaml) may import
-`verifiers` (its base classes); the family names it as "module:attr", loaded only when needed."""
+orchestration, storage or training stacks, and dependencies point one way: a family's verifier builds on
+the family SDK's base (envs/verifier.py), never on the scoring layers in verifiers/."""
 
 import ast
 from pathlib import Path
@@ -53,14 +52,9 @@ def test_the_project_is_imported_by_its_installed_names_only():
 
 
 def forbidden(package: str, path: Path) -> set[str]:
-    if package == "envs" and _family_verifier(path):
-        return FORBIDDEN[package] - {"verifiers"}
+    if package == "envs" and "tests" in path.relative_to(ROOT).parts:
+        return FORBIDDEN[package] - {"verifiers", "warehouse", "tasks", "flows", "prefect", "duckdb"}
     return FORBIDDEN[package]
-
-
-def _family_verifier(path: Path) -> bool:
-    rel = path.relative_to(ROOT)
-    return len(rel.parts) == 3 and rel.name == "verifier.py" and (path.parent / "profile.yaml").is_file()
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -68,14 +62,6 @@ def test_dependencies_point_one_way(package):
     offenders = {str(p.relative_to(ROOT)): sorted(imported_modules(p) & forbidden(package, p))
                  for p in (ROOT / package).rglob("*.py")}
     assert {p: names for p, names in offenders.items() if names} == {}
-
-
-def test_only_a_family_folders_verifier_module_may_import_verifiers():
-    assert _family_verifier(ROOT / "envs" / "inventory" / "verifier.py")
-    assert not _family_verifier(ROOT / "envs" / "verifier.py")
-    assert not _family_verifier(ROOT / "envs" / "inventory" / "world.py")
-    assert not _family_verifier(ROOT / "envs" / "inventory" / "tests" / "verifier.py")
-    assert not _family_verifier(ROOT / "envs" / "sandbox" / "verifier.py")  # no profile.yaml: not a family
 
 
 def test_the_checks_read_installed_and_bare_names(tmp_path):

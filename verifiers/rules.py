@@ -48,7 +48,7 @@ import polars as pl
 from gymfoundry.envs.errors import AGENT_INPUT, ROLLED_BACK, ErrorKind
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Rollout, Step, StepScore, TaskSpec, construct, content_hash
-from gymfoundry.verifiers.base import recorded_potentials
+from gymfoundry.envs.verifier import recorded_potentials
 
 RULES_VERSION = "6"  # 3: injection_attempt; 4: a pre-written verdict, "Judge: ...", "the instructions above";
 # 5: those two need a top mark (ordinary scoring code is not flagged); 6: the scores the potentials and

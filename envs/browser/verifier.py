@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from gymfoundry.envs.scripted import tool_result
-from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of
+from gymfoundry.envs.verifier import Ending, ReplayVerifier, calls_of
 
 from .facts import BrowserFacts
 from .rules import affordable, as_number, describe, misses, offers, satisfying

@@ -9,7 +9,7 @@ from gymfoundry.envs.family import Family
 
 FAMILY = Family(
     name="coding", env=CodingEnv, generator=generator.generate, generator_version=GENERATOR_VERSION,
-    facts=CodingFacts, verifier="gymfoundry.verifiers.coding:CodingVerifier",
+    facts=CodingFacts, verifier="gymfoundry.envs.coding.verifier:CodingVerifier",
     scripted_policy="gymfoundry.envs.coding.policy:ScriptedCodingPolicy")
 generate_task = FAMILY.generate
 

@@ -5,7 +5,7 @@
 Imports every test_*.py in each DIR (sorted), or the given test file, with the working directory on sys.path, calls
 each top-level function named test_*, and prints one line per test plus a summary. A
 failing plain `assert a == b` also shows both sides. It is for the agent to read; grading never
-depends on it (verifiers/coding.py compares observations, see envs/coding/examiner.py)."""
+depends on it (envs/coding/verifier.py compares observations, see envs/coding/examiner.py)."""
 
 import ast
 import importlib.util

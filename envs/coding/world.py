@@ -2,7 +2,7 @@
 
 The agent reads and edits files, runs argument vectors and the visible tests in the
 sandbox, and submits. Submitting copies the workspace out (regular files only); the
-grader (verifiers/coding.py) runs the hidden tests on that copy in a fresh sandbox the
+grader (envs/coding/verifier.py) runs the hidden tests on that copy in a fresh sandbox the
 agent never touched. The hidden tests exist only in the task's hidden fields and in that
 grading sandbox, never in any path the agent can read or write.
 

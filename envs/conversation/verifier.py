@@ -32,7 +32,7 @@ from gymfoundry.envs.conversation.facts import ConversationFacts, Mention, Reque
 from gymfoundry.envs.conversation.world import ACCOUNT_TOOLS, ConversationEnv, Refusal, _days_since, money
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, content_hash
 from gymfoundry.envs.scripted import tool_result
-from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of, ending_step
+from gymfoundry.envs.verifier import Ending, ReplayVerifier, calls_of, ending_step
 
 REFUSAL_WORDS = ("cannot", "can't", "can not", "unable", "not able", "not allowed", "not possible", "won't be able")
 MESSAGE_TOOLS = ("respond", "end_conversation")

@@ -25,7 +25,7 @@ from typing import Any
 from gymfoundry.envs.family import family
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from gymfoundry.envs.scripted import tool_result
-from gymfoundry.verifiers.base import ReplayVerifier, calls_of
+from gymfoundry.envs.verifier import ReplayVerifier, calls_of
 
 from .facts import DiscussionFacts, Participant
 from .rules import NONE, VOTED, feasible, group_claims, rationale_claims, repeats, spoken_list

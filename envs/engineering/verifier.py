@@ -26,7 +26,7 @@ from typing import Any
 
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
 from gymfoundry.envs.scripted import tool_result
-from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of
+from gymfoundry.envs.verifier import Ending, ReplayVerifier, calls_of
 
 from . import fleet
 from .facts import Cause, EngineeringFacts

@@ -24,7 +24,7 @@ from gymfoundry.envs.generic.rules import failed_rules, held, state_diff, varian
 from gymfoundry.envs.generic.world import class_name
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, ToolCategory
 from gymfoundry.envs.scripted import tool_result
-from gymfoundry.verifiers.base import ReplayVerifier, calls_of
+from gymfoundry.envs.verifier import ReplayVerifier, calls_of
 
 _CLASSES: dict[str, type] = {}
 GOLD_KEPT = 512

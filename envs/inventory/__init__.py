@@ -8,7 +8,7 @@ from gymfoundry.envs.inventory.world import InventoryEnv
 
 FAMILY = Family(
     name="inventory", env=InventoryEnv, generator=generator.generate, generator_version=GENERATOR_VERSION,
-    facts=InventoryFacts, verifier="gymfoundry.verifiers.inventory:InventoryVerifier",
+    facts=InventoryFacts, verifier="gymfoundry.envs.inventory.verifier:InventoryVerifier",
     scripted_policy="gymfoundry.envs.inventory.policy:ScriptedInventoryPolicy")
 generate_task = FAMILY.generate
 

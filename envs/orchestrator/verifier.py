@@ -17,7 +17,7 @@ from typing import Any
 from gymfoundry.envs.delegation import is_default
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec
 from gymfoundry.envs.scripted import tool_result
-from gymfoundry.verifiers.base import ReplayVerifier, calls_of
+from gymfoundry.envs.verifier import ReplayVerifier, calls_of
 
 from .facts import OrchestratorFacts
 from .world import OrchestratorEnv

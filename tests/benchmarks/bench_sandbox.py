@@ -82,7 +82,7 @@ def episodes(n: int, mistake_rate: float) -> dict:
 
 
 def grading(n: int) -> dict:
-    import gymfoundry.verifiers.coding as grader
+    import gymfoundry.envs.coding.verifier as grader
     from gymfoundry.envs.coding import CodingEnv, generate_task
 
     cold, warm = [], []

@@ -18,8 +18,8 @@ from gymfoundry.envs.records import TaskSpec, ToolCall
 from gymfoundry.envs.sandbox import bubblewrap
 from gymfoundry.flows.cli import main
 from tests.sandbox_guard import require_sandbox
-from gymfoundry.verifiers.base import OutcomeVerifier
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.verifier import OutcomeVerifier
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
 FAMILIES = sorted({registry.ENV_ID.match(i)["name"] for i in envs.list_envs()})
 POLICY = "gymfoundry.envs.inventory.policy:ScriptedInventoryPolicy"

@@ -162,7 +162,7 @@ def test_permission_guard_asks_the_world_when_given_no_approver():
 
 
 def test_permission_guard_reports_bad_arguments_before_permission_and_replays_skip_its_refusals():
-    from gymfoundry.verifiers.base import calls_of
+    from gymfoundry.envs.verifier import calls_of
 
     env = PermissionGuard(CounterEnv(), require_approval={ToolCategory.write})
     env.reset(seed=1)

@@ -120,9 +120,9 @@ def test_injected_crashes_are_env_faults_never_env_bugs():
 
 
 def test_a_parser_crash_would_be_an_env_bug_not_the_agents_mistake(monkeypatch):
-    import gymfoundry.envs.base
+    from gymfoundry.envs import base
 
-    monkeypatch.setattr(envs.base, "parse_action", lambda action, limit: 1 / 0)
+    monkeypatch.setattr(base, "parse_action", lambda action, limit: 1 / 0)
     ts = counter().step(ToolCall(name="read"))
     assert ts.info["error"]["kind"] == "env_bug" and ts.info["error"]["where"] == "agent_input"
 
@@ -193,7 +193,7 @@ def test_nesting_up_to_the_limit_is_accepted_and_one_more_level_refused():
 
 
 def test_a_deep_action_is_refused_in_both_families_and_through_the_runtime_stack():
-    stack = standard_stack(make("gymfoundry/inventory-v0"))  # coding: tests/envs/test_coding.py (sandbox)
+    stack = standard_stack(make("gymfoundry/inventory-v0"))  # coding: envs/coding/tests/test_coding.py (sandbox)
     stack.reset(seed=2)
     ts = stack.step(DEEP)
     assert ts.info["error"]["kind"] == "action_too_deep" and not ts.done

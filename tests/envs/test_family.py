@@ -19,8 +19,8 @@ from gymfoundry.envs.inventory import FAMILY, generate_task
 from gymfoundry.envs.records import TaskSpec, ToolCategory
 from gymfoundry.envs.registry import UnknownEnv, make
 from gymfoundry.envs.tools import ProfileMismatch, arguments_schema, render_hint, tool
-from gymfoundry.verifiers.base import ReplayVerifier
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.verifier import ReplayVerifier
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
 
 def test_builtin_families_are_found_from_their_folders():
@@ -166,7 +166,7 @@ from gymfoundry.envs.base import ToolEnv
 from gymfoundry.envs.family import Family, HiddenFacts
 from gymfoundry.envs.records import ToolCall, ToolCategory
 from gymfoundry.envs.tools import tool
-from gymfoundry.verifiers.base import ReplayVerifier
+from gymfoundry.envs.verifier import ReplayVerifier
 
 
 class TinyFacts(HiddenFacts):

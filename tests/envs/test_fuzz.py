@@ -19,7 +19,7 @@ import pytest
 from gymfoundry import envs
 from gymfoundry.envs.check import fuzz_action_texts, fuzz_tools
 from gymfoundry.envs.sandbox import bubblewrap
-from tests.envs.coding_helpers import quick_task
+from gymfoundry.envs.coding.tests.helpers import quick_task
 
 BUILTIN = envs.list_envs()  # before any test registers its own (a test env may crash on purpose)
 
@@ -89,7 +89,7 @@ def test_no_workspace_the_agent_builds_crashes_a_tool_or_the_record(workspace):
     failure, and the rollout stores (no lone surrogate in any reason, or the batch would fail to
     land)."""
     from gymfoundry.tasks.rollout import run_episode
-    from tests.envs.coding_helpers import ScriptPolicy
+    from gymfoundry.envs.coding.tests.helpers import ScriptPolicy
 
     needs("gymfoundry/coding-v0")
     task = quick_task(0, 1)

@@ -18,7 +18,7 @@ from gymfoundry.envs.sandbox import (Limits, PathError, SandboxError, SandboxUna
                           select_backend)
 from gymfoundry.envs.sandbox import bubblewrap, docker_backend
 from gymfoundry.envs.sandbox.base import normalize_path
-from tests.envs.coding_helpers import alive_with, local_listener
+from gymfoundry.envs.coding.tests.helpers import alive_with, local_listener
 
 from tests.sandbox_guard import needs_sandbox as needs_bwrap, require_sandbox
 
@@ -310,15 +310,14 @@ def test_docker_backend_logic_against_a_stand_in_engine(tmp_path):
 
 def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
     # What is masked comes from the families' declarations (Family.masked, by default the family's
-    # package and its verifier's): the coding templates and hidden tests, and the graders.
+    # package, which holds its verifier): the coding templates, hidden tests and grader among them.
     project = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(bubblewrap.__file__))))
-    coding, inventory, graders = (os.path.join(project, *p) for p in (("envs", "coding"), ("envs", "inventory"),
-                                                                     ("verifiers",)))
-    assert {coding, inventory, graders} <= set(declared_masks())
+    coding, inventory = (os.path.join(project, *p) for p in (("envs", "coding"), ("envs", "inventory")))
+    assert {coding, inventory} <= set(declared_masks())
     assert bubblewrap.masked_dirs(["/usr"]) == [] or project.startswith("/usr")
-    # every family's package (and the graders) under the project, whichever families are registered
+    # every family's package under the project, whichever families are registered
     assert bubblewrap.masked_dirs([project]) == sorted(d for d in declared_masks() if d.startswith(project + os.sep))
-    assert {coding, inventory, graders} <= set(bubblewrap.masked_dirs([project]))
+    assert {coding, inventory} <= set(bubblewrap.masked_dirs([project]))
     assert bubblewrap.masked_dirs([coding]) == [coding]  # a bound dir that is itself declared
     require_sandbox()
     # pretend the project lives under a bound system dir: its declared folders must not be visible

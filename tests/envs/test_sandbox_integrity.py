@@ -17,7 +17,7 @@ import pytest
 
 from gymfoundry.envs.sandbox import Limits, PathError, SandboxError, SandboxUnavailable, bubblewrap, create_sandbox, files, quota, staging
 from gymfoundry.envs.sandbox.base import fault_count
-from tests.envs.coding_helpers import alive_with
+from gymfoundry.envs.coding.tests.helpers import alive_with
 from tests.sandbox_guard import require_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]

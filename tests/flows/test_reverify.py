@@ -9,7 +9,7 @@ from gymfoundry.flows.cli import main
 from gymfoundry.flows.factory import factory
 from gymfoundry.flows.reverify import reverify
 from gymfoundry.tasks.reverify import load_stored, plan
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -20,7 +20,7 @@ from tests.sandbox_guard import require_sandbox
 from gymfoundry.envs.advisory.verifier import AdvisoryVerifier
 from gymfoundry.envs.browser.verifier import BrowserVerifier
 from gymfoundry.envs.conversation.verifier import ConversationVerifier
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 from gymfoundry.warehouse import Warehouse
 
 FAMILIES = sorted({registry.ENV_ID.match(i)["name"] for i in envs.list_envs()})

@@ -72,7 +72,7 @@ def test_an_env_bug_or_a_crashing_grader_during_the_replay_is_no_verdict_on_the_
     """An env crashing on the reference's call, or the outcome verifier crashing, says nothing
     about the task: the stage stops naming it instead of filing the task as invalid."""
     from gymfoundry.envs.inventory import InventoryEnv
-    from gymfoundry.verifiers.inventory import InventoryVerifier
+    from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
     task = inventory_task(3, 2)
     assert check_reference(task) is None

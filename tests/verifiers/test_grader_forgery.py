@@ -7,11 +7,11 @@ and without the same harmless edit, still succeeds."""
 
 import pytest
 
-import gymfoundry.verifiers.coding as grader
+import gymfoundry.envs.coding.verifier as grader
 from gymfoundry.envs.coding.generator import inject, load_templates
 from gymfoundry.envs.records import TaskSpec, Termination, ToolCall
 from gymfoundry.tasks.rollout import run_episode
-from tests.envs.coding_helpers import ScriptPolicy, quick_task
+from gymfoundry.envs.coding.tests.helpers import ScriptPolicy, quick_task
 from tests.sandbox_guard import needs_sandbox as pytestmark  # noqa: F401  skips here, fails under CI=true
 
 TASKS = {"ledger": (0, 1), "timekit": (1, 1), "textkit": (2, 1)}  # template -> (seed, level)

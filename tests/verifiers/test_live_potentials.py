@@ -1,4 +1,4 @@
-"""Progress potentials recorded during the live episode (verifiers.base.LiveProgress) are exactly
+"""Progress potentials recorded during the live episode (envs.verifier.LiveProgress) are exactly
 what the verifier's replay computes, for every family whose verifier replays; scoring uses them
 only for the rollout object they were recorded for, with its steps as played, and replays the
 steps of any other (loaded, copied, rebuilt or edited) rollout."""
@@ -13,7 +13,7 @@ from gymfoundry.envs.records import FaultConfig, ToolCall
 from gymfoundry.envs.registry import verifier_for
 from gymfoundry.tasks.policies import make_policy
 from gymfoundry.tasks.rollout import collect_rollouts, rollout_seed, run_episode
-from gymfoundry.verifiers.base import ReplayVerifier, recorded_potentials
+from gymfoundry.envs.verifier import ReplayVerifier, recorded_potentials
 
 REPLAYED = [f.name for f in families()
             if isinstance(verifier_for(f.env_id), ReplayVerifier) and f.scripted_policy is not None]

@@ -6,7 +6,7 @@ from gymfoundry.envs.base import EnvFault
 from gymfoundry.envs.inventory import InventoryEnv, generate_task
 from gymfoundry.envs.profile import ScoreWeights
 from gymfoundry.envs.records import Rollout, TaskSpec, Termination
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 from gymfoundry.verifiers.rules import COMPONENTS, RULES_VERSION, rule_frame, rules_version, score_rules
 
 PROFILES = {"inventory": InventoryEnv.profile}

@@ -17,7 +17,7 @@ from gymfoundry.envs.inventory import InventoryEnv, generate_task
 from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
 from gymfoundry.envs.records import Rollout, Termination
 from tests.benchmarks.bench_rules import synthetic_steps
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
 PROFILES = {"inventory": InventoryEnv.profile}
 POTENTIALS = {"inventory": InventoryVerifier().potentials}

@@ -138,14 +138,14 @@ def test_suites_are_derived_from_the_records():
 
 
 def test_a_crash_before_the_commit_leaves_no_partial_batch(wh, data_dir, build, monkeypatch):
-    import gymfoundry.warehouse.store
+    from gymfoundry.warehouse import store
 
     task, rollout, scores = clean_batch(build)
 
     def crash():
         raise KeyboardInterrupt("killed mid-registration")
 
-    monkeypatch.setattr(warehouse.store, "_landing_hook", crash)
+    monkeypatch.setattr(store, "_landing_hook", crash)
     with pytest.raises(KeyboardInterrupt):
         wh.land(tasks=[task], rollouts=[rollout], scores=scores)
     assert [wh.count(t) for t in ("tasks", "rollouts", "steps", "step_scores")] == [0, 0, 0, 0]

@@ -1,4 +1,4 @@
-"""The inventory verifier's cheaper checks (verifiers/inventory.py: `_held` a plain dict, the
+"""The inventory verifier's cheaper checks (envs/inventory/verifier.py: `_held` a plain dict, the
 unsorted "nothing to report" passes of `_regression` and `invariant_check`, the variants' read-only
 initial states) against the code they replaced, written out here: the same reasons in the same
 order, the same potentials and reports, on played episodes and on hostile hidden states."""
@@ -12,11 +12,11 @@ from collections import Counter
 
 import pytest
 
-import gymfoundry.verifiers.inventory as inv
+import gymfoundry.envs.inventory.verifier as inv
 from gymfoundry.envs.inventory import InventoryEnv, generate_task
 from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
 from gymfoundry.envs.records import CheckResult
-from gymfoundry.verifiers.base import calls_of
+from gymfoundry.envs.verifier import calls_of
 
 verifier = inv.InventoryVerifier()
 

@@ -6,8 +6,8 @@ from gymfoundry.envs.base import EnvFault
 from gymfoundry.envs.inventory import InventoryEnv, generate_task
 from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
 from gymfoundry.envs.records import Step, TaskSpec, ToolCall
-from gymfoundry.verifiers.base import calls_of
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.verifier import calls_of
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
 verifier = InventoryVerifier()
 
@@ -249,11 +249,11 @@ def test_observation_check_reads_only_results():
 
 
 def test_lookups_change_nothing_but_the_event_log():
-    """The variant replay skips `LOOKUPS` (verifiers/inventory.py): they must change nothing else,
+    """The variant replay skips `LOOKUPS` (envs/inventory/verifier.py): they must change nothing else,
     whatever the state (before and after authorising, reserving, submitting) and the arguments."""
     import copy
 
-    from gymfoundry.verifiers.inventory import LOOKUPS
+    from gymfoundry.envs.inventory.verifier import LOOKUPS
 
     for level in (1, 3, 5):
         for seed in range(3):

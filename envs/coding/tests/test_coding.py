@@ -12,7 +12,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from gymfoundry import envs
-import gymfoundry.verifiers.coding
+from gymfoundry.envs.coding import verifier as coding_verifier
 from gymfoundry.envs.coding import GENERATOR_VERSION, CodingEnv, generate_task
 from gymfoundry.envs.coding.generator import LEVELS, Site, TEMPLATES_DIR, inject, load_templates
 from gymfoundry.envs.coding.policy import ScriptedCodingPolicy
@@ -22,7 +22,7 @@ from gymfoundry.envs.sandbox import bubblewrap, create_sandbox
 from gymfoundry.tasks.isolate import find_leaks
 from gymfoundry.tasks.rollout import run_episode
 from gymfoundry.tasks.validate import validate_tasks
-from tests.envs.coding_helpers import ScriptPolicy, alive_with, local_listener, quick_task, run, sandbox_processes
+from gymfoundry.envs.coding.tests.helpers import ScriptPolicy, alive_with, local_listener, quick_task, run, sandbox_processes
 
 from tests.sandbox_guard import needs_sandbox  # skips here, fails under CI=true
 
@@ -81,7 +81,7 @@ def test_reference_is_the_inverse_patch_through_edit_file():
 
 
 def test_templates_ship_as_package_data():
-    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).parents[3] / "pyproject.toml").read_text()
     assert '"*.py.txt"' in pyproject
     for template in load_templates().values():
         assert len([f for f in template.files if not f.startswith("tests/")]) >= 3
@@ -247,7 +247,7 @@ def results(rollout) -> list[dict]:
 
 @needs_sandbox
 def test_hostile_reads_outside_the_workspace_find_nothing():
-    grader_files = [str(p) for p in TEMPLATES_DIR.glob("*/hidden/*")] + [verifiers.coding.__file__]
+    grader_files = [str(p) for p in TEMPLATES_DIR.glob("*/hidden/*")] + [coding_verifier.__file__]
     task, rollout = hostile([
         ToolCall(name="read_file", arguments={"path": "/etc/shadow"}),
         run(["cat", "/etc/shadow"]),
@@ -331,7 +331,7 @@ def test_hostile_code_that_hangs_the_grader_is_the_models_failure():
 
 @needs_sandbox
 def test_hostile_attempts_on_the_grader_do_not_change_the_grade():
-    grader_files = [Path(verifiers.coding.__file__), *TEMPLATES_DIR.glob("*/hidden/*")]
+    grader_files = [Path(coding_verifier.__file__), *TEMPLATES_DIR.glob("*/hidden/*")]
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in grader_files}
     task = quick_task(5, 1)
     fix = [c for c in task.hidden.reference if c.name == "edit_file"]

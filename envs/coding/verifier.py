@@ -42,7 +42,7 @@ from gymfoundry.envs.errors import EnvFault
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, content_hash
 from gymfoundry.envs.sandbox import CommandResult, PathError, PathKind, SandboxError, create_sandbox
 from gymfoundry.envs.sandbox.base import normalize_path
-from gymfoundry.verifiers.base import OutcomeVerifier, calls_of
+from gymfoundry.envs.verifier import OutcomeVerifier, calls_of
 
 MAX_NAMED = 20  # file names listed in a reason; the rest are counted
 MAX_CACHED = 4096  # grades of workspaces and verdicts of episodes kept per process (oldest dropped first)

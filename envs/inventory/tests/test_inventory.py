@@ -7,11 +7,11 @@ from gymfoundry.envs.inventory import GENERATOR_VERSION, InventoryEnv, generate_
 from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
 from gymfoundry.envs.records import TaskSpec, ToolCall, content_hash
 from gymfoundry.envs.registry import list_envs, make, register
-from gymfoundry.verifiers.inventory import InventoryVerifier
+from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
 ENV_ID = "gymfoundry/inventory-v0"
 if ENV_ID not in list_envs():
-    register(ENV_ID, "gymfoundry.envs.inventory.world:InventoryEnv", verifier="gymfoundry.verifiers.inventory:InventoryVerifier")
+    register(ENV_ID, "gymfoundry.envs.inventory.world:InventoryEnv", verifier="gymfoundry.envs.inventory.verifier:InventoryVerifier")
 
 
 def obs(text: str) -> dict:

@@ -16,11 +16,11 @@ from gymfoundry.envs.family import family
 from gymfoundry.envs.inventory.facts import InventoryFacts
 from gymfoundry.envs.inventory.world import InventoryEnv, Refusal
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall
-from gymfoundry.verifiers.base import Ending, ReplayVerifier, calls_of
+from gymfoundry.envs.verifier import Ending, ReplayVerifier, calls_of
 
 
 # The inventory tools that change nothing in the state but its event log, whatever their
-# arguments and outcome (tests/verifiers/test_inventory_verifier.py checks it on every task level).
+# arguments and outcome (envs/inventory/tests/test_inventory_verifier.py checks it on every task level).
 LOOKUPS = frozenset({"find_items", "get_stock"})
 
 
@@ -64,7 +64,7 @@ class InventoryVerifier(ReplayVerifier):
     # and is 0 once a constraint is violated
     version = "2"
     family = "inventory"
-    # `verify` only reads the final state (tests/verifiers/test_inventory_final_state.py): the env
+    # `verify` only reads the final state (envs/inventory/tests/test_inventory_final_state.py): the env
     # hands it its live state at the episode's end instead of a copy (envs.base.ToolEnv._final_state).
     reads_final_state_only = True
     # A denied submit leaves the final state a justified one leaves but for the authorisation: it

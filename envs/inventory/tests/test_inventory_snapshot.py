@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-import gymfoundry.verifiers.inventory as inv
+import gymfoundry.envs.inventory.verifier as inv
 from gymfoundry.envs.inventory import InventoryEnv, generate_task
-from tests.verifiers.test_inventory_check_shortcuts import outcome, played
+from gymfoundry.envs.inventory.tests.test_inventory_check_shortcuts import outcome, played
 
 verifier = inv.InventoryVerifier()
 

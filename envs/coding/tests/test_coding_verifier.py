@@ -3,14 +3,14 @@ failures attributed to the right class (model error, timeout, constraint violati
 
 import pytest
 
-import gymfoundry.verifiers.coding as grader
+import gymfoundry.envs.coding.verifier as grader
 from gymfoundry.envs.coding import CodingEnv
 from gymfoundry.envs.errors import EnvFault
 from gymfoundry.envs.records import Step, TaskSpec, Termination, ToolCall
 from gymfoundry.envs.sandbox import SandboxError, bubblewrap
 from gymfoundry.tasks.classify import classify
-from tests.envs.coding_helpers import quick_task, with_limits
-from gymfoundry.verifiers.coding import CodingVerifier, constraint_violations
+from gymfoundry.envs.coding.tests.helpers import quick_task, with_limits
+from gymfoundry.envs.coding.verifier import CodingVerifier, constraint_violations
 
 from tests.sandbox_guard import needs_sandbox as pytestmark  # noqa: F401  skips here, fails under CI=true
 

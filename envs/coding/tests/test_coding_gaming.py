@@ -8,12 +8,12 @@ import uuid
 
 import pytest
 
-import gymfoundry.verifiers.coding as grader
+import gymfoundry.envs.coding.verifier as grader
 from gymfoundry.envs.coding import CodingEnv
 from gymfoundry.envs.records import TaskSpec, Termination, ToolCall
 from gymfoundry.tasks.rollout import run_episode
-from tests.envs.coding_helpers import ScriptPolicy, quick_task, run
-from gymfoundry.verifiers.coding import CodingVerifier
+from gymfoundry.envs.coding.tests.helpers import ScriptPolicy, quick_task, run
+from gymfoundry.envs.coding.verifier import CodingVerifier
 from gymfoundry.verifiers.rules import score_rules
 
 from tests.sandbox_guard import needs_sandbox as pytestmark  # noqa: F401  skips here, fails under CI=true

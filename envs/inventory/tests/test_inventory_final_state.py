@@ -10,11 +10,11 @@ import copy
 import pickle
 import random
 
-import gymfoundry.verifiers.inventory as inv
+import gymfoundry.envs.inventory.verifier as inv
 from gymfoundry.envs.base import ToolEnv
 from gymfoundry.envs.inventory import InventoryEnv, generate_task
 from gymfoundry.envs.records import ToolCall
-from tests.verifiers.test_inventory_check_shortcuts import hostile_states, outcome, played
+from gymfoundry.envs.inventory.tests.test_inventory_check_shortcuts import hostile_states, outcome, played
 
 verifier = inv.InventoryVerifier()
 
