@@ -5,10 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .gymfoundry
-
-export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
-export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
-export HF_HUB_OFFLINE ?= 1
+# The Prefect and Hugging Face environment defaults are Python's: gymfoundry.flows.defaults
 
 .PHONY: install demo test bench loop clean
 

@@ -6,14 +6,13 @@ The fixtures here serve every test folder, the families' included."""
 import importlib
 import importlib.abc
 import importlib.util
-import os
 import sys
 
 import pytest
 
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from gymfoundry.flows.defaults import prefect_defaults
+
+prefect_defaults(hub_offline=True)  # before any test imports Prefect
 
 FOLDERS = ("envs", "verifiers", "warehouse", "tasks", "flows", "deployments")
 

@@ -17,11 +17,12 @@ from prefect import serve
 from prefect.events import DeploymentEventTrigger
 
 from gymfoundry.flows.config import FactoryConfig, TrainingConfig
+from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
 from gymfoundry.flows.factory import DATASET_READY, factory
 from gymfoundry.flows.training import train
 
 
-def build_deployment(cron: str = "0 2 * * *", tasks_per_family: int = 50, data_dir: str = ".gymfoundry"):
+def build_deployment(cron: str = "0 2 * * *", tasks_per_family: int = 50, data_dir: str = DEFAULT_DATA_DIR):
     parameters = FactoryConfig(tasks_per_family=tasks_per_family, data_dir=data_dir)  # refuses bad values here
     return factory.to_deployment(
         name="factory-local", cron=cron,
@@ -49,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cron", default="0 2 * * *")
     parser.add_argument("--tasks", type=int, default=50)
-    parser.add_argument("--data-dir", default=".gymfoundry")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     parser.add_argument("--min-rows", type=int, default=200, help="train only on datasets of at least this many rows")
     args = parser.parse_args()
     serve(build_deployment(args.cron, args.tasks, args.data_dir), build_training_deployment(min_rows=args.min_rows))

@@ -18,23 +18,24 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from gymfoundry import envs
 from gymfoundry.envs.records import FaultConfig, ParallelismReward, PolicySpec, RetryPolicy
+from gymfoundry.envs.registry import ENV_ID
+from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
 from gymfoundry.tasks.evaluate import HELDOUT_SPLITS
 from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, check_holdout_fraction
 
 TaskRunner = Literal["threads", "dask", "ray"]
 Learnability = Literal["p(1-p)", "1-p", "uniform"]
 Method = Literal["sft", "dpo", "grpo"]
+ARMS = ("sft", "sft_weighted", "sft_then_grpo")  # the closed loop's training arms (flows.loop)
 
 
 def known_families() -> list[str]:
-    from gymfoundry import envs
-    from gymfoundry.envs.registry import ENV_ID
-
     return sorted({ENV_ID.match(i)["name"] for i in envs.list_envs()})
 
 
-def _families(value: list[str]) -> list[str]:
+def checked_families(value: list[str]) -> list[str]:
     known = known_families()
     unknown = [f for f in value if f not in known]
     if unknown:
@@ -75,7 +76,7 @@ class FactoryConfig(Config):
     batch_size: int | None = Field(None, ge=1, description="tasks per rollout batch (one Prefect task run each); "
                                    "none: chosen from the work (two batches per worker of the task runner, at most "
                                    "500 tasks each)", json_schema_extra={"cli": "--batch-size"})
-    data_dir: str = Field(".gymfoundry", min_length=1, description="the warehouse directory",
+    data_dir: str = Field(DEFAULT_DATA_DIR, min_length=1, description="the warehouse directory",
                           json_schema_extra={"cli": "--data-dir"})
     task_runner: TaskRunner = Field("threads", description="where rollout batches run: threads (one machine), "
                                                            "dask or ray (needs the extra)",
@@ -111,7 +112,7 @@ class FactoryConfig(Config):
     @field_validator("families")
     @classmethod
     def _check_families(cls, v: list[str]) -> list[str]:
-        return _families(v)
+        return checked_families(v)
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -149,7 +150,7 @@ class EvaluationConfig(Config):
     model: str | None = Field(None, description="with a kind name: the checkpoint dir (hf) or the endpoint's model")
     family: str = Field("inventory", description="the family whose held-out tasks are played",
                         json_schema_extra={"cli": "--family"})
-    data_dir: str = Field(".gymfoundry", min_length=1, description="the warehouse directory",
+    data_dir: str = Field(DEFAULT_DATA_DIR, min_length=1, description="the warehouse directory",
                           json_schema_extra={"cli": "--data-dir"})
     policy: PolicySpec | str = Field("hf", description="a PolicySpec, or a kind name with `model`")
     splits: list[Literal["test", "val"]] = Field(default_factory=lambda: list(HELDOUT_SPLITS), min_length=1,
@@ -169,7 +170,7 @@ class EvaluationConfig(Config):
     @field_validator("family")
     @classmethod
     def _check_family(cls, v: str) -> str:
-        return _families([v])[0]
+        return checked_families([v])[0]
 
 
 class TrainingConfig(Config):
@@ -182,7 +183,7 @@ class TrainingConfig(Config):
                                    json_schema_extra={"cli": "--base-model"})
     base_config: dict[str, Any] | None = Field(None, description="without base_model: the embedded default's settings "
                                                "(vocab_size, hidden_size, layers, heads, copy_steps, seed)")
-    data_dir: str = Field(".gymfoundry", min_length=1, description="the warehouse directory",
+    data_dir: str = Field(DEFAULT_DATA_DIR, min_length=1, description="the warehouse directory",
                           json_schema_extra={"cli": "--data-dir"})
     output_dir: str | None = Field(None, description="where the checkpoint goes (default <data_dir>/checkpoints/<run>)",
                                    json_schema_extra={"cli": "--output-dir"})
@@ -197,7 +198,7 @@ class TrainingConfig(Config):
     @field_validator("evaluate_family")
     @classmethod
     def _check_family(cls, v: str | None) -> str | None:
-        return v if v is None else _families([v])[0]
+        return v if v is None else checked_families([v])[0]
 
 
 def flow_parameters(model: type[Config]):

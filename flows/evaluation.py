@@ -13,7 +13,10 @@ from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.records import PolicySpec, Rollout, Sampling, TaskSpec
 from gymfoundry.flows.config import EvaluationConfig, flow_parameters
 from gymfoundry.tasks.evaluate import evaluate_policy, expected_rollout_id, heldout_tasks, summarize
+from gymfoundry.tasks.land import land_or_spool
 from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.score import score_rollouts
+from gymfoundry.warehouse import Warehouse
 
 
 @task(name="evaluate-rollouts", task_run_name="evaluate-rollouts", cache_policy=NO_CACHE)
@@ -32,8 +35,6 @@ def run_heldout(tasks: list[TaskSpec], family: str, policy: PolicySpec, seed: in
 
 
 def landed_rollouts(data_dir: str, tasks: list[TaskSpec], agent, seed: int, samples_per_task: int) -> dict[str, Rollout]:
-    from gymfoundry.warehouse import Warehouse
-
     ids = [expected_rollout_id(t, agent, seed, k) for t in tasks for k in range(samples_per_task)]
     try:
         with Warehouse(data_dir, read_only=True) as wh:
@@ -47,9 +48,6 @@ def land_evaluation(data_dir: str, rollouts: list[Rollout], tasks: list[TaskSpec
     """One batch, as the factory lands one: the tasks (already there for held-out tasks; GRPO's training
     tasks may be new), the rollouts with their verdicts in `outcomes`, and their scores; waited for and
     spooled like every writer's (`gymfoundry.tasks.land.land_or_spool`): {} when spooled."""
-    from gymfoundry.tasks.land import land_or_spool
-    from gymfoundry.tasks.score import score_rollouts
-
     scores = score_rollouts(rollouts, tasks)
     landing = land_or_spool(data_dir, {"tasks": tasks, "rollouts": rollouts, "scores": scores},
                             {"rollout_outcomes": True})

@@ -35,7 +35,7 @@ from gymfoundry.envs.records import (FaultConfig, ParallelismReward, PolicySpec,
                           TaskRejection, TaskSpec)
 from gymfoundry.envs.secrets import redact
 from gymfoundry.flows.config import FactoryConfig, flow_parameters
-from gymfoundry.flows.report import publish_run_artifacts, publishing_run_artifacts
+from gymfoundry.flows.report import publishing_run_artifacts
 from gymfoundry.tasks import assemble as assemble_stage
 from gymfoundry.tasks import progress
 from gymfoundry.tasks.audit import ensure_audited
@@ -46,7 +46,7 @@ from gymfoundry.tasks.policies import make_policy
 from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries, run_counts
 from gymfoundry.tasks.score import score_rollouts
 from gymfoundry.tasks.validate import validate_tasks
-from gymfoundry.warehouse import CatalogLocked, Staged
+from gymfoundry.warehouse import CATALOG_FILE, CatalogLocked, Staged, Warehouse
 
 
 @task(name="generate", task_run_name="generate", cache_policy=NO_CACHE, persist_result=False)
@@ -163,8 +163,6 @@ def land(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskRejection], 
 def audit(data_dir: str, families: list[str], episodes: int = 1) -> dict[str, Any]:
     """Each family's gameability audit of its current versions, run and landed where there is none
     yet (the run's `gameability-audits` artifact shows it); assembly then refuses a failed one."""
-    from gymfoundry.warehouse import Warehouse
-
     logger = get_run_logger()
     with Warehouse(data_dir) as wh:
         audits = ensure_audited(wh, families, episodes, progress=logger.info)
@@ -328,8 +326,9 @@ def factory(**params: Any) -> dict[str, Any]:
 
     Every dataset with rows that the warehouse did not hold before emits a `gymfoundry.dataset.ready`
     event (a run whose batch was spooled assembles none: the run that lands the spool does), which the
-    `train-on-new-dataset` deployment is triggered by under a Prefect server. In ad-hoc mode,
-    `train_after="sft"` (or dpo / grpo) calls the training flow directly as a subflow."""
+    `train-on-new-dataset` deployment is triggered by under a Prefect server. The factory never
+    trains: `train_after` is recorded with the run, and `flows.loop.factory_then_train` (which runs
+    this flow, then the training flow; `gymfoundry run --train-after`) acts on it."""
     config = FactoryConfig(**params)
     data_dir, families = config.data_dir, config.families
     # The warehouse does not record where it lives (a moved or copied data dir is the same data),
@@ -425,23 +424,13 @@ def _factory(config: FactoryConfig, params: dict[str, Any], record: RunRecord, l
     dataset_ids = [d["dataset_id"] for d in datasets.values()]
     # Recorded and announced whatever the report does next. Its artifacts read the warehouse now and
     # are drawn and created while the summary and the markdown report are made; they exist before the
-    # run ends, and a failure to publish them fails it. A run that trains publishes them after
-    # training: its training-runs table lists the run it trained.
+    # run ends, and a failure to publish them fails it. A run that trains (train_after) leaves them
+    # to the flow that trains (flows.loop.factory_then_train): its training-runs table lists the run.
     with nullcontext() if config.train_after else publishing_run_artifacts(data_dir, families, run.run_id,
                                                                              dataset_ids):
         report = {"data_dir": str(Path(data_dir).resolve()), "landed": landed, "datasets": datasets, "audits": audits,
                   "summary": assemble_stage.summary(data_dir, families), "run": run.model_dump(mode="json"),
                   "quarantined": quarantined, "spooled": [str(p) for p in record.spooled], "announced": announced}
-        if config.train_after and not datasets:
-            logger.error("not training: this run assembled no dataset (see above)")
-        elif config.train_after:
-            from gymfoundry.flows.training import train
-
-            method = config.train_after
-            dataset_id = datasets[method]["dataset_id"] if method in datasets else None
-            report["training"] = train(dataset=dataset_id, method=method, data_dir=data_dir,
-                                       hyperparameters=config.train_hyperparameters)
-            publish_run_artifacts(data_dir, families, run.run_id, dataset_ids)
         create_markdown_artifact(key="factory-report", markdown=render_report(report),
                                  description="Factory run: landed rows, datasets and outcomes")
     return report
@@ -468,8 +457,6 @@ def _assemble(data_dir: str, families: list[str], config: FactoryConfig,
 
 def landed_dataset_ids(data_dir: str) -> set[str]:
     """The datasets the warehouse holds: assembling what it already held builds the same ids, announced before."""
-    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
-
     if not (Path(data_dir) / CATALOG_FILE).exists():
         return set()
     with Warehouse(data_dir, read_only=True) as wh:

@@ -17,8 +17,10 @@ from prefect.utilities.annotations import quote
 
 from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.records import Rollout, TaskSpec
+from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
 from gymfoundry.tasks.land import land_or_spool
 from gymfoundry.tasks.reverify import Reverified, load_stored, plan, reverify_rollouts, summary, utcnow
+from gymfoundry.warehouse import Warehouse
 
 
 @task(name="reverify-batch", cache_policy=NO_CACHE)
@@ -27,13 +29,11 @@ def reverify_batch(rollouts: list[Rollout], tasks: dict[str, TaskSpec], verified
 
 
 @flow(name="reverify")
-def reverify(data_dir: str = ".gymfoundry", families: list[str] | None = None, where: str | None = None,
+def reverify(data_dir: str = DEFAULT_DATA_DIR, families: list[str] | None = None, where: str | None = None,
              batch_size: int = 100) -> dict[str, Any]:
     """Re-verify the stored rollouts of `families` (and `where`, a filter on the rollouts view)
     under each env's current outcome verifier, replaying their calls; land the verdicts whose
     (verifier, version) is new, and the factory's own verdict of rollouts that lack it."""
-    from gymfoundry.warehouse import Warehouse
-
     logger = get_run_logger()
     verified_at = utcnow()
     with Warehouse(data_dir, read_only=True) as wh:

@@ -16,11 +16,13 @@ from prefect.cache_policies import NO_CACHE
 from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Rollout, TaskSpec
+from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
 from gymfoundry.tasks.calibrate import fit_calibrators, render_agreement
 from gymfoundry.tasks.land import land_or_spool
 from gymfoundry.tasks.reverify import rollout_filter
 from gymfoundry.tasks.score import ScoringRun, score_steps
 from gymfoundry.verifiers.judge import JudgeSettings
+from gymfoundry.warehouse import Warehouse
 
 
 @task(name="score-batch", cache_policy=NO_CACHE)
@@ -32,15 +34,13 @@ def score_batch(rollouts: list[Rollout], tasks: list[TaskSpec], data_dir: str, j
 
 
 @flow(name="rescore")
-def rescore(data_dir: str = ".gymfoundry", families: list[str] | None = None, where: str | None = None,
+def rescore(data_dir: str = DEFAULT_DATA_DIR, families: list[str] | None = None, where: str | None = None,
             profile_paths: list[str] | None = None, judge_base_url: str | None = None, judge_model: str | None = None,
             use_calibrators: bool = True, batch_size: int = 200) -> dict[str, Any]:
     """Re-score the stored rollouts of `families` (and `where`, a filter on the rollouts view)
     with the current rule layer, the judge (GYMFOUNDRY_JUDGE_* or the given URL and model), and
     each family's current calibrator; `profile_paths` are DomainProfile YAML files that replace
     their family's built-in profile (other weights, rubric, undo rules)."""
-    from gymfoundry.warehouse import Warehouse
-
     logger = get_run_logger()
     condition = rollout_filter(families, where)
     with Warehouse(data_dir, read_only=True) as wh:
@@ -99,7 +99,7 @@ def fit(data_dir: str, families: list[str] | None, kind: str, holdout: float, se
 
 
 @flow(name="calibrate")
-def calibrate(data_dir: str = ".gymfoundry", families: list[str] | None = None, kind: str = "isotonic",
+def calibrate(data_dir: str = DEFAULT_DATA_DIR, families: list[str] | None = None, kind: str = "isotonic",
               holdout: float = 0.3, seed: int = 0, min_labels: int = 20, judge_base_url: str | None = None,
               judge_model: str | None = None) -> dict[str, dict[str, Any]]:
     """Fit each labelled family's calibrator (isotonic or logistic), report agreement with the

@@ -1,10 +1,9 @@
-"""Training as a downstream flow, and the closed loop.
+"""Training as a downstream flow.
 
 `train` reads a factory dataset (by id or path), trains the base model (the embedded default
 when none is given, or any local Hugging Face checkpoint) with TRL, writes the checkpoint and
-lands a `training_runs` row with the dataset lineage and metrics. `closed_loop` runs
-factory → base model → held-out evaluation → SFT / step-weighted SFT / SFT then GRPO at equal
-training time → held-out evaluation of each, and reports the figures."""
+lands a `training_runs` row with the dataset lineage and metrics. The flows that run the factory
+and then train (`factory_then_train`, `closed_loop`) are `flows/loop.py`'s."""
 
 from __future__ import annotations
 
@@ -16,16 +15,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from gymfoundry import envs  # noqa: F401  registers the built-in environments
+from gymfoundry.envs.records import TrainingRun, content_hash
 from gymfoundry.flows.config import TrainingConfig, flow_parameters
+from gymfoundry.flows.evaluation import evaluate, land_evaluation
 from gymfoundry.flows.report import publish_training_artifacts
 from gymfoundry.tasks import progress
+from gymfoundry.tasks.hf_policy import checkpoint_version
+from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits, refuse_non_train_ids
+from gymfoundry.tasks.land import land_or_spool
 from gymfoundry.tasks.progress import PERMILLE, TRAINING
-from gymfoundry.envs.records import PolicySpec, TrainingRun, content_hash
+from gymfoundry.tasks.train import checkpoint_exists
+from gymfoundry.tasks.train import train as run_trainer
+from gymfoundry.tasks.training import base_model as base_models  # a module: tests replace its builder
+from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
+from gymfoundry.warehouse.store import assert_dataset_intact
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
 DEFAULT_BASE = dict(vocab_size=1024, hidden_size=128, layers=2, heads=4, copy_steps=2400)
@@ -51,13 +60,9 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
     of tasks its tokenizer text comes from: those the split authority puts in train with the
     splits recorded in `data_dir`. A template recorded later as held out changes that set, so a
     base whose tokenizer saw it is never reused."""
-    from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits
-    from gymfoundry.tasks.train import checkpoint_exists
-    from gymfoundry.tasks.training.base_model import text_tasks
-
     config = {**DEFAULT_BASE, **overrides}
     known, fractions = landed_splits(data_dir), landed_holdout_fractions(data_dir)
-    texts_from = [t.task_id for _, t in text_tasks(family, known=known, holdout_fraction=fractions)]
+    texts_from = [t.task_id for _, t in base_models.text_tasks(family, known=known, holdout_fraction=fractions)]
     out = Path(data_dir) / "models" / f"base-{family}-{content_hash([config, texts_from], 8)}"
     if not checkpoint_exists(out):  # built under a temporary name: a crash never leaves a half-built base
         partial = out.with_name(out.name + ".partial")
@@ -72,19 +77,14 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
 @task(name="build-base", task_run_name="build-base", cache_policy=NO_CACHE)
 def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, config: dict[str, Any]) -> str:
     """The embedded default's tokenizer and randomly initialised model, saved under `out`."""
-    from gymfoundry.tasks.training.base_model import build_base_model
-
-    return str(build_base_model(Path(out), family=family, known_splits=known, holdout_fraction=fractions, **config))
+    return str(base_models.build_base_model(Path(out), family=family, known_splits=known, holdout_fraction=fractions, **config))
 
 
 @task(name="copy-pretraining", task_run_name="copy-pretraining", cache_policy=NO_CACHE)
 def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
     """`steps` of copy pretraining of the model under `path`, saved in place (its metrics in
     `copy_pretraining.json`)."""
-    from gymfoundry.tasks.training.base_model import load_model
-    from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
-
-    model, tokenizer = load_model(path)
+    model, tokenizer = base_models.load_model(path)
     metrics = pretrain_copying(model, tokenizer, str(Path(path) / "copy-pretraining"), steps, seed=seed)
     (Path(path) / "copy_pretraining.json").write_text(json.dumps(metrics))
     model.save_pretrained(path)
@@ -98,8 +98,6 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
                 hyperparameters: dict[str, Any]) -> dict[str, Any]:
     """The trainer's losses go to this task run's log, and its progress (in thousandths of its
     budget of steps or time) to a progress artifact, updated at most every 2 s."""
-    from gymfoundry.tasks.train import train as run
-
     logger, here = get_run_logger(), threading.get_ident()
     meter = create_progress_artifact(0.0, key="training-progress", description=f"{method} training (%)")
     state = {"done": 0, "shown": 0.0}
@@ -117,7 +115,7 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
 
     stop = progress.listen(on)
     try:
-        metrics = run(dataset_path, method, base_model, output_dir, hyperparameters)
+        metrics = run_trainer(dataset_path, method, base_model, output_dir, hyperparameters)
     finally:
         stop()
     update_progress_artifact(meter, 100.0)
@@ -127,8 +125,6 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
 @task(name="land-training-run", task_run_name="land-training-run", cache_policy=NO_CACHE)
 def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
     """Waited for and spooled like every writer's ({} when spooled: the next landing lands it)."""
-    from gymfoundry.tasks.land import land_or_spool
-
     return land_or_spool(data_dir, {"training_runs": [run]}).checked()
 
 
@@ -145,8 +141,6 @@ def train(**params: Any) -> dict[str, Any]:
     eval_limit, eval_concurrency = config.eval_limit, config.eval_concurrency
     dataset_id, dataset_path = resolve_dataset(dataset, data_dir) if dataset else (None, None)
     if dataset_path:  # before anything reads it: its row count, its task ids and families
-        from gymfoundry.warehouse.store import assert_dataset_intact
-
         assert_dataset_intact(dataset_path)
     if config.min_rows and dataset:
         rows = dataset_rows(dataset, data_dir)
@@ -154,8 +148,6 @@ def train(**params: Any) -> dict[str, Any]:
             get_run_logger().info("dataset %s has %d rows, fewer than min_rows=%d: not training", dataset, rows,
                                   config.min_rows)
             return {"skipped": f"{rows} rows < min_rows {config.min_rows}", "dataset": dataset, "rows": rows}
-    from gymfoundry.tasks.hf_policy import checkpoint_version
-
     logger = get_run_logger()
     hyperparameters = dict(hyperparameters or {})
     if dataset_path:
@@ -171,12 +163,8 @@ def train(**params: Any) -> dict[str, Any]:
     metrics = train_model(str(dataset_path) if dataset_path else None, method, base, out, hyperparameters)
     played, played_tasks = metrics.pop("rollouts", None), metrics.pop("tasks", None)
     if played:  # GRPO's episodes, with their token ids, logprobs and policy versions
-        from gymfoundry.flows.evaluation import land_evaluation
-
         metrics["landed_rollouts"] = land_evaluation(data_dir, played, played_tasks)
     if evaluate_family:
-        from gymfoundry.flows.evaluation import evaluate
-
         report = evaluate(model=out, family=evaluate_family, data_dir=data_dir, limit=eval_limit,
                           concurrency=eval_concurrency)
         metrics["heldout"] = {k: report[k] for k in ("success_rate", "by_level", "episodes", "terminations")}
@@ -191,8 +179,6 @@ def train(**params: Any) -> dict[str, Any]:
 
 def dataset_rows(dataset: str, data_dir: str) -> int:
     """The row count of a dataset (id or path), from its Parquet footer."""
-    import pyarrow.parquet as pq
-
     _, path = resolve_dataset(dataset, data_dir)
     return pq.ParquetFile(path).metadata.num_rows
 
@@ -200,18 +186,12 @@ def dataset_rows(dataset: str, data_dir: str) -> int:
 def refuse_holdout_rows(path: Path, data_dir: str) -> None:
     """A dataset file (from this data dir or elsewhere) naming a task that the warehouse holds
     outside the train split is refused before any training step."""
-    import pyarrow.parquet as pq
-
-    from gymfoundry.tasks.isolate import refuse_non_train_ids
-
     if "task_id" in pq.read_schema(path).names:
         ids = pq.read_table(path, columns=["task_id"]).column("task_id").to_pylist()
         refuse_non_train_ids(ids, data_dir, f"dataset {path}")
 
 
 def _families(path: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
     schema = pq.read_schema(path)
     if "task_family" not in schema.names:
         return []
@@ -226,101 +206,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and value != value:
         return None
     return value
-
-
-ARMS = ("sft", "sft_weighted", "sft_then_grpo")
-
-
-@flow(name="closed-loop")
-def closed_loop(family: str = "inventory", data_dir: str = ".gymfoundry-loop", tasks: int = 2000, seed: int = 1,
-                mistake_rate: float = 0.1, samples_per_task: int = 2, eval_limit: int = 150,
-                train_seconds: float = 900, arms: list[str] | None = None, grpo_seconds: float = 180,
-                hyperparameters: dict[str, Any] | None = None, grpo_hyperparameters: dict[str, Any] | None = None,
-                base: dict[str, Any] | None = None, policy: PolicySpec | str = "scripted",
-                eval_concurrency: int = 1) -> dict[str, Any]:
-    """Factory (collecting with `policy`, a PolicySpec or kind name as `factory` takes it) →
-    tiny base model → held-out success before → each arm trained from the same base
-    for the same `train_seconds` of wall time → held-out success after. Arms: `sft` (no step
-    weights), `sft_weighted` (PRM step weights), `sft_then_grpo` (weighted SFT for
-    `train_seconds - grpo_seconds`, then step-level GRPO in the live envs for `grpo_seconds`).
-    Returns the figures (also a markdown artifact)."""
-    from gymfoundry.flows.evaluation import evaluate
-    from gymfoundry.flows.factory import factory
-
-    arms = list(arms or ARMS)
-    unknown = set(arms) - set(ARMS)
-    if unknown:
-        raise ValueError(f"unknown arms {sorted(unknown)}; choose from {ARMS}")
-    if "sft_then_grpo" in arms and not 0 < grpo_seconds < train_seconds:
-        raise ValueError("sft_then_grpo needs 0 < grpo_seconds < train_seconds")
-    started = time.perf_counter()
-    report = factory(families=[family], tasks_per_family=tasks, seed=seed, policy=policy, mistake_rate=mistake_rate,
-                     samples_per_task=samples_per_task, data_dir=data_dir)
-    sft = report["datasets"]["sft"]
-    base_started = time.perf_counter()
-    base_model = default_base_model(data_dir, family, **(base or {}))
-    base_seconds = round(time.perf_counter() - base_started, 1)
-    before = evaluate(model=base_model, family=family, data_dir=data_dir, limit=eval_limit,
-                      concurrency=eval_concurrency)
-    # A gentle learning rate keeps the base's copying circuits (3e-3 wipes them in 100 steps).
-    hp = {"max_steps": 100000, "batch_size": 4, "learning_rate": 1e-3, "warmup_steps": 50,
-          "time_limit_s": train_seconds, "logging_steps": 25, **(hyperparameters or {})}
-
-    def sft_run(weighted: bool, seconds: float, evaluate_after: bool = True) -> dict[str, Any]:
-        return train(dataset=sft["path"], method="sft", base_model=base_model, data_dir=data_dir,
-                     hyperparameters={**hp, "weighted": weighted, "time_limit_s": seconds},
-                     evaluate_family=family if evaluate_after else None, eval_limit=eval_limit,
-                     eval_concurrency=eval_concurrency)
-
-    runs, stages = {}, {}
-    if "sft" in arms:
-        runs["sft"] = sft_run(False, train_seconds)
-    if "sft_weighted" in arms:
-        runs["sft_weighted"] = sft_run(True, train_seconds)
-    if "sft_then_grpo" in arms:
-        first = sft_run(True, train_seconds - grpo_seconds, evaluate_after=False)
-        runs["sft_then_grpo"] = train(method="grpo", base_model=first["checkpoint"], data_dir=data_dir,
-                                      hyperparameters={"max_steps": 100000, "family": family, "learning_rate": 1e-4,
-                                                       "tasks": 64, "num_generations": 4, "max_completion_length": 96,
-                                                       **(grpo_hyperparameters or {}), "time_limit_s": grpo_seconds},
-                                      evaluate_family=family, eval_limit=eval_limit,
-                                      eval_concurrency=eval_concurrency)
-        stages["sft_then_grpo"] = first
-    figures = {"family": family, "data_dir": str(Path(data_dir).resolve()), "sft_rows": sft["rows"],
-               "base_model": base_model, "base_build_seconds": base_seconds,
-               "copy_pretraining": _copy_pretraining(base_model), "heldout_before": before["success_rate"],
-               "heldout_episodes": before["episodes"], "train_seconds": train_seconds,
-               "runs": {name: _arm_figures(r, stages.get(name)) for name, r in runs.items()},
-               "wall_seconds": round(time.perf_counter() - started, 1)}
-    create_markdown_artifact(key="closed-loop", markdown=_render_loop(figures),
-                             description="Closed loop: held-out success before and after training")
-    return figures
-
-
-def _copy_pretraining(base_model: str) -> dict[str, Any] | None:
-    path = Path(base_model) / "copy_pretraining.json"
-    if not path.exists():
-        return None
-    metrics = json.loads(path.read_text())
-    return {k: metrics[k] for k in ("steps", "train_seconds", "final_loss")}
-
-
-def _arm_figures(run: dict[str, Any], first_stage: dict[str, Any] | None) -> dict[str, Any]:
-    """One arm's figures; an arm of two stages adds up its steps and training seconds."""
-    stages = [s for s in (first_stage, run) if s]
-    heldout = run["metrics"].get("heldout", {})
-    return {"success_rate": heldout.get("success_rate"), "by_level": heldout.get("by_level"),
-            "steps": [s["metrics"]["steps"] for s in stages],
-            "train_seconds": round(sum(s["metrics"]["train_seconds"] for s in stages), 1),
-            "final_loss": run["metrics"]["final_loss"], "checkpoint": run["checkpoint"],
-            "run_ids": [s["run_id"] for s in stages]}
-
-
-def _render_loop(f: dict[str, Any]) -> str:
-    lines = [f"# Closed loop on {f['family']}", "", f"SFT rows: {f['sft_rows']}, held-out episodes: "
-             f"{f['heldout_episodes']}", "", "| model | held-out success | steps | train s |", "|---|---|---|---|",
-             "| base (untrained) | " + (f"{100 * f['heldout_before']:.1f}%" if f["heldout_before"] is not None else "-")
-             + " | 0 | 0 |"]
-    lines += [f"| {name} | " + (f"{100 * r['success_rate']:.1f}%" if r["success_rate"] is not None else "-")
-              + f" | {' + '.join(map(str, r['steps']))} | {r['train_seconds']} |" for name, r in f["runs"].items()]
-    return "\n".join(lines)

@@ -26,7 +26,7 @@ ours for each trainer, side by side; figures are medians (the ratio is the media
 per-repeat ratios).
 
 Closed-loop figures (held-out success of the tiny model before and after each training arm)
-come from `flows/training.py` `closed_loop`; `--closed-loop DIR` runs it from here (about an
+come from `flows/loop.py` `closed_loop`; `--closed-loop DIR` runs it from here (about an
 hour on 2 cores) and prints its figures as JSON after the table, or run it directly:
 
     gymfoundry loop --family inventory --data-dir DIR [--tasks 2000] [--train-seconds 900] \\
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.closed_loop:
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        from gymfoundry.flows.training import closed_loop
+        from gymfoundry.flows.loop import closed_loop
 
         print(json.dumps(closed_loop(data_dir=args.closed_loop), indent=2))
     return 0

@@ -1,5 +1,6 @@
 """Training runs downstream of the factory: an event per new dataset that a deployment trigger
-matches (under a Prefect server), or a direct subflow call in ad-hoc mode."""
+matches (under a Prefect server), or in ad-hoc mode the loop's flow that runs the factory, then
+training (the factory never trains)."""
 
 from pathlib import Path
 
@@ -9,7 +10,8 @@ from prefect.events import DeploymentEventTrigger
 
 import gymfoundry.flows.factory as factory_module
 from gymfoundry.deployments.serve import build_training_deployment
-from gymfoundry.flows.factory import DATASET_READY, announce_dataset, factory
+from gymfoundry.flows.factory import DATASET_READY, announce_dataset
+from gymfoundry.flows.loop import factory_then_train
 from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -21,8 +23,8 @@ def test_factory_announces_each_dataset_and_can_train_after(tmp_path, monkeypatc
     monkeypatch.setattr(factory_module, "announce_dataset", lambda kind, d, data_dir, run_id: announced.append(
         (kind, d["dataset_id"], data_dir)))
     monkeypatch.setattr("flows.training.DEFAULT_BASE", {"vocab_size": 400, "hidden_size": 32, "layers": 1, "heads": 2})
-    report = factory(families=["inventory"], tasks_per_family=8, seed=4, data_dir=str(tmp_path),
-                     train_after="sft", train_hyperparameters={"max_steps": 1, "batch_size": 1, "max_length": 512})
+    report = factory_then_train(families=["inventory"], tasks_per_family=8, seed=4, data_dir=str(tmp_path),
+                                train_after="sft", train_hyperparameters={"max_steps": 1, "batch_size": 1, "max_length": 512})
     expected = [(kind, d["dataset_id"], str(tmp_path)) for kind, d in report["datasets"].items() if d["rows"]]
     assert announced == expected and any(kind == "sft" for kind, _, _ in announced)
     training = report["training"]

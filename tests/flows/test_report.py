@@ -19,7 +19,7 @@ from gymfoundry.flows import report as report_module
 from gymfoundry.flows.report import (PNG_SIGNATURE, TITLES, _figure, _png, charts, publish_run_artifacts,
                           publish_training_artifacts, publishing_run_artifacts, read_report, reward_boxes, reward_chart,
                           success_chart, training_chart, write_html_report)
-from gymfoundry.flows.report_cli import add_report_command
+from gymfoundry.flows.cli.report import add_report_command
 from gymfoundry.warehouse import TABLES, Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -61,7 +61,7 @@ def test_grpo_flow_lands_its_episodes_and_run(factory_run):
 
 
 def test_closed_loop_trains_every_arm_for_the_same_time(tmp_path):
-    from gymfoundry.flows.training import closed_loop
+    from gymfoundry.flows.loop import closed_loop
 
     figures = closed_loop(data_dir=str(tmp_path), tasks=10, eval_limit=1, train_seconds=60, grpo_seconds=20,
                           hyperparameters={"max_steps": 1, "batch_size": 1, "max_length": 512},

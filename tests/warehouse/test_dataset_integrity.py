@@ -210,7 +210,7 @@ def test_cli_train_refuses_a_flipped_dataset_before_prefect_starts(built, capsys
     data_dir, result = built
     path = Path(result["sft"]["path"])
     flip_a_tool_description_bit(path)
-    monkeypatch.setattr("gymfoundry.flows.training_cli._prefect_defaults", lambda: pytest.fail("Prefect was started"))
+    monkeypatch.setattr("gymfoundry.flows.cli.training.prefect_defaults", lambda **_: pytest.fail("Prefect was started"))
     code = main(["train", "--method", "sft", "--dataset", result["sft"]["dataset_id"], "--data-dir", str(data_dir)])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err

@@ -1,19 +1,18 @@
-"""`gymfoundry reverify` (hooked into flows.cli): the `reverify` flow from the command line."""
+"""`gymfoundry reverify`: the `reverify` flow from the command line."""
 
 from __future__ import annotations
 
 import argparse
-import os
+
+from gymfoundry.flows.cli.options import add_data_dir, add_families, check_families, existing_warehouse
+from gymfoundry.flows.defaults import prefect_defaults
 
 
 def cmd_reverify(args: argparse.Namespace) -> int:
-    from gymfoundry.flows.cli import check_families, existing_warehouse
-
     existing_warehouse(args.data_dir)
     check_families(args.families)
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from gymfoundry.flows.reverify import reverify
+    prefect_defaults()
+    from gymfoundry.flows.reverify import reverify  # local: Prefect loads only for commands that run flows
 
     report = reverify(data_dir=args.data_dir, families=args.families, where=args.where, batch_size=args.batch_size)
     print(f"re-verified {report['reverified']} of {report['rollouts']} rollouts "
@@ -36,11 +35,11 @@ def cmd_reverify(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_reverify_command(sub, default_data_dir: str = ".gymfoundry") -> None:
+def add_reverify_command(sub) -> None:
     p = sub.add_parser("reverify", help="re-verify stored rollouts under the current outcome verifiers, "
                                         "beside the older verdicts (the reverify flow)")
-    p.add_argument("--families", nargs="+")
+    add_families(p)
     p.add_argument("--where", help="SQL filter on the rollouts view")
     p.add_argument("--batch-size", type=int, default=100, help="rollouts per verification task")
-    p.add_argument("--data-dir", default=default_data_dir)
+    add_data_dir(p)
     p.set_defaults(func=cmd_reverify)
