@@ -45,7 +45,6 @@ from gymfoundry.warehouse.staged import (OWNED_BY_ROLLOUT, STAGING_ERRORS, Part,
                              rows_part, stage, take, to_arrow, unstageable)
 from gymfoundry.warehouse.tables import PARTITION, TABLES, Reference, Table
 
-DEFAULT_DATA_DIR = ".gymfoundry"
 CATALOG_FILE = "catalog.duckdb"
 QUARANTINE_DIR = "quarantine"
 log = logging.getLogger("gymfoundry.warehouse")
@@ -79,7 +78,8 @@ def _collector_paused(land):
 
 
 class Warehouse:
-    """The catalog of one data dir. Usage::
+    """The catalog of one data dir, which its caller names (the CLI's and the flows' default,
+    `.gymfoundry`, is `gymfoundry.flows.defaults.DEFAULT_DATA_DIR`). Usage::
 
         with Warehouse(".gymfoundry") as wh:
             landing = wh.land(tasks=tasks, rollouts=rollouts, scores=scores)   # one gated transaction
@@ -90,7 +90,7 @@ class Warehouse:
             wh.load_rollouts("task_family = ?", ["inventory"])
     """
 
-    def __init__(self, data_dir: str | os.PathLike = DEFAULT_DATA_DIR, read_only: bool = False,
+    def __init__(self, data_dir: str | os.PathLike, read_only: bool = False,
                  lock_timeout_s: float | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.read_only = read_only
