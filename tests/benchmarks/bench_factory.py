@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from gymfoundry.flows.defaults import prefect_defaults
+
+prefect_defaults(hub_offline=True)
 # Keep run logs off the terminal (they still go to the API, as in production); set to 0 to see them.
 os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

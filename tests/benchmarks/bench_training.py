@@ -51,7 +51,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from gymfoundry.flows.defaults import prefect_defaults
+
+prefect_defaults(hub_offline=True)
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -250,8 +252,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         print(f"figures written to {args.json}")
     if args.closed_loop:
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         from gymfoundry.flows.loop import closed_loop
 
         print(json.dumps(closed_loop(data_dir=args.closed_loop), indent=2))
