@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gymfoundry.flows.cli.options import add_data_dir, existing_warehouse
+from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -22,7 +23,7 @@ def add_report_command(sub) -> None:
                                       "data dir",
                        description="Charts (success by difficulty, reward by layer, training) and the analysis "
                                    "tables in one HTML file that opens offline. Example: gymfoundry report "
-                                   "--data-dir .gymfoundry --out report.html",
+                                   f"--data-dir {DEFAULT_DATA_DIR} --out report.html",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_data_dir(p)
     p.add_argument("--out", help="the HTML file to write (default: <data-dir>/reports/report.html)")

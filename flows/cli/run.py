@@ -9,7 +9,7 @@ import sys
 from gymfoundry.envs.records import FaultConfig, RetryPolicy
 from gymfoundry.flows.cli.options import add_data_dir, add_policy_options, policy_spec
 from gymfoundry.flows.config import FactoryConfig, add_options, from_args
-from gymfoundry.flows.defaults import prefect_defaults
+from gymfoundry.flows.defaults import DEFAULT_DATA_DIR, prefect_defaults
 from gymfoundry.flows.progress_bars import progress_bars
 
 
@@ -61,11 +61,11 @@ def print_report(report: dict) -> None:
         print(f"QUARANTINED: a batch failed the quality gates; rows and report in {path}", file=sys.stderr)
 
 
-RUN_EXAMPLES = """examples:
+RUN_EXAMPLES = f"""examples:
   gymfoundry run --families inventory coding --tasks 200 --samples 4
   gymfoundry run --policy openai --model Qwen/Qwen2.5-7B-Instruct --base-url http://127.0.0.1:8000/v1 \\
                  --api-key-env OPENAI_API_KEY --concurrency 128 --temperature 0.7
-  gymfoundry run --policy hf --model .gymfoundry/checkpoints/<run> --concurrency 16
+  gymfoundry run --policy hf --model {DEFAULT_DATA_DIR}/checkpoints/<run> --concurrency 16
   gymfoundry run --fault-rate 0.05 --max-retries 3 --on-exhausted fail"""
 
 
