@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from gymfoundry.flows.config import Config, EvaluationConfig, FactoryConfig, TrainingConfig, explain
 
 CONFIGS: dict[str, type[Config]] = {"flows/factory.py:factory": FactoryConfig,
+                                    "flows/loop.py:factory_then_train": FactoryConfig,
                                     "flows/evaluation.py:evaluate": EvaluationConfig,
                                     "flows/training.py:train": TrainingConfig}
 PREFECT_FILE = Path(__file__).with_name("prefect.yaml")
