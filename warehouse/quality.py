@@ -447,7 +447,7 @@ _LOCK = threading.Lock()
 
 @cache
 def _gx():
-    import great_expectations  # local: great_expectations is heavy (seconds to import): lazy
+    import great_expectations  # local: great_expectations is heavy (seconds to import)
 
     return great_expectations
 
