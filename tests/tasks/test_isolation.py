@@ -103,7 +103,7 @@ def test_holdout_tasks_never_enter_a_dataset(built, tmp_path):
                                   "(select task_id from tasks where split = 'holdout')").to_pylist()[0]["n"]
     assert holdout and holdout_rollouts > 0  # there was something to leave out
     for kind_rows in dataset_rows(result).values():
-        assert not {r["task_id"] for r in kind_rows} & holdout
+        assert not {r.task_id for r in kind_rows} & holdout
     assert lineage and not lineage & holdout
     assert result["sft"]["dropped"]["holdout_tasks"] == len(holdout)
 
@@ -122,7 +122,7 @@ def test_holdout_tasks_never_enter_a_dataset(built, tmp_path):
         assert not wh.check().tables["integrity"].success
     again = assemble_datasets(copy, FAMILIES)
     for kind_rows in dataset_rows(again).values():
-        assert smuggled.task_id not in {r["task_id"] for r in kind_rows}
+        assert smuggled.task_id not in {r.task_id for r in kind_rows}
 
 
 def test_a_template_recorded_as_holdout_later_leaves_every_dataset(built, tmp_path):
@@ -133,7 +133,7 @@ def test_a_template_recorded_as_holdout_later_leaves_every_dataset(built, tmp_pa
     copy = tmp_path / "copy"
     shutil.copytree(data_dir, copy)
     with Warehouse(copy) as wh:
-        (task,) = wh.load_tasks("task_id = ?", [sft[0]["task_id"]])
+        (task,) = wh.load_tasks("task_id = ?", [sft[0].task_id])
         group = {t.task_id for t in wh.load_tasks("template_id = ?", [task.template_id])}
         assert task.split == Split.train and assign_split(task) == Split.train
         twin = TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "goal": task.goal + " ",
