@@ -872,7 +872,7 @@ class GRPORow(TrainingRow):
         return ParallelismReward(weight=self.parallelism_weight, anneal_steps=self.parallelism_anneal_steps)
 
 
-DATASET_ROWS: dict[str, type[SFTRow] | type[DPORow] | type[GRPORow]] = {"sft": SFTRow, "dpo": DPORow, "grpo": GRPORow}
+DATASET_ROWS: dict[str, type[TrainingRow]] = {"sft": SFTRow, "dpo": DPORow, "grpo": GRPORow}
 
 
 class TrainingRun(Record):
