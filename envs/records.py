@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
@@ -722,7 +722,8 @@ class FamilyAudit(Record):
 class DatasetManifest(Record):
     """A dataset assembled from the warehouse: its file, the curriculum behind its sampling
     weights (per-rollout success rates per "family/level" for one policy, the learnability
-    function, the resulting mixture) and what was left out. Its rows are `DatasetRow`s."""
+    function, the resulting mixture) and what was left out. Its rows are `SFTRow`s, `DPORow`s or
+    `GRPORow`s (`DATASET_ROWS[kind]`), their lineage `DatasetRow`s."""
 
     dataset_id: str
     kind: Literal["sft", "dpo", "grpo"]
@@ -755,6 +756,123 @@ class DatasetRow(Record):
     step_index: int | None = None
     margin: float | None = None
     weight: float = Field(ge=0)
+
+
+class TrainingRow(Record):
+    """What every dataset row is: a record whose fields are its Parquet file's columns, in order
+    (`model_dump()` is the row as written; `model_validate` reads one back). Its `row_id` is the
+    content hash of its `CONTENT` fields (what makes two rows the same row); its `weight` the
+    curriculum's sampling weight, which it shares with the other rows of its `owner` (the
+    rollout, or task, the curriculum splits a cell's share among)."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ()
+
+    def content_id(self) -> str:
+        return content_hash([getattr(self, name) for name in self.CONTENT], 20)
+
+
+class SFTRow(TrainingRow):
+    """An SFT row in TRL's conversational format: a verified success's conversation (`messages`,
+    tool-call arguments as JSON strings) and its tool schemas (`tools`, a JSON string); the PRM
+    reward of each assistant turn (`step_rewards`) and the turns whose reward is negative
+    (`masked_turns`: kept as context, out of the loss)."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ("messages", "tools", "masked_turns")
+
+    messages: list[dict[str, Any]]
+    tools: str
+    task_id: str
+    task_family: str
+    difficulty: int
+    step_rewards: list[float] = Field(default_factory=list)
+    masked_turns: list[int] = Field(default_factory=list)
+    rollout_id: str
+    row_id: str = ""
+    weight: float = Field(default=1.0, ge=0)
+
+    @property
+    def owner(self) -> str:
+        return self.rollout_id
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return [self.rollout_id]
+
+
+class DPORow(TrainingRow):
+    """A DPO pair from one task: the shared `prompt` and the `chosen` / `rejected` continuations
+    (message lists, each ending on an assistant turn), the rollouts they came from, what kind of
+    pair it is (whole trajectories, verdicts, or the step `step_index` after a shared prefix) and
+    its `margin`."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ("prompt", "chosen", "rejected", "tools")
+
+    prompt: list[dict[str, Any]]
+    chosen: list[dict[str, Any]]
+    rejected: list[dict[str, Any]]
+    tools: str
+    task_id: str
+    task_family: str
+    difficulty: int
+    chosen_rollout_id: str
+    rejected_rollout_id: str
+    pair_type: Literal["trajectory", "verdict", "step"]
+    step_index: int | None = None
+    margin: float
+    row_id: str = ""
+    weight: float = Field(default=1.0, ge=0)
+
+    @property
+    def owner(self) -> str:
+        return self.rejected_rollout_id  # a failure shares one unit among its pairs
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return [self.chosen_rollout_id, self.rejected_rollout_id]
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+class GRPORow(TrainingRow):
+    """A GRPO prompt for online RL: what recreates its task's env (`env_id`, and the generator
+    `seed` and `level`: `generate_task(seed, level)`), and the annealed parallelism reward's
+    schedule where the dataset offers one (the two columns exist only then)."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ("task_id", "env_id", "seed", "level")
+
+    prompt: list[dict[str, Any]]
+    tools: str
+    task_id: str
+    task_family: str
+    difficulty: int
+    env_id: str
+    seed: int | None
+    level: int
+    generator: str
+    generator_version: str
+    parallelism_weight: float | None = Field(default=None, exclude_if=_unset)
+    parallelism_anneal_steps: int | None = Field(default=None, exclude_if=_unset)
+    row_id: str = ""
+    weight: float = Field(default=1.0, ge=0)
+
+    @property
+    def owner(self) -> str:
+        return self.task_id
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return []
+
+    @property
+    def parallelism(self) -> ParallelismReward | None:
+        if self.parallelism_weight is None:
+            return None
+        return ParallelismReward(weight=self.parallelism_weight, anneal_steps=self.parallelism_anneal_steps)
+
+
+DATASET_ROWS: dict[str, type[TrainingRow]] = {"sft": SFTRow, "dpo": DPORow, "grpo": GRPORow}
 
 
 class TrainingRun(Record):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -45,8 +44,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, OutcomeReport, ParallelismReward, Rollout,
-                          Split, Step, TaskSpec, Termination, ToolCall, Verdict, content_hash)
+from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, DPORow, GRPORow, OutcomeReport,
+                          ParallelismReward, Rollout, SFTRow, Split, Step, TaskSpec, Termination,
+                          ToolCall, TrainingRow, Verdict, content_hash)
 from gymfoundry.envs.registry import make
 from gymfoundry.tasks import curriculum
 from gymfoundry.tasks.audit import current_versions, require_audited
@@ -62,13 +62,6 @@ DATASETS_DIR = catalog.DATASETS_DIR
 KINDS = ("sft", "dpo", "grpo")
 TOOL_ARGUMENTS = ("dict", "string")
 MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected")
-CONTENT = {"sft": ("messages", "tools", "masked_turns"), "dpo": ("prompt", "chosen", "rejected", "tools"),
-           "grpo": ("task_id", "env_id", "seed", "level")}
-OWNER: dict[str, Callable[[dict], str]] = {
-    "sft": lambda row: row["rollout_id"],
-    "dpo": lambda row: row["rejected_rollout_id"],  # a failure shares one unit among its pairs
-    "grpo": lambda row: row["task_id"],
-}
 
 
 def tool_schemas(task: TaskSpec) -> list[dict[str, Any]]:
@@ -113,16 +106,16 @@ def _row_base(task: TaskSpec) -> dict[str, Any]:
 
 
 def sft_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout],
-             step_rewards: dict[str, list[float]]) -> list[dict[str, Any]]:
+             step_rewards: dict[str, list[float]]) -> list[SFTRow]:
     rows = []
     for rollout in rollouts:
         task = tasks[rollout.task_id]
         if rollout.termination != Termination.success:
             continue
         rewards = _rewards(rollout, step_rewards)
-        rows.append({"messages": prompt_messages(rollout) + turn_messages(rollout), **_row_base(task),
-                     "step_rewards": rewards, "masked_turns": [k for k, r in enumerate(rewards) if r < 0],
-                     "rollout_id": rollout.rollout_id})
+        rows.append(SFTRow(messages=prompt_messages(rollout) + turn_messages(rollout), **_row_base(task),
+                           step_rewards=rewards, masked_turns=[k for k, r in enumerate(rewards) if r < 0],
+                           rollout_id=rollout.rollout_id))
     return rows
 
 
@@ -133,7 +126,7 @@ def trajectory_value(rollout: Rollout, step_rewards: dict[str, list[float]]) -> 
 
 
 def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: dict[str, list[float]] | None = None,
-             min_margin: float = 0.5, min_step_margin: float = 0.0) -> list[dict[str, Any]]:
+             min_margin: float = 0.5, min_step_margin: float = 0.0) -> list[DPORow]:
     step_rewards = step_rewards or {}
     by_task: dict[str, list[Rollout]] = {}
     for rollout in rollouts:
@@ -226,13 +219,13 @@ def _action(step: Step) -> Any:
 
 
 def _pair(task: TaskSpec, chosen: Rollout, rejected: Rollout, prompt, chosen_messages, rejected_messages,
-          pair_type: str, step_index: int | None, margin: float) -> dict[str, Any]:
-    return {"prompt": prompt, "chosen": chosen_messages, "rejected": rejected_messages, **_row_base(task),
-            "chosen_rollout_id": chosen.rollout_id, "rejected_rollout_id": rejected.rollout_id,
-            "pair_type": pair_type, "step_index": step_index, "margin": round(margin, 6)}
+          pair_type: str, step_index: int | None, margin: float) -> DPORow:
+    return DPORow(prompt=prompt, chosen=chosen_messages, rejected=rejected_messages, **_row_base(task),
+                  chosen_rollout_id=chosen.rollout_id, rejected_rollout_id=rejected.rollout_id,
+                  pair_type=pair_type, step_index=step_index, margin=round(margin, 6))
 
 
-def grpo_rows(tasks: dict[str, TaskSpec], parallelism: ParallelismReward | None = None) -> list[dict[str, Any]]:
+def grpo_rows(tasks: dict[str, TaskSpec], parallelism: ParallelismReward | None = None) -> list[GRPORow]:
     """One prompt per task, with what recreates its env: env id, generator seed and level; and the
     auxiliary parallelism reward's schedule when one is offered (the trainer reads it there)."""
     schedule = {} if parallelism is None else {"parallelism_weight": parallelism.weight,
@@ -240,9 +233,9 @@ def grpo_rows(tasks: dict[str, TaskSpec], parallelism: ParallelismReward | None 
     rows = []
     for task in sorted(tasks.values(), key=lambda t: t.task_id):
         prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": _first_observation(task)}]
-        rows.append({"prompt": prompt, **_row_base(task), "env_id": task.env_id, "seed": task.source.seed,
-                     "level": task.difficulty.level, "generator": task.source.generator,
-                     "generator_version": task.source.version, **schedule})
+        rows.append(GRPORow(prompt=prompt, **_row_base(task), env_id=task.env_id, seed=task.source.seed,
+                            level=task.difficulty.level, generator=task.source.generator,
+                            generator_version=task.source.version, **schedule))
     return rows
 
 
@@ -251,7 +244,7 @@ def _rewards(rollout: Rollout, step_rewards: dict[str, list[float]]) -> list[flo
     return rewards if len(rewards) == len(rollout.steps) else [0.0] * len(rollout.steps)
 
 
-def write_dataset(rows: list[dict[str, Any]], dataset_id: str, out_dir: Path) -> Path | None:
+def write_dataset(rows: list[TrainingRow], dataset_id: str, out_dir: Path) -> Path | None:
     """Write rows under their content-addressed name (temp file, then an atomic rename). A file
     already there is kept only when its bytes are exactly those the rows make: a damaged one is
     replaced."""
@@ -266,11 +259,11 @@ def write_dataset(rows: list[dict[str, Any]], dataset_id: str, out_dir: Path) ->
     return path
 
 
-def _write_temp(rows: list[dict[str, Any]], path: Path) -> Path:
-    """The rows as a Parquet file beside `path`, under a temp name."""
+def _write_temp(rows: list[TrainingRow], path: Path) -> Path:
+    """The rows as a Parquet file beside `path`, under a temp name: their fields, in order, are the columns."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    table = pa.Table.from_pylist(rows)
+    table = pa.Table.from_pylist([row.model_dump() for row in rows])
     if "masked_turns" in table.column_names:  # all rows without one would infer list<null>
         table = table.set_column(table.schema.get_field_index("masked_turns"), "masked_turns",
                                  table["masked_turns"].cast(pa.list_(pa.int64())))
@@ -278,17 +271,18 @@ def _write_temp(rows: list[dict[str, Any]], path: Path) -> Path:
     return temp
 
 
-def finish(kind: str, rows: list[dict[str, Any]], tasks: dict[str, TaskSpec], rates: dict[str, float],
+def finish(kind: str, rows: list[TrainingRow], tasks: dict[str, TaskSpec], rates: dict[str, float],
            learnability: str | curriculum.Learnability, config: dict[str, Any]
-           ) -> tuple[list[dict[str, Any]], DatasetManifest, list[DatasetRow]]:
+           ) -> tuple[list[TrainingRow], DatasetManifest, list[DatasetRow]]:
     """Scan, dedupe and weight the rows of one dataset; its manifest and lineage rows."""
-    assert_no_leaks_in_rows(rows, tasks)
-    rows, duplicates = dedupe_rows(rows, CONTENT[kind])
+    assert_no_leaks_in_rows([r.model_dump() for r in rows], tasks)  # the rows as the file will show them
+    rows, duplicates = dedupe_rows(rows)
     name, fn = curriculum.learnability_fn(learnability)
-    shares = curriculum.mixture(rates, [curriculum.cell(r["task_family"], r["difficulty"]) for r in rows], fn)
-    for row, weight in zip(rows, curriculum.row_weights(rows, shares, OWNER[kind])):
-        row["weight"] = weight
-    dataset_id = f"{kind}-" + content_hash([sorted(r["row_id"] for r in rows), shares, config], 12)
+    cells = [curriculum.cell(r.task_family, r.difficulty) for r in rows]
+    shares = curriculum.mixture(rates, cells, fn)
+    weights = curriculum.row_weights(cells, [r.owner for r in rows], shares)
+    rows = [row.model_copy(update={"weight": weight}) for row, weight in zip(rows, weights)]
+    dataset_id = f"{kind}-" + content_hash([sorted(r.row_id for r in rows), shares, config], 12)
     manifest = DatasetManifest(
         dataset_id=dataset_id, kind=kind, rows=len(rows), families=config["families"],
         policy_id=config["policy_id"], policy_version=config["policy_version"], learnability=name,
@@ -296,20 +290,13 @@ def finish(kind: str, rows: list[dict[str, Any]], tasks: dict[str, TaskSpec], ra
         reward_layer=config["reward_layer"], params=config["params"], dropped={**config["dropped"],
                                                                              "duplicate_rows": duplicates},
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    lineage = [DatasetRow(dataset_id=dataset_id, row_id=r["row_id"], row_index=i, family=r["task_family"],
-                          task_id=r["task_id"], difficulty=r["difficulty"], rollout_ids=_rollout_ids(r),
-                          pair_type=r.get("pair_type"), step_index=r.get("step_index"), margin=r.get("margin"),
-                          weight=r["weight"])
+    lineage = [DatasetRow(dataset_id=dataset_id, row_id=r.row_id, row_index=i, family=r.task_family,
+                          task_id=r.task_id, difficulty=r.difficulty, rollout_ids=r.rollout_ids,
+                          **({"pair_type": r.pair_type, "step_index": r.step_index, "margin": r.margin}
+                             if isinstance(r, DPORow) else {}),
+                          weight=r.weight)
                for i, r in enumerate(rows)]
     return rows, manifest, lineage
-
-
-def _rollout_ids(row: dict[str, Any]) -> list[str]:
-    if "rollout_id" in row:
-        return [row["rollout_id"]]
-    if "chosen_rollout_id" in row:
-        return [row["chosen_rollout_id"], row["rejected_rollout_id"]]
-    return []
 
 
 def judged_now(wh: Any, rollouts: list[Rollout]) -> tuple[list[Rollout], int]:
@@ -434,12 +421,12 @@ def rebuild_dataset(wh: Any, dataset_id: str) -> str | None:
              "dpo": lambda: dpo_rows(tasks, rollouts, step_rewards, params["min_margin"], params["min_step_margin"]),
              "grpo": lambda: grpo_rows(tasks, ParallelismReward.model_validate(parallelism) if parallelism else None)}
     built = {}
-    for row in dedupe_rows(build[manifest.kind](), CONTENT[manifest.kind])[0]:
-        built.setdefault(row["row_id"], row)
+    for row in dedupe_rows(build[manifest.kind]())[0]:
+        built.setdefault(row.row_id, row)
     lost = [r.row_id for r in lineage if r.row_id not in built]
     if lost:
         return f"{len(lost)} of its {len(lineage)} rows can no longer be built from the warehouse"
-    rows = [{**built[r.row_id], "weight": r.weight} for r in lineage]
+    rows = [built[r.row_id].model_copy(update={"weight": r.weight}) for r in lineage]
     path = Path(wh.data_dir) / recorded.path
     temp = _write_temp(rows, path)
     digest = file_sha256(temp)

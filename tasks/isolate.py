@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gymfoundry.envs.leaks import find_leaks, hidden_values  # the rule's owner; re-exported for callers
-from gymfoundry.envs.records import Rollout, Split, TaskRejection, TaskSpec, content_hash
+from gymfoundry.envs.records import Rollout, Split, TaskRejection, TaskSpec, TrainingRow
 from gymfoundry.envs.registry import make
 
 SPLIT_FRACTIONS = {Split.train: 0.8, Split.val: 0.1, Split.test: 0.1}
@@ -238,15 +238,14 @@ def assert_no_leaks_in_rows(rows: list[dict[str, Any]], tasks: Mapping[str, Task
             raise LeakError(f"dataset row of task {row['task_id']} shows hidden values {leaks}")
 
 
-def dedupe_rows(rows: list[dict[str, Any]], content: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
-    """Rows with a new content hash over the `content` columns, and how many were dropped.
-    Each kept row gets its hash as `row_id`."""
-    columns = list(content)
+def dedupe_rows(rows: list[TrainingRow]) -> tuple[list[TrainingRow], int]:
+    """Rows with a new content hash (`row.content_id()`), and how many were dropped. Each kept row
+    gets its hash as `row_id`."""
     seen: set[str] = set()
     kept = []
     for row in rows:
-        row_id = content_hash([row[c] for c in columns], 20)
+        row_id = row.content_id()
         if row_id not in seen:
             seen.add(row_id)
-            kept.append({**row, "row_id": row_id})
+            kept.append(row.model_copy(update={"row_id": row_id}))
     return kept, len(rows) - len(kept)

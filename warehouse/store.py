@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from gymfoundry.envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, Verdict, content_hash)
-from gymfoundry.warehouse import catalog, console, damage, quality
+from gymfoundry.warehouse import catalog, damage, quality, statements
 from gymfoundry.warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
 from gymfoundry.warehouse.staged import (OWNED_BY_ROLLOUT, STAGING_ERRORS, Part, Staged, as_rows, column_values, frame, keys_of,
                              rows_part, stage, take, to_arrow, unstageable)
@@ -562,9 +562,9 @@ class Warehouse:
     # Reading -------------------------------------------------------------------------------
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
-        """Run SQL. Read-only, only queries run (`gymfoundry.warehouse.console`: nothing may write files)."""
+        """Run SQL. Read-only, only queries run (`gymfoundry.warehouse.statements`: nothing may write files)."""
         if self.read_only:
-            console.check_query(query)
+            statements.check_query(query)
         with self._damage_explained():
             result = self.con.sql(query, params=params)
             return result.to_arrow_table() if result is not None else pa.table({})

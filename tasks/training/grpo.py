@@ -26,6 +26,9 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from gymfoundry.envs.records import GRPORow, ParallelismReward, Split
+from gymfoundry.tasks.training.runners import TimeLimit, load_rows, template_metrics
+
 EPS = 1e-4
 
 
@@ -62,7 +65,6 @@ def train_tasks(family: str, n: int, seed: int, known=None, holdout_fraction=Non
     """`n` train tasks of a family, as the split authority decides with the splits and holdout
     fractions a warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family ->
     fraction): never a holdout, val or test task."""
-    from gymfoundry.envs.records import Split
     from gymfoundry.tasks.generate import generate_tasks
     from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
 
@@ -75,22 +77,20 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None, holdout_fract
     checked against the stored task id), in curriculum order following the stored weights.
     A dataset naming a task the split authority puts outside train (with `known`, the splits a
     warehouse recorded) is refused whole."""
-    from datasets import Dataset
-
     from gymfoundry.tasks.generate import family_env_class
     from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, refuse_non_train
-    from gymfoundry.tasks.training.curriculum import curriculum_order, row_weight
+    from gymfoundry.tasks.training.curriculum import curriculum_order
 
-    rows = Dataset.from_parquet(str(dataset)).to_list()
+    rows = load_rows(dataset, GRPORow)
     tasks = []
     for row in rows:
-        task = family_env_class(row["task_family"]).generate_task(row["seed"], row["level"])
-        if task.task_id != row["task_id"]:
-            raise ValueError(f"task {row['task_id']} does not regenerate from its seed and level")
+        task = family_env_class(row.task_family).generate_task(row.seed, row.level)
+        if task.task_id != row.task_id:
+            raise ValueError(f"task {row.task_id} does not regenerate from its seed and level")
         tasks.append(task)
     refuse_non_train(tasks, known, f"GRPO dataset {dataset}",
                      HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction)
-    order = curriculum_order([row_weight(r) for r in rows], [int(r["difficulty"]) for r in rows], steps, seed)
+    order = curriculum_order([r.weight for r in rows], [r.difficulty for r in rows], steps, seed)
     return [tasks[i] for i in order]
 
 
@@ -211,17 +211,12 @@ def episode_reward(rollout, parallelism, step: int) -> float:
     return float(rollout.success) + bonus
 
 
-def dataset_parallelism(dataset: str):
+def dataset_parallelism(dataset: str) -> ParallelismReward | None:
     """The parallelism reward a GRPO dataset file offers (its rows carry the schedule), or None."""
     import pyarrow.parquet as pq
 
-    from gymfoundry.envs.records import ParallelismReward
-
     table = pq.read_table(str(dataset))
-    if "parallelism_weight" not in table.column_names or table.num_rows == 0:
-        return None
-    row = table.slice(0, 1).to_pylist()[0]
-    return ParallelismReward(weight=row["parallelism_weight"], anneal_steps=row["parallelism_anneal_steps"])
+    return GRPORow.model_validate(table.slice(0, 1).to_pylist()[0]).parallelism if table.num_rows else None
 
 
 def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
@@ -238,7 +233,6 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits
     from gymfoundry.tasks.training.base_model import load_model
     from gymfoundry.tasks.training.progress import ReportProgress
-    from gymfoundry.tasks.training.runners import TimeLimit, template_metrics
 
     model, tokenizer = load_model(base_model)
     known = landed_splits(hp.data_dir)  # the splits recorded where the factory landed its tasks

@@ -78,11 +78,12 @@ def plain_sft(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from gymfoundry.envs.records import SFTRow
     from gymfoundry.tasks.training.base_model import load_model
     from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)
-    data = Dataset.from_list([{"messages": r["messages"], "tools": r["tools"]} for r in load_rows(dataset)])
+    data = Dataset.from_list([{"messages": r.messages, "tools": r.tools} for r in load_rows(dataset, SFTRow)])
     args = SFTConfig(**plain_args(hp, out), assistant_only_loss=True, max_length=hp.max_length)
     return timed_train(SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer))
 
@@ -91,12 +92,13 @@ def plain_dpo(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
+    from gymfoundry.envs.records import DPORow
     from gymfoundry.tasks.training.base_model import load_model
     from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)
-    data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected", "tools")}
-                              for r in load_rows(dataset)])
+    data = Dataset.from_list([r.model_dump(include={"prompt", "chosen", "rejected", "tools"})
+                              for r in load_rows(dataset, DPORow)])
     args = DPOConfig(**plain_args(hp, out), beta=hp.beta, max_length=hp.max_length, truncation_mode="keep_start")
     return timed_train(DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer))
 

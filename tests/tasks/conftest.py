@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from gymfoundry.envs.records import SFTRow
 from gymfoundry.tasks.training.base_model import build_base_model, factory_texts
 
 
@@ -35,5 +36,5 @@ def conversation():
     from gymfoundry import envs
 
     tools = envs.make("gymfoundry/inventory-v0", verified=False).available_tools
-    return {"messages": messages, "tools": json.dumps(tools), "step_rewards": [0.5, 0.0, 1.0],
-            "rollout_id": "r-1", "task_id": "t-1", "task_family": "inventory", "difficulty": 1}
+    return SFTRow(messages=messages, tools=json.dumps(tools), step_rewards=[0.5, 0.0, 1.0],
+                  rollout_id="r-1", task_id="t-1", task_family="inventory", difficulty=1)

@@ -75,7 +75,7 @@ def test_training_rows_hold_only_the_main_agents_turns():
     task = retried_task()
     rollout = run_episode(task, Calls(task.hidden.reference), seed=7)
     (row,) = sft_rows({task.task_id: task}, [rollout], {})
-    called = [c["function"]["name"] for m in row["messages"] for c in m.get("tool_calls") or []]
+    called = [c["function"]["name"] for m in row.messages for c in m.get("tool_calls") or []]
     assert called == [c.name for c in task.hidden.reference]
     sub_tools = {s.tool_call.name for sub in rollout.subrollouts for s in sub.steps if s.tool_call}
     assert sub_tools and not sub_tools & set(called)

@@ -270,7 +270,7 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     assert [s.token_ids for s in three.steps] == [[0], [1], [2], [3]]
     assert [s.observation for s in three.steps][2:] == ["sys\nsummary 2", "sys\nsummary 3"]
     rows = sft_rows({hub.tasks[0].task_id: hub.tasks[0]}, [one, three], {})
-    assert [r["rollout_id"] for r in rows] == [one.rollout_id, three.rollout_id]
+    assert [r.rollout_id for r in rows] == [one.rollout_id, three.rollout_id]
     rates = success_rates([{"task_family": "inventory", "difficulty": hub.tasks[0].difficulty.level,
                             "termination": r.termination.value} for r in (three, gives_up)], prior=0.0)
     assert rates == {f"inventory/{hub.tasks[0].difficulty.level}": 0.5}  # per record it would be 3 of 4
