@@ -13,6 +13,7 @@ order, and refuses to run untrusted code without isolation unless
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from gymfoundry.envs.sandbox.base import (WORKSPACE, CommandResult, Limits, PathError, PathKind, Sandbox, SandboxError,
                                SandboxUnavailable, fault_count, faults_since)
@@ -63,9 +64,10 @@ def select_backend(backend: str | None = None, allow_unsafe: bool | None = None)
 
 def create_sandbox(snapshot: dict[str, bytes | str], support: dict[str, bytes | str] | None = None,
                    limits: Limits | None = None, backend: str | None = None,
-                   allow_unsafe: bool | None = None) -> Sandbox:
+                   allow_unsafe: bool | None = None, masked: Iterable[str] = ()) -> Sandbox:
     """A sandbox whose workspace holds `snapshot`; `support` files are placed read-only at
-    `sandbox.support_dir`."""
+    `sandbox.support_dir`. `masked`: folders no command may see where a system dir the sandbox
+    binds holds them (the caller's families' folders, `envs.family.masked_dirs()`)."""
     name = select_backend(backend, allow_unsafe)
     if name == "docker":
         from gymfoundry.envs.sandbox.docker_backend import DockerSandbox
@@ -74,7 +76,7 @@ def create_sandbox(snapshot: dict[str, bytes | str], support: dict[str, bytes | 
     if name == "bubblewrap":
         from gymfoundry.envs.sandbox.bubblewrap import BubblewrapSandbox
 
-        return BubblewrapSandbox(snapshot, support, limits)
+        return BubblewrapSandbox(snapshot, support, limits, masked=masked)
     from gymfoundry.envs.sandbox.local import LocalSandbox
 
     return LocalSandbox(snapshot, support, limits)
