@@ -30,8 +30,9 @@ from __future__ import annotations
 import importlib.util
 import random
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,19 @@ def family(key: str) -> Family:
         why = f"; that family failed to load: {_ERRORS[name]}" if isinstance(name, str) and name in _ERRORS else ""
         raise UnknownEnv(f"{what}; registered: {', '.join(env_ids()) or 'none'}{why}")
     return fam
+
+
+@contextmanager
+def replaced(name: str, **changes: Any) -> Iterator[Family]:
+    """The family `name` with `changes` (another verifier class, say) registered meanwhile: every
+    lookup (the runtime, the scorer, an audit) gets it; the family itself again afterwards."""
+    saved = family(name)
+    _FAMILIES[name] = changed = replace(saved, **changes)
+    try:
+        yield changed
+    finally:
+        _FAMILIES[name] = saved
+        saved.env.declared_by = saved
 
 
 def families() -> list[Family]:

@@ -158,8 +158,8 @@ def test_a_broken_gold_task_is_rejected_with_a_reason():
     # What the validate stage (tasks.validate.check_reference) asks of every task: the verifier's
     # precondition, then the reference replayed through the env and judged a success.
     verifier = verifier_for(FAMILY.env_id)
-    assert verifier.precondition(good) is None and replay(FAMILY.env_id, good, good.hidden.reference).outcome.success
-    episode = replay(FAMILY.env_id, broken, broken.hidden.reference)
+    assert verifier.precondition(good) is None and replay(FAMILY, good, good.hidden.reference).outcome.success
+    episode = replay(FAMILY, broken, broken.hidden.reference)
     assert verifier.precondition(broken) is None and episode.terminated and not episode.outcome.success
     assert episode.outcome.reasons == [f"recommended {pid} without disclosing its no guarantee"]
     assert verifier.precondition(mislabelled) == (
