@@ -134,6 +134,8 @@ class _Family:
         self._references: dict[tuple[int, int], _Episode] | None = None
 
     def verifier(self) -> Any:
+        if self.handle.verifier is None:
+            raise _Fail(f"{self.env_id} declares no outcome verifier: pass verifier=<class> to Family(...)")
         try:
             return self.handle.outcome_verifier
         except Exception as exc:

@@ -64,7 +64,7 @@ class Family:
     generator: Callable[[Family, int, int], TaskSpec]
     generator_version: str
     facts: type[HiddenFacts]
-    verifier: type
+    verifier: type | None
     scripted_policy: type | None = None
     version: int = 0
     levels: tuple[int, ...] = LEVELS
@@ -86,7 +86,7 @@ class Family:
             raise FamilyError(f"family {self.name!r}: facts must be a HiddenFacts subclass, not {self.facts!r}")
         for role in ("verifier", "scripted_policy"):
             value = getattr(self, role)
-            if not isinstance(value, type) and (value is not None or role == "verifier"):
+            if value is not None and not isinstance(value, type):
                 raise FamilyError(f"family {self.name!r}: {role} must be a class, not {value!r}")
         if not self.levels or any(level not in LEVELS for level in self.levels):
             raise FamilyError(f"family {self.name!r}: levels must be a non-empty subset of {LEVELS}")
@@ -117,14 +117,14 @@ class Family:
     def masked_dirs(self) -> list[str]:
         if self.masked is not None:
             return [str(Path(d).resolve()) for d in self.masked]
-        out = {_module_dir(self.env.__module__), _module_dir(self.verifier.__module__)}
+        out = {_module_dir(c.__module__) for c in (self.env, self.verifier) if c is not None}
         return sorted(d for d in out if d)
 
     # -- what the family makes ----------------------------------------------------------
     def make(self, *, verified: bool = True, **kwargs: Any) -> AgentEnv:
         """A new env. With `verified`, its end-of-episode reward comes from the outcome verifier
         (1.0 on success, else 0.0)."""
-        if verified and "outcome_fn" not in kwargs:
+        if verified and self.verifier is not None and "outcome_fn" not in kwargs:
             kwargs["outcome_fn"] = self.outcome_verifier.terminal_reward
         env = self.env(**{**self.extra, **kwargs})
         env.env_id, env.version = self.env_id, self.env_version
@@ -132,8 +132,8 @@ class Family:
 
     @cached_property
     def outcome_verifier(self) -> Any:
-        """The outcome verifier, built once (verifiers are stateless)."""
-        return self.verifier()
+        """The outcome verifier, built once (verifiers are stateless); None for a world without one."""
+        return None if self.verifier is None else self.verifier()
 
     # -- tasks --------------------------------------------------------------------------
     def generate(self, seed: int, level: int = 2) -> TaskSpec:
@@ -228,6 +228,13 @@ def add(fam: Family) -> None:
         del gymnasium.registry[fam.env_id]
     gymnasium.register(id=fam.env_id, entry_point="gymfoundry.envs.gym_adapter:GymnasiumEnv",
                        kwargs={"env_id": fam.env_id})
+
+
+def remove(name: str) -> None:
+    """Forget the family `name` and its Gymnasium id (a test's family, once the test is over)."""
+    fam = _FAMILIES.pop(name, None)
+    if fam is not None:
+        gymnasium.registry.pop(fam.env_id, None)
 
 
 def family(key: str) -> Family:

@@ -11,12 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium
 import pytest
 
-from gymfoundry.envs import registry
 from gymfoundry.envs.check import CHECKS, check_family
-from gymfoundry.envs.family import _FAMILIES, add
+from gymfoundry.envs.family import add, remove
 from gymfoundry.envs.scaffold import ENVS_DIR, TEMPLATES, ScaffoldError, new_family
 from gymfoundry.flows.cli import main
 from gymfoundry.tasks.audit import audit_family
@@ -34,10 +32,7 @@ def scaffolded(tmp_path, monkeypatch):
     fam = importlib.import_module(NAME).FAMILY
     add(fam)
     yield folder, fam
-    _FAMILIES.pop(NAME, None)
-    registry._REGISTRY.pop(fam.env_id, None)
-    gymnasium.registry.pop(fam.env_id, None)
-    registry.verifier_for.cache_clear()
+    remove(NAME)
     for module in [m for m in sys.modules if m == NAME or m.startswith(NAME + ".")]:
         del sys.modules[module]
 
