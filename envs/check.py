@@ -552,7 +552,7 @@ def check_crafted(fam: _Family) -> str:
         calls = craft(task)
         if calls is None:
             continue
-        episode = play(fam.env_id, task, calls)
+        episode = play(fam.handle, task, calls)
         outcome = episode.outcome
         if outcome is None:
             raise _Fail(f"the crafted rollout (level {level} seed {seed}) got no outcome report: {episode.problem}")

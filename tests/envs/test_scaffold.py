@@ -47,8 +47,9 @@ def test_the_scaffold_is_one_folder_that_passes_every_check_unchanged(scaffolded
     assert [c.status for c in report.checks] == ["pass"] * len(CHECKS), report.render()
     audit = audit_family(NAME, episodes=1)
     assert audit.ok, audit.render()
-    # the verifier lives in the family's folder and is found lazily, by "module:attr"
-    assert fam.verifier == f"{NAME}.verifier:ScaffoldedNotesVerifier"
+    # the verifier and the scripted policy are classes of the family's folder
+    assert (fam.verifier.__module__, fam.verifier.__name__) == (f"{NAME}.verifier", "ScaffoldedNotesVerifier")
+    assert (fam.scripted_policy.__module__, fam.scripted_policy.__name__) == (f"{NAME}.policy", "ScaffoldedNotesPolicy")
     assert str(folder) in fam.masked_dirs()
 
 

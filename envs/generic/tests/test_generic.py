@@ -17,7 +17,8 @@ from gymfoundry.envs.check import check_family
 from gymfoundry.envs.errors import InvalidTask
 from gymfoundry.envs.family import FamilyError, add, family
 from gymfoundry.envs.generic import FAMILY
-from gymfoundry.envs.generic.domain import load_family, read_domain
+from gymfoundry.envs.generic.domain import read_domain
+from gymfoundry.envs.generic.loader import load_family
 from gymfoundry.envs.generic.expr import EvalError, check, evaluate, parse_path, ExprProblem
 from gymfoundry.envs.records import ToolCall
 from gymfoundry.envs.wrappers import standard_stack
