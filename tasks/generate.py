@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import random
 
-from gymfoundry.envs.records import TaskSpec
 from gymfoundry.envs.family import family as family_of
-
-LEVELS = (1, 2, 3, 4, 5)
+from gymfoundry.envs.records import LEVELS, TaskSpec
 
 
 def family_env_class(family: str):
