@@ -754,7 +754,7 @@ class DatasetRow(Record):
     row_index: int = Field(ge=0)
     family: str = Field(pattern=FAMILY_NAME)
     task_id: str
-    difficulty: int = Field(ge=1, le=5)
+    difficulty: int = Field(ge=LEVELS[0], le=LEVELS[-1])
     rollout_ids: list[str] = Field(default_factory=list)
     pair_type: Literal["trajectory", "verdict", "step"] | None = None
     step_index: int | None = None
