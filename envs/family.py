@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 import random
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -195,6 +196,8 @@ _FAMILIES: dict[str, Family] = {}
 _ERRORS: dict[str, str] = {}  # a family's name -> why it did not load (envs/discovery.py writes it)
 _FINDER: list[Callable[[], Any]] = []  # what finds the families: discovery, installed by `gymfoundry.envs`
 _FOUND: list[bool] = [False]
+_FINDING = threading.Lock()
+_FINDING_THREAD: list[int | None] = [None]
 
 
 def find_with(finder: Callable[[], Any]) -> None:
@@ -205,14 +208,17 @@ def find_with(finder: Callable[[], Any]) -> None:
 
 
 def _found() -> None:
-    if _FOUND[0] or not _FINDER:
-        return
-    _FOUND[0] = True  # lookups while finding see what is found so far
-    try:
-        _FINDER[0]()
-    except BaseException:
-        _FOUND[0] = False  # the next lookup tries again, and says why
-        raise
+    if _FOUND[0] or not _FINDER or _FINDING_THREAD[0] == threading.get_ident():
+        return  # found; or this thread is finding them, and its lookups see what is found so far
+    with _FINDING:  # another thread's first lookup waits for this one's to finish
+        if _FOUND[0]:
+            return
+        _FINDING_THREAD[0] = threading.get_ident()
+        try:
+            _FINDER[0]()
+            _FOUND[0] = True  # (if the finder raised, the next lookup tries again, and says why)
+        finally:
+            _FINDING_THREAD[0] = None
 
 
 def add(fam: Family) -> None:

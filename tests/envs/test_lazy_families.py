@@ -42,3 +42,15 @@ def test_importing_the_warehouse_or_the_records_loads_no_family():
 def test_the_first_lookup_finds_them():
     loaded = loaded_after("from gymfoundry.envs import family\nfamily('inventory')")
     assert "gymfoundry.envs.inventory" in loaded and "gymfoundry.envs.discovery" in loaded
+
+
+def test_first_lookups_on_many_threads_all_find_the_family():
+    """One thread finds the families; the others' first lookups wait for it, none sees a half-found set."""
+    probe = ("import json, threading\nfrom gymfoundry.envs import family\nerrors = []\n"
+             "def look():\n    try:\n        family('orchestrator')\n    except Exception as exc:\n"
+             "        errors.append(repr(exc))\n"
+             "threads = [threading.Thread(target=look) for _ in range(8)]\n"
+             "[t.start() for t in threads]\n[t.join() for t in threads]\nprint(json.dumps(errors))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
