@@ -13,7 +13,7 @@ verifier or env class), and a check whose input the family does not provide yet 
   outcome verifier, with the verifier's precondition holding before any action
 - potential: the verifier's `potentials(task, steps)` is defined (finite) at every step of every
   reference, never falls, and ends higher than it starts
-- scripted_rollouts: the family's scripted policy (from the registry) gives a mix of outcomes,
+- scripted_rollouts: the family's scripted policy (its `Family`) gives a mix of outcomes,
   no env bug, and never shows a hidden value (envs.leaks) in any observation
 - malformed_actions: invalid JSON, an unknown tool, wrong argument types and an oversized argument
   give error observations of the agent-input kinds (envs.errors), the state unchanged

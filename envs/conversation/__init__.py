@@ -1,5 +1,5 @@
 """The conversation family: τ-style order support with a simulated customer and a written policy
-(envs/conversation/policy.md). Declared once, here; found by `import gymfoundry.envs`."""
+(envs/conversation/policy.md). Declared once, here; found by discovery (envs/discovery.py)."""
 
 from gymfoundry.envs.conversation.facts import ConversationFacts
 from gymfoundry.envs.conversation.generator import GENERATOR_VERSION, generate
