@@ -150,6 +150,10 @@ class EnvBug(Exception):
         super().__init__(self.message)
 
 
+class UnknownEnv(ValueError):
+    """No registered environment has this id or family (a typo, or a spoofed task field)."""
+
+
 class InvalidTask(ValueError):
     """A task that cannot be run as given: malformed, tampered (id does not match content), or
     for another family. Raised to the caller of `reset` or of the landing stage; never an episode."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
@@ -24,7 +25,11 @@ def content_hash(payload: Any, length: int = 16) -> str:
     return hashlib.sha256(_CANONICAL.encode(payload).encode()).hexdigest()[:length]
 
 
+# The family-name rule, its env ids and the difficulty levels: owned here, at the bottom, and used
+# by everything above (the Family handle, the profiles, the scaffold, the YAML domains, the lake).
 FAMILY_NAME = r"^[a-z][a-z0-9_]*$"
+ENV_ID = re.compile(rf"^gymfoundry/(?P<name>{FAMILY_NAME[1:-1]})-v(?P<version>\d+)$")
+LEVELS = (1, 2, 3, 4, 5)
 
 
 class Record(BaseModel):
@@ -114,7 +119,7 @@ _LATER_LIMITS = ("max_turn_tokens", "max_episode_tokens", "grade_timeout_s")
 
 
 class Difficulty(Record):
-    level: int = Field(ge=1, le=5)
+    level: int = Field(ge=LEVELS[0], le=LEVELS[-1])
     features: dict[str, float] = Field(default_factory=dict)
 
 
@@ -705,7 +710,7 @@ class FamilyAudit(Record):
     verifier_version: str
     rules_version: str
     adversary: str
-    level: int = Field(ge=1, le=5)
+    level: int = Field(ge=LEVELS[0], le=LEVELS[-1])
     episodes: int = Field(ge=0)
     successes: int = Field(ge=0)
     excluded: int = Field(ge=0)  # episodes out of the statistics (faults, timeouts)
@@ -750,7 +755,7 @@ class DatasetRow(Record):
     row_index: int = Field(ge=0)
     family: str = Field(pattern=FAMILY_NAME)
     task_id: str
-    difficulty: int = Field(ge=1, le=5)
+    difficulty: int = Field(ge=LEVELS[0], le=LEVELS[-1])
     rollout_ids: list[str] = Field(default_factory=list)
     pair_type: Literal["trajectory", "verdict", "step"] | None = None
     step_index: int | None = None

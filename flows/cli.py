@@ -147,12 +147,11 @@ def print_report(report: dict) -> None:
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
-    from gymfoundry import envs
+    from gymfoundry.envs.family import families
 
-    for env_id in envs.list_envs():
-        env = envs.make(env_id, verified=False)
-        tools = ", ".join(f"{t.name}({t.category.value})" for t in env.profile.tools)
-        print(f"{env_id}  tools: {tools}")
+    for fam in families():
+        tools = ", ".join(f"{t.name}({t.category.value})" for t in fam.profile.tools)
+        print(f"{fam.env_id}  tools: {tools}")
     return 0
 
 
@@ -427,7 +426,6 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gymfoundry serve-env: {exc}", file=sys.stderr)
         return 2
-    from gymfoundry import envs  # noqa: F401  (registers the families)
     from gymfoundry.tasks.harness import EpisodeHub
     from gymfoundry.tasks.mcp_server import build_app, serve_stdio
 

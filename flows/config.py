@@ -28,10 +28,9 @@ Method = Literal["sft", "dpo", "grpo"]
 
 
 def known_families() -> list[str]:
-    from gymfoundry import envs
-    from gymfoundry.envs.registry import ENV_ID
+    from gymfoundry.envs.family import families
 
-    return sorted({ENV_ID.match(i)["name"] for i in envs.list_envs()})
+    return [fam.name for fam in families()]
 
 
 def _families(value: list[str]) -> list[str]:

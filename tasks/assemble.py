@@ -18,7 +18,7 @@
   prompt is that shared prefix, chosen and rejected are their step-k turns (kept when the step
   reward of chosen is at least `min_step_margin` above rejected's).
 - **GRPO**: one prompt row per task, with the env id and the generator seed and level that
-  recreate the task (`envs.make(env_id).generate_task(seed, level)`), for online RL.
+  recreate the task (`family(env_id).generate(seed, level)`), for online RL.
 
 Only train tasks are used, as the split authority decides (`gymfoundry.tasks.isolate.assign_split` over the
 splits the warehouse recorded: never a task of a holdout template); the row builders take
@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, DPORow, GRPORow, OutcomeReport,
                           ParallelismReward, Rollout, SFTRow, Split, Step, TaskSpec, Termination,
                           ToolCall, TrainingRow, Verdict, content_hash)
-from gymfoundry.envs.registry import make
+from gymfoundry.envs.family import family
 from gymfoundry.tasks import curriculum
 from gymfoundry.tasks.audit import current_versions, require_audited
 from gymfoundry.tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
@@ -70,7 +70,7 @@ def tool_schemas(task: TaskSpec) -> list[dict[str, Any]]:
 
 @lru_cache(maxsize=64)
 def _schemas(env_id: str, allowed: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
-    return tuple(make(env_id, verified=False).profile.function_schemas(list(allowed)))
+    return tuple(family(env_id).tool_schemas(allowed))
 
 
 def prompt_messages(rollout: Rollout) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from collections.abc import Generator
 from math import comb
 from typing import Any
 
+from gymfoundry.envs.family import family as family_of
 from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
 from gymfoundry.tasks.engine import run_concurrently
 from gymfoundry.tasks.policies import Policy
@@ -50,9 +51,7 @@ def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> Budget | None:
 def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0,
                         slack_steps: int | None = SLACK_STEPS) -> str:
     """The id `evaluate_policy` gives this episode (its first attempt, no faults injected)."""
-    from gymfoundry.envs.registry import spec
-
-    return rollout_identity(task.task_id, task.env_id, spec(task.env_id).version, policy.policy_id, policy.version,
+    return rollout_identity(task.task_id, task.env_id, family_of(task.env_id).env_version, policy.policy_id, policy.version,
                             rollout_seed(seed, task, sample), 0, policy_params(policy),
                             limits=evaluation_budget(task, slack_steps))
 

@@ -40,7 +40,7 @@ from gymfoundry.envs.errors import EnvFault
 from gymfoundry.envs.harness import ModelCall, assemble_steps, inference_end, policy_of
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import Cost, Rollout, Step, TaskSpec, Termination, ToolCall
-from gymfoundry.envs.registry import make, spec
+from gymfoundry.envs.family import family
 from gymfoundry.envs.secrets import redact
 from gymfoundry.envs.timestep import TimeStep
 from gymfoundry.envs.wrappers import TimeLimit, standard_stack
@@ -382,7 +382,7 @@ class EpisodeHub:
         env = None
         try:
             task = self.tasks[n % len(self.tasks)]
-            env = standard_stack(make(task.env_id))
+            env = standard_stack(family(task.env_id).make())
             ts = env.reset(task=task)
             episode = Episode(name, task, rollout_seed(self.seed, task, n // len(self.tasks)), env, ts.observation, ts,
                               self.run_id, self.log.size(name))
@@ -564,7 +564,7 @@ class EpisodeHub:
         with contextlib.suppress(Exception):
             episode.env.close()
         return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                       env_version=spec(task.env_id).version, policy_id="harness:unrecorded",
+                       env_version=family(task.env_id).env_version, policy_id="harness:unrecorded",
                        policy_version="not assembled", seed=episode.seed, steps=[], termination=Termination.env_bug,
                        termination_reason=redact(f"serve-env could not assemble the episode: "
                                                  f"{type(exc).__name__}: {exc}")[:2000],
@@ -619,7 +619,7 @@ class EpisodeHub:
         try:
             tool_steps = list(env.steps)
             env_info = env.unwrapped.runtime_info()
-            outcome, verifier_error = _outcome(task, ts, tool_steps, env)
+            outcome, verifier_error = _outcome(task, ts, tool_steps, env, family(task.env_id))
         finally:
             env.close()
         episode.tool_steps = tool_steps
@@ -651,7 +651,7 @@ class EpisodeHub:
             harness["unreadable_calls"] = len(unreadable_calls)
         episode.model_calls = calls
         return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                       env_version=spec(task.env_id).version, policy_id=policy_id, policy_version=policy_version,
+                       env_version=family(task.env_id).env_version, policy_id=policy_id, policy_version=policy_version,
                        seed=episode.seed, steps=steps, termination=termination,
                        termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
                        env_info={**env_info, "harness": harness},
@@ -850,7 +850,7 @@ class EpisodeHub:
             return None  # it stopped while opening: no harness had its token
         head = json.loads(lines[0])
         task = TaskSpec.model_validate(head["task"])
-        env = standard_stack(make(task.env_id))
+        env = standard_stack(family(task.env_id).make())
         ts = env.reset(task=task)
         episode = Episode(head["episode"], task, head["seed"], env, ts.observation, ts, head["run"], head["log_offset"])
         for line in lines[1:]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gymfoundry.envs.family import family as family_of
 from gymfoundry.envs.parsing import ActionError, parse_action
 from gymfoundry.tasks.assemble import SYSTEM_PROMPT, assistant_call_message
 from gymfoundry.tasks.policies import PolicyOutput
@@ -401,6 +402,4 @@ def _shared_checkpoint(model_path: str, fingerprint: str, device: str | None) ->
 
 def family_tools(family: str) -> list[dict[str, Any]]:
     """The function schemas of a family's tools, as the SFT rows carry them."""
-    from gymfoundry.envs.registry import family_env_id, make
-
-    return make(family_env_id(family), verified=False).available_tools
+    return family_of(family).tool_schemas()

@@ -19,7 +19,7 @@ from typing import Any
 
 from gymfoundry.envs.leaks import find_leaks, hidden_values  # the rule's owner; re-exported for callers
 from gymfoundry.envs.records import Rollout, Split, TaskRejection, TaskSpec, TrainingRow
-from gymfoundry.envs.registry import make
+from gymfoundry.envs.family import family
 
 SPLIT_FRACTIONS = {Split.train: 0.8, Split.val: 0.1, Split.test: 0.1}
 HOLDOUT_FRACTION = 0.1  # of each family's template groups, before the other splits
@@ -198,7 +198,7 @@ def refuse_non_train_ids(task_ids: Iterable[str], data_dir: str | Path, what: st
 
 
 def _first_observation(task: TaskSpec) -> str:
-    env = make(task.env_id, verified=False)
+    env = family(task.env_id).make(verified=False)
     try:
         return env.reset(task=task).observation
     finally:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gymfoundry.envs.records import PolicySpec
-from gymfoundry.envs.registry import family_env_id, load, spec
+from gymfoundry.envs.family import family as family_of
 
 
 @dataclass
@@ -93,10 +93,10 @@ def as_spec(policy: PolicySpec | str, mistake_rate: float | None = None) -> Poli
 
 def _make_by_name(name: str, family: str, **kwargs) -> Policy:
     if name == "scripted":
-        target = spec(family_env_id(family)).scripted_policy
+        target = family_of(family).scripted_policy
         if target is None:
             raise ValueError(f"family {family!r} has no scripted policy")
-        return load(target)(**kwargs)
+        return target(**kwargs)
     if name in ("hf", "openai"):  # kwargs: model (a checkpoint dir / an endpoint's model name), ...
         from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
         from gymfoundry.tasks.openai_policy import OpenAIPolicy

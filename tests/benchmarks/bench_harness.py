@@ -43,12 +43,12 @@ PER_EPISODE = 7
 
 def direct_tool_calls(n: int, task) -> list[float]:
     from gymfoundry.envs.records import ToolCall
-    from gymfoundry.envs.registry import make
+    from gymfoundry.envs.family import family
     from gymfoundry.envs.wrappers import standard_stack
 
     times: list[float] = []
     while len(times) < n:
-        env = standard_stack(make(task.env_id))
+        env = standard_stack(family(task.env_id).make())
         env.reset(task=task)
         env.step(ToolCall(name="find_items", arguments={"query": "a"}))
         for _ in range(PER_EPISODE - 1):

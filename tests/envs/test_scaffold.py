@@ -11,12 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium
 import pytest
 
-from gymfoundry.envs import registry
 from gymfoundry.envs.check import CHECKS, check_family
-from gymfoundry.envs.family import _FAMILIES, add
+from gymfoundry.envs.family import add, remove
 from gymfoundry.envs.scaffold import ENVS_DIR, TEMPLATES, ScaffoldError, new_family
 from gymfoundry.flows.cli import main
 from gymfoundry.tasks.audit import audit_family
@@ -34,10 +32,7 @@ def scaffolded(tmp_path, monkeypatch):
     fam = importlib.import_module(NAME).FAMILY
     add(fam)
     yield folder, fam
-    _FAMILIES.pop(NAME, None)
-    registry._REGISTRY.pop(fam.env_id, None)
-    gymnasium.registry.pop(fam.env_id, None)
-    registry.verifier_for.cache_clear()
+    remove(NAME)
     for module in [m for m in sys.modules if m == NAME or m.startswith(NAME + ".")]:
         del sys.modules[module]
 
@@ -52,8 +47,9 @@ def test_the_scaffold_is_one_folder_that_passes_every_check_unchanged(scaffolded
     assert [c.status for c in report.checks] == ["pass"] * len(CHECKS), report.render()
     audit = audit_family(NAME, episodes=1)
     assert audit.ok, audit.render()
-    # the verifier lives in the family's folder and is found lazily, by "module:attr"
-    assert fam.verifier == f"{NAME}.verifier:ScaffoldedNotesVerifier"
+    # the verifier and the scripted policy are classes of the family's folder
+    assert (fam.verifier.__module__, fam.verifier.__name__) == (f"{NAME}.verifier", "ScaffoldedNotesVerifier")
+    assert (fam.scripted_policy.__module__, fam.scripted_policy.__name__) == (f"{NAME}.policy", "ScaffoldedNotesPolicy")
     assert str(folder) in fam.masked_dirs()
 
 

@@ -35,6 +35,6 @@ def conversation():
     ]
     from gymfoundry import envs
 
-    tools = envs.make("gymfoundry/inventory-v0", verified=False).available_tools
+    tools = envs.family("inventory").tool_schemas()
     return SFTRow(messages=messages, tools=json.dumps(tools), step_rewards=[0.5, 0.0, 1.0],
                   rollout_id="r-1", task_id="t-1", task_family="inventory", difficulty=1)

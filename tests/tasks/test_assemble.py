@@ -187,7 +187,7 @@ def test_grpo_rows_recreate_their_env(built):
         tasks = {t.task_id: t for t in wh.load_tasks()}
     assert len(rows) == sum(t.split == Split.train for t in tasks.values())
     for row in rows[:5]:
-        env = envs.make(row.env_id)
+        env = envs.family(row.env_id).make()
         task = env.generate_task(row.seed, row.level)
         assert task.task_id == row.task_id
         assert env.reset(task=task).observation == row.prompt[1]["content"]

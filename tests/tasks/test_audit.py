@@ -7,7 +7,6 @@ import json
 import pytest
 
 from gymfoundry import envs
-from gymfoundry.envs import registry
 from gymfoundry.envs.family import family
 from gymfoundry.envs.records import ToolCall, Verdict
 from gymfoundry.envs.sandbox import bubblewrap
@@ -23,7 +22,7 @@ from gymfoundry.envs.conversation.verifier import ConversationVerifier
 from gymfoundry.envs.inventory.verifier import InventoryVerifier
 from gymfoundry.warehouse import Warehouse
 
-FAMILIES = sorted({registry.ENV_ID.match(i)["name"] for i in envs.list_envs()})
+FAMILIES = [fam.name for fam in envs.families()]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

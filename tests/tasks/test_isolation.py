@@ -11,7 +11,7 @@ import pytest
 
 from gymfoundry import envs  # noqa: F401  registers the built-in families
 from gymfoundry.envs.records import DATASET_ROWS, Split, TaskSpec
-from gymfoundry.envs.registry import _REGISTRY, ENV_ID
+from gymfoundry.envs.family import families
 from gymfoundry.tasks.assemble import assemble_datasets
 from gymfoundry.tasks.generate import generate_tasks
 from gymfoundry.tasks.isolate import (LeakError, assert_no_leaks_in_rows, assign_split, find_leaks, isolate_tasks,
@@ -24,7 +24,7 @@ from gymfoundry.tasks.validate import validate_tasks
 from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
-FAMILIES = sorted({ENV_ID.match(i)["name"] for i, spec in _REGISTRY.items() if spec.scripted_policy})
+FAMILIES = [fam.name for fam in families() if fam.scripted_policy]
 TASKS = {"inventory": 20}  # other families are slower (sandboxes): a few tasks each
 HOLDOUT = 0.25
 

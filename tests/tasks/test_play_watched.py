@@ -17,12 +17,11 @@ from functools import partial
 import pytest
 
 from gymfoundry.envs.records import Budget, RetryPolicy, TaskSpec, Termination
-from gymfoundry.envs.registry import register
 from gymfoundry.envs.wrappers import Recorder, StepWorker, TimeLimit, _Lane, play_watched
 from gymfoundry.tasks.engine import run_concurrently
 from gymfoundry.tasks.retry import collect_with_retries
 from gymfoundry.tasks.rollout import collect_rollouts, episode, run_episode
-from tests.envs.counter_env import CounterEnv
+from tests.envs.counter_env import CounterEnv, register
 
 ENV_ID = "gymfoundry/counter-v0"
 LIMITS = Budget(step_timeout_s=0.3)
@@ -379,6 +378,8 @@ def test_rollout_batches_play_with_what_existed_before_out_of_the_collectors_sig
 class Stuck(CounterEnv):
     """A counter whose `sleep` tool hangs until `release` is set (a step hung past the batch)."""
 
+    family = "stuck"
+
     release = threading.Event()
 
     def tool_sleep(self, state, seconds):
@@ -393,7 +394,7 @@ def test_a_thread_abandoned_in_a_hung_step_holds_none_of_the_batch_once_it_is_pl
 
     register("gymfoundry/stuck-v0", Stuck)
     tasks = [TaskSpec.model_validate({**CounterEnv.generate_task(seed).model_dump(exclude={"task_id"}),
-                                      "env_id": "gymfoundry/stuck-v0", "budget": {"step_timeout_s": 0.3}})
+                                      "family": "stuck", "env_id": "gymfoundry/stuck-v0", "budget": {"step_timeout_s": 0.3}})
              for seed in (2, 0, 1, 3)]  # the first hangs
     policy = Script()
     Stuck.release.clear()
@@ -412,6 +413,8 @@ def test_a_thread_abandoned_in_a_hung_step_holds_none_of_the_batch_once_it_is_pl
 
 class SlowToMake(CounterEnv):
     """A counter that logs its calls; the second one made is slow to make (`made` counts them)."""
+
+    family = "slowmake"
 
     made = 0
     maker: threading.Thread | None = None  # the thread that made the second
@@ -465,7 +468,7 @@ def test_interrupted_while_the_next_episode_is_set_up_its_play_is_closed_before_
             self.cond = InterruptedOnceStarted(self.lock, SlowToMake.making)
 
     tasks = [TaskSpec.model_validate({**CounterEnv.generate_task(seed).model_dump(exclude={"task_id"}),
-                                      "env_id": "gymfoundry/slowmake-v0"}) for seed in (0, 1)]
+                                      "family": "slowmake", "env_id": "gymfoundry/slowmake-v0"}) for seed in (0, 1)]
     ran = []
     lane = Lane([partial(episode, task, Logged(), 1) for task in tasks] + [lambda: ran.append("later")])
     with pytest.raises(KeyboardInterrupt):

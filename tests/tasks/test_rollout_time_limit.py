@@ -9,10 +9,9 @@ import threading
 import time
 
 from gymfoundry.envs.records import Budget
-from gymfoundry.envs.registry import register
 from gymfoundry.envs.wrappers import Recorder, TimeLimit, run_watched
 from gymfoundry.tasks.rollout import run_episode
-from tests.envs.counter_env import CounterEnv
+from tests.envs.counter_env import CounterEnv, register
 
 ENV_ID = "gymfoundry/counter-v0"
 
