@@ -74,24 +74,28 @@ def test_a_short_factory_run_lands_its_rollouts_with_mixed_outcomes(scaffolded, 
 def test_written_into_the_envs_package_it_is_a_builtin_family(tmp_path):
     """In a copy of the envs package: `new-family` then `check-family` from the command line; the
     copy changes only inside the new folder."""
-    shutil.copytree(ENVS_DIR, tmp_path / "envs", ignore=shutil.ignore_patterns("__pycache__"))
-    before = {p.relative_to(tmp_path) for p in (tmp_path / "envs").rglob("*")}
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # this copy of envs first; the rest from the checkout
+    # gymfoundry is a namespace: a portion earlier on the path holding envs/ is gymfoundry.envs, the
+    # other folders still come from the checkout, which stays untouched
+    copy = tmp_path / "gymfoundry"
+    shutil.copytree(ENVS_DIR, copy / "envs", ignore=shutil.ignore_patterns("__pycache__"))
+    before = {p.relative_to(copy) for p in (copy / "envs").rglob("*")}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     cli = [sys.executable, "-c", "import sys; from gymfoundry.flows.cli import main; sys.exit(main())"]
     made = subprocess.run(cli + ["new-family", "probe"], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=120)
     assert made.returncode == 0, made.stderr
-    assert f"wrote family 'probe' in {tmp_path / 'envs' / 'probe'}/" in made.stdout
+    assert f"wrote family 'probe' in {copy / 'envs' / 'probe'}/" in made.stdout
     checked = subprocess.run(cli + ["check-family", "probe"], capture_output=True, text=True, env=env,
                              cwd=tmp_path, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "family probe (gymfoundry/probe-v0) passes" in checked.stdout
     assert "gameability audit of probe (env 0, generator 1, verifier probe-outcome@1" in checked.stdout
     assert "): passes in" in checked.stdout  # the audit, run by check-family after the checks
-    assert "the same ids in a fresh interpreter" in checked.stdout  # found by `import envs` there too
-    after = {p.relative_to(tmp_path) for p in (tmp_path / "envs").rglob("*") if "__pycache__" not in p.parts}
+    assert "the same ids in a fresh interpreter" in checked.stdout  # found by discovery there too
+    after = {p.relative_to(copy) for p in (copy / "envs").rglob("*") if "__pycache__" not in p.parts}
     assert {str(p) for p in after - before} >= {"envs/probe", "envs/probe/verifier.py"}
     assert all(p.parts[:2] == ("envs", "probe") for p in after - before) and before <= after
+    assert not (ENVS_DIR / "probe").exists()
 
 
 @pytest.mark.parametrize("name, says", [
