@@ -11,7 +11,7 @@ agent's calls replays its sub-agents' episodes exactly. What the main agent sees
 what a harness would: its sub-agent's last call, how it ended and the verdict of its family's
 verifier; its hidden reasons stay in the state.
 
-The runtime (tasks/rollout.py) turns the sub-episodes into sub-rollouts linked to the main
+The runtime (tasks/rollout/episodes.py) turns the sub-episodes into sub-rollouts linked to the main
 rollout (`Rollout.parent_rollout_id`) and records the stages (`envs.records.Delegation`:
 critical and serial steps)."""
 

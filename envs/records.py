@@ -388,7 +388,7 @@ class Sampling(Record):
 class PolicySpec(Record):
     """Which policy a run collects with: `scripted` (the family's scripted policy), `hf` (a local
     checkpoint: `model` is its directory), `openai` (an OpenAI-compatible endpoint: `model` is the
-    served model's name at `base_url`), or a kind registered with `gymfoundry.tasks.policies.register_policy`.
+    served model's name at `base_url`), or a kind registered with `gymfoundry.tasks.policies.registry.register_policy`.
     The key is never part of it: `api_key_env` NAMES the environment variable holding it, and a
     `base_url` holding a user name or password is refused. `timeout_s` bounds each request,
     `max_retries` the policy's own retries of a failed request (connection, timeout, 429, 5xx)
@@ -561,8 +561,8 @@ class Verdict(Record):
     """One outcome verifier's verdict on a stored rollout, and the class it implies. The factory's
     own (`source="factory"`: the rollout's `outcome` and `termination` as they landed) and each
     re-verification under a later verifier version (`source="reverify"`: the stored calls replayed
-    under the current verifier, never the policy; tasks/reverify.py) are kept side by side, keyed
-    by (rollout_id, verifier_id, verifier_version). `termination` is decided by tasks.classify
+    under the current verifier, never the policy; tasks/ops/reverify.py) are kept side by side, keyed
+    by (rollout_id, verifier_id, verifier_version). `termination` is decided by tasks.rollout.classify
     from the episode's end and this verdict; a verifier that raised has no `outcome`, its `error`,
     and (for an episode that ended normally) `verifier_error`, never a model failure."""
 
@@ -697,7 +697,7 @@ class HoldoutLock(Record):
 
 
 class FamilyAudit(Record):
-    """One row of a family's gameability audit (tasks/audit.py): how one adversary did at one
+    """One row of a family's gameability audit (tasks/stages/audit.py): how one adversary did at one
     level against the oracle (the task's reference), under the versions that made the verdicts.
     `passed`: its success rate is at most its chance floor, its mean return stays below the
     oracle's, none of its episodes left the statistics, and the oracle succeeded every time."""

@@ -24,7 +24,7 @@ from gymfoundry.envs.timestep import TimeStep
 
 TIMEOUT = ErrorKind.timeout.value  # a clock of the runtime ran out (the step's error kind)
 TOKEN_BUDGET = ErrorKind.token_budget.value
-# Whose time ran out, as the episode's end says it (`info["termination"]`, read by tasks.classify).
+# Whose time ran out, as the episode's end says it (`info["termination"]`, read by tasks.rollout.classify).
 ENV_FAULT, GRADER_FAULT, TRUNCATED = "env_fault", "grader_fault", "truncated"
 
 

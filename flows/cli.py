@@ -121,7 +121,7 @@ def policy_spec(args: argparse.Namespace):
                                    + (f" (got {e['input']!r})" if e["type"].startswith(("greater", "less")) else "")
                                    for e in exc.errors())) from None
     if spec.kind not in ("scripted", "hf", "openai"):  # a custom kind: the registry knows it or says which are
-        from gymfoundry.tasks.policies import make_policy
+        from gymfoundry.tasks.policies.registry import make_policy
 
         try:
             make_policy(spec, "inventory")
@@ -170,7 +170,7 @@ def cmd_check_family(args: argparse.Namespace) -> int:
 def cmd_audit_family(args: argparse.Namespace) -> int:
     """Exit 1, with the table, when an adversary beats its floor or reaches the oracle's return.
     With a data dir, the audit lands in `family_audits` (what dataset assembly asks for)."""
-    from gymfoundry.tasks.audit import audit_family, land_audit
+    from gymfoundry.tasks.stages.audit import audit_family, land_audit
 
     report = audit_family(args.name, episodes=args.episodes)
     print(report.render(), file=sys.stdout if report.ok else sys.stderr)
@@ -256,7 +256,7 @@ def print_check(report) -> None:
 
 
 def cmd_warehouse_repair(args: argparse.Namespace) -> int:
-    from gymfoundry.tasks.assemble import rebuild_dataset
+    from gymfoundry.tasks.stages.assemble import rebuild_dataset
     from gymfoundry.warehouse import Warehouse
 
     existing_warehouse(args.data_dir)
@@ -279,7 +279,7 @@ def cmd_warehouse_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_labels_export(args: argparse.Namespace) -> int:
-    from gymfoundry.tasks.calibrate import export_label_sample
+    from gymfoundry.tasks.ops.calibrate import export_label_sample
 
     existing_warehouse(args.data_dir)
     check_families(args.families)
@@ -290,7 +290,7 @@ def cmd_labels_export(args: argparse.Namespace) -> int:
 
 
 def cmd_labels_import(args: argparse.Namespace) -> int:
-    from gymfoundry.tasks.calibrate import import_labels
+    from gymfoundry.tasks.ops.calibrate import import_labels
 
     existing_warehouse(args.data_dir)
     missing = [path for path in args.files if not Path(path).is_file()]
@@ -310,7 +310,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError(f"--holdout {args.holdout:g}: the held-out share must be between 0 and 1")
     _prefect_defaults()
     from gymfoundry.flows.scoring import calibrate
-    from gymfoundry.tasks.calibrate import render_agreement
+    from gymfoundry.tasks.ops.calibrate import render_agreement
 
     reports = calibrate(data_dir=args.data_dir, families=args.families, kind=args.kind, holdout=args.holdout,
                         seed=args.seed, min_labels=args.min_labels, judge_base_url=args.judge_base_url,
@@ -418,7 +418,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     import anyio
     import uvicorn
 
-    from gymfoundry.tasks.http_guard import check_limits, guarded_config
+    from gymfoundry.tasks.harness.http_guard import check_limits, guarded_config
 
     check_families([args.family])  # before the hub locks a holdout for it
     try:
@@ -426,8 +426,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gymfoundry serve-env: {exc}", file=sys.stderr)
         return 2
-    from gymfoundry.tasks.harness import EpisodeHub
-    from gymfoundry.tasks.mcp_server import build_app, serve_stdio
+    from gymfoundry.tasks.harness.hub import EpisodeHub
+    from gymfoundry.tasks.harness.mcp_server import build_app, serve_stdio
 
     hub = EpisodeHub(args.family, args.data_dir, tasks=args.tasks, seed=args.seed, idle_timeout_s=args.idle_timeout,
                      land_before_reply=args.transport == "stdio", max_open=args.max_open)
@@ -459,8 +459,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gymfoundry.tasks.http_guard import check_limits, guarded_config
-    from gymfoundry.tasks.proxy import build_proxy
+    from gymfoundry.tasks.harness.http_guard import check_limits, guarded_config
+    from gymfoundry.tasks.harness.proxy import build_proxy
 
     key = None
     if args.api_key_env:
@@ -489,8 +489,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def add_http_limits(parser: argparse.ArgumentParser) -> None:
-    """serve-env's and the proxy's limits against slow and many clients (tasks.http_guard)."""
-    from gymfoundry.tasks.http_guard import READ_TIMEOUT_S
+    """serve-env's and the proxy's limits against slow and many clients (tasks.harness.http_guard)."""
+    from gymfoundry.tasks.harness.http_guard import READ_TIMEOUT_S
 
     parser.add_argument("--max-connections", type=int, default=None,
                         help="connections served at once; more are closed as they arrive (default: half the "
@@ -640,7 +640,7 @@ def failures() -> tuple[type[Exception], ...]:
     """What a command that ran can fail with for a known reason: one line and exit 1, no traceback."""
     import duckdb
 
-    from gymfoundry.tasks.retry import RetryExhausted
+    from gymfoundry.tasks.rollout.retry import RetryExhausted
     from gymfoundry.verifiers.endpoint import EndpointError
     from gymfoundry.warehouse import CatalogLocked, ConsoleRefused, DamagedWarehouse, QuarantinedBatch
     from gymfoundry.warehouse.console import QueryCancelled

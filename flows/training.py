@@ -23,8 +23,8 @@ from prefect.cache_policies import NO_CACHE
 from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.flows.config import TrainingConfig, flow_parameters
 from gymfoundry.flows.report import publish_training_artifacts
-from gymfoundry.tasks import progress
-from gymfoundry.tasks.progress import PERMILLE, TRAINING
+from gymfoundry.tasks.rollout import progress
+from gymfoundry.tasks.rollout.progress import PERMILLE, TRAINING
 from gymfoundry.envs.records import PolicySpec, TrainingRun, content_hash
 
 # copy_steps: copy pretraining of the random base before it sees factory data (tasks/training/copy_pretraining.py)
@@ -51,8 +51,8 @@ def default_base_model(data_dir: str, family: str = "inventory", **overrides: An
     of tasks its tokenizer text comes from: those the split authority puts in train with the
     splits recorded in `data_dir`. A template recorded later as held out changes that set, so a
     base whose tokenizer saw it is never reused."""
-    from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits
-    from gymfoundry.tasks.train import checkpoint_exists
+    from gymfoundry.tasks.stages.isolate import landed_holdout_fractions, landed_splits
+    from gymfoundry.tasks.training.train import checkpoint_exists
     from gymfoundry.tasks.training.base_model import text_tasks
 
     config = {**DEFAULT_BASE, **overrides}
@@ -98,7 +98,7 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
                 hyperparameters: dict[str, Any]) -> dict[str, Any]:
     """The trainer's losses go to this task run's log, and its progress (in thousandths of its
     budget of steps or time) to a progress artifact, updated at most every 2 s."""
-    from gymfoundry.tasks.train import train as run
+    from gymfoundry.tasks.training.train import train as run
 
     logger, here = get_run_logger(), threading.get_ident()
     meter = create_progress_artifact(0.0, key="training-progress", description=f"{method} training (%)")
@@ -127,7 +127,7 @@ def train_model(dataset_path: str | None, method: str, base_model: str, output_d
 @task(name="land-training-run", task_run_name="land-training-run", cache_policy=NO_CACHE)
 def land_run(data_dir: str, run: TrainingRun) -> dict[str, int]:
     """Waited for and spooled like every writer's ({} when spooled: the next landing lands it)."""
-    from gymfoundry.tasks.land import land_or_spool
+    from gymfoundry.tasks.stages.land import land_or_spool
 
     return land_or_spool(data_dir, {"training_runs": [run]}).checked()
 
@@ -154,7 +154,7 @@ def train(**params: Any) -> dict[str, Any]:
             get_run_logger().info("dataset %s has %d rows, fewer than min_rows=%d: not training", dataset, rows,
                                   config.min_rows)
             return {"skipped": f"{rows} rows < min_rows {config.min_rows}", "dataset": dataset, "rows": rows}
-    from gymfoundry.tasks.hf_policy import checkpoint_version
+    from gymfoundry.tasks.policies.hf import checkpoint_version
 
     logger = get_run_logger()
     hyperparameters = dict(hyperparameters or {})
@@ -202,7 +202,7 @@ def refuse_holdout_rows(path: Path, data_dir: str) -> None:
     outside the train split is refused before any training step."""
     import pyarrow.parquet as pq
 
-    from gymfoundry.tasks.isolate import refuse_non_train_ids
+    from gymfoundry.tasks.stages.isolate import refuse_non_train_ids
 
     if "task_id" in pq.read_schema(path).names:
         ids = pq.read_table(path, columns=["task_id"]).column("task_id").to_pylist()

@@ -67,9 +67,9 @@ def test_dependencies_point_one_way(package):
 
 def test_the_checks_read_installed_and_bare_names(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("import envs\nfrom tasks.rollout import x\nimport gymfoundry.verifiers.rules as r\n"
+    source.write_text("import envs\nfrom tasks.rollout.episodes import x\nimport gymfoundry.verifiers.rules as r\n"
                       "from gymfoundry import warehouse\nfrom gymfoundry.flows.cli import main\n")
-    assert bare_project_imports(source) == ["envs", "tasks.rollout"]
+    assert bare_project_imports(source) == ["envs", "tasks.rollout.episodes"]
     assert imported_modules(source) == {"envs", "tasks", "verifiers", "warehouse", "flows"}
 
 

@@ -8,7 +8,7 @@ A writer excludes every other process, readers included; any number of
 `read_only=True` readers may share the catalog while no writer holds it. So open for writing
 only around landing, and read with `read_only=True` (a CLI query needs no write lock). A writer
 that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s` (default
-`lock_wait_s()`, the same for every writer), then raises `CatalogLocked` (`gymfoundry.tasks.land` then
+`lock_wait_s()`, the same for every writer), then raises `CatalogLocked` (`gymfoundry.tasks.stages.land` then
 spools the batch, see `gymfoundry.warehouse.spool`).
 """
 
@@ -459,7 +459,7 @@ class Warehouse:
         Re-running the runs that landed them lands the same rows again.
 
         A missing or changed dataset file is rebuilt by `rebuild(warehouse, dataset_id)` (the
-        warehouse cannot build datasets itself: `gymfoundry.tasks.assemble.rebuild_dataset` does), which puts
+        warehouse cannot build datasets itself: `gymfoundry.tasks.stages.assemble.rebuild_dataset` does), which puts
         back a file with the recorded checksum and returns None, or says why it cannot; a dataset
         not rebuilt is quarantined (its file, where there is one, moved away) with that reason.
         A dataset file assembled before checksums were kept gets its checksum recorded."""
@@ -524,7 +524,7 @@ class Warehouse:
                 continue
             if p.kind not in damage.DAMAGE:
                 continue
-            why = "no rebuilder was given (`gymfoundry.tasks.assemble.rebuild_dataset` rebuilds datasets)"
+            why = "no rebuilder was given (`gymfoundry.tasks.stages.assemble.rebuild_dataset` rebuilds datasets)"
             if rebuild is not None:
                 why = rebuild(self, p.dataset_id)
                 if why is None:

@@ -49,8 +49,8 @@ def text_tasks(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
     warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family -> fraction).
     The holdout never enters training, tokenizer included."""
     from gymfoundry.envs.records import Split
-    from gymfoundry.tasks.generate import generate_tasks
-    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
+    from gymfoundry.tasks.stages.generate import generate_tasks
+    from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, tasks_of_split
 
     generated = generate_tasks(family, n_tasks, seed)
     fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
@@ -64,8 +64,8 @@ def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
     """Text the factory produces for `family`: goals, tool schemas, and what the family's
     scripted policy writes (thoughts and calls) with the observations it gets back, for the
     `text_tasks` only."""
-    from gymfoundry.tasks.policies import make_policy
-    from gymfoundry.tasks.rollout import run_episode
+    from gymfoundry.tasks.policies.registry import make_policy
+    from gymfoundry.tasks.rollout.episodes import run_episode
 
     policy = make_policy("scripted", family, mistake_rate=0.1)
     texts = []

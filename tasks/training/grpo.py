@@ -65,8 +65,8 @@ def train_tasks(family: str, n: int, seed: int, known=None, holdout_fraction=Non
     """`n` train tasks of a family, as the split authority decides with the splits and holdout
     fractions a warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family ->
     fraction): never a holdout, val or test task."""
-    from gymfoundry.tasks.generate import generate_tasks
-    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
+    from gymfoundry.tasks.stages.generate import generate_tasks
+    from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, tasks_of_split
 
     fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
     return tasks_of_split(generate_tasks(family, n * 4, seed), Split.train, known, fraction)[:n]
@@ -77,8 +77,8 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None, holdout_fract
     checked against the stored task id), in curriculum order following the stored weights.
     A dataset naming a task the split authority puts outside train (with `known`, the splits a
     warehouse recorded) is refused whole."""
-    from gymfoundry.tasks.generate import family_env_class
-    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, refuse_non_train
+    from gymfoundry.tasks.stages.generate import family_env_class
+    from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, refuse_non_train
     from gymfoundry.tasks.training.curriculum import curriculum_order
 
     rows = load_rows(dataset, GRPORow)
@@ -96,7 +96,7 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None, holdout_fract
 
 def step_rewards_of(rollouts, tasks) -> dict[str, list[float]]:
     """The PRM's reward per step: the `combined` layer where scored, else the rule layer."""
-    from gymfoundry.tasks.score import score_rollouts
+    from gymfoundry.tasks.stages.score import score_rollouts
 
     by_layer: dict[str, dict[str, dict[int, float]]] = {}
     for s in score_rollouts(rollouts, tasks):
@@ -152,7 +152,7 @@ class LiveEpisodes:
     errors the env appended (env mask 0). Keeps every episode played, for landing."""
 
     def __init__(self, tasks, base_model: str, hp, policy_id: str, parallelism=None):
-        from gymfoundry.tasks.hf_policy import family_tools
+        from gymfoundry.tasks.policies.hf import family_tools
 
         self.parallelism = parallelism  # envs.records.ParallelismReward from the dataset, or None
         self.tasks = {t.task_id: t for t in tasks}
@@ -161,9 +161,9 @@ class LiveEpisodes:
         self.rollouts, self.group_success = [], []
 
     def __call__(self, prompts: list[str], trainer) -> dict[str, list]:
-        from gymfoundry.tasks.evaluate import evaluation_budget
-        from gymfoundry.tasks.hf_policy import HFPolicy
-        from gymfoundry.tasks.rollout import rollout_seed, run_episode
+        from gymfoundry.tasks.ops.evaluate import evaluation_budget
+        from gymfoundry.tasks.policies.hf import HFPolicy
+        from gymfoundry.tasks.rollout.episodes import rollout_seed, run_episode
 
         hp, step, n = self.hp, trainer.state.global_step, trainer.num_generations
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -230,7 +230,7 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits
+    from gymfoundry.tasks.stages.isolate import landed_holdout_fractions, landed_splits
     from gymfoundry.tasks.training.base_model import load_model
     from gymfoundry.tasks.training.progress import ReportProgress
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def steps_per_second(family: str, episodes: int, verified: bool) -> float:
     from gymfoundry.envs.family import family as family_of
     from gymfoundry.envs.wrappers import standard_stack
-    from gymfoundry.tasks.policies import make_policy
+    from gymfoundry.tasks.policies.registry import make_policy
 
     fam = family_of(family)
     tasks = [fam.generate(seed, level) for seed in range(episodes // 5 + 1) for level in fam.levels][:episodes]

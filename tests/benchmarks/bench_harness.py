@@ -289,9 +289,9 @@ def main() -> None:
         return
 
     from gymfoundry import envs  # noqa: F401
-    from gymfoundry.tasks.harness import EpisodeHub
-    from gymfoundry.tasks.mcp_server import build_app, served
-    from gymfoundry.tasks.proxy import build_proxy
+    from gymfoundry.tasks.harness.hub import EpisodeHub
+    from gymfoundry.tasks.harness.mcp_server import build_app, served
+    from gymfoundry.tasks.harness.proxy import build_proxy
     from tests.tasks.harness_stub import scripted_inventory
     from tests.verifiers.openai_stub import OpenAIStub
 

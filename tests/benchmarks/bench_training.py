@@ -124,7 +124,7 @@ def one(spec: dict) -> dict:
         build_base_model(spec["out"], factory_texts(n_tasks=100), vocab_size=1024,
                          hidden_size=spec["hidden"], layers=spec["layers"])
         return {}
-    from gymfoundry.tasks.train import Hyperparameters, train
+    from gymfoundry.tasks.training.train import Hyperparameters, train
 
     kind, dataset, base, out = spec["kind"], spec["dataset"], spec["base"], spec["out"]
     hp = {"max_steps": spec["steps"], "batch_size": spec["batch_size"], "num_threads": spec["threads"],

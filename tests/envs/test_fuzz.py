@@ -88,7 +88,7 @@ def test_no_workspace_the_agent_builds_crashes_a_tool_or_the_record(workspace):
     quota are the agent's doing: tools answer or refuse (never env_bug), the attempt is the model's
     failure, and the rollout stores (no lone surrogate in any reason, or the batch would fail to
     land)."""
-    from gymfoundry.tasks.rollout import run_episode
+    from gymfoundry.tasks.rollout.episodes import run_episode
     from gymfoundry.envs.coding.tests.helpers import ScriptPolicy
 
     needs("gymfoundry/coding-v0")

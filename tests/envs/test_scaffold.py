@@ -17,7 +17,7 @@ from gymfoundry.envs.check import CHECKS, check_family
 from gymfoundry.envs.family import add, remove
 from gymfoundry.envs.scaffold import ENVS_DIR, TEMPLATES, ScaffoldError, new_family
 from gymfoundry.flows.cli import main
-from gymfoundry.tasks.audit import audit_family
+from gymfoundry.tasks.stages.audit import audit_family
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "scaffolded_notes"  # a top-level package name nothing else uses

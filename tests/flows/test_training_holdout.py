@@ -1,4 +1,4 @@
-"""The `train` flow asks the split authority (tasks/isolate.py) with the splits its data dir
+"""The `train` flow asks the split authority (tasks/stages/isolate.py) with the splits its data dir
 recorded: a dataset naming a held-out task is refused before any step, and GRPO's live tasks
 leave out a holdout the warehouse recorded for a template the hash rule would put in train."""
 
@@ -11,8 +11,8 @@ import pytest
 from gymfoundry import envs  # noqa: F401  registers the built-in families
 from gymfoundry.envs.records import Split
 from gymfoundry.flows.training import train
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import HoldoutError, assign_split, landed_splits
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import HoldoutError, assign_split, landed_splits
 from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

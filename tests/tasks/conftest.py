@@ -20,7 +20,7 @@ def tool_call(name, arguments, call_id):
 
 @pytest.fixture
 def conversation():
-    """An SFT row as `gymfoundry.tasks.assemble` writes it: three assistant steps with their tool results."""
+    """An SFT row as `gymfoundry.tasks.stages.assemble` writes it: three assistant steps with their tool results."""
     messages = [
         {"role": "system", "content": "SYS"},
         {"role": "user", "content": 'Order ORD-1 needs:\n- 1 x "cotton clamp"'},

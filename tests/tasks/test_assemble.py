@@ -10,14 +10,14 @@ import pytest
 
 from gymfoundry import envs
 from gymfoundry.envs.records import DPORow, GRPORow, SFTRow, Split, Termination
-from gymfoundry.tasks import curriculum
-from gymfoundry.tasks.assemble import assemble_datasets, load_dataset, trajectory_value
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import isolate_tasks
-from gymfoundry.tasks.land import land_batch
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
-from gymfoundry.tasks.score import latest_step_rewards, score_rollouts
+from gymfoundry.tasks.stages import curriculum
+from gymfoundry.tasks.stages.assemble import assemble_datasets, load_dataset, trajectory_value
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import isolate_tasks
+from gymfoundry.tasks.stages.land import land_batch
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
+from gymfoundry.tasks.stages.score import latest_step_rewards, score_rollouts
 from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
@@ -246,7 +246,7 @@ def as_written(messages):
 
 
 def test_dpo_pairs_end_on_the_assistant_turn_and_keep_their_turns(built):
-    from gymfoundry.tasks.assemble import step_messages, turn_messages
+    from gymfoundry.tasks.stages.assemble import step_messages, turn_messages
 
     data_dir, result, _ = built
     dpo = rows_of(result["dpo"]["path"], DPORow)

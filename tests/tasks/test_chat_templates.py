@@ -89,8 +89,8 @@ def test_an_unknown_template_without_chatml_is_refused(tmp_path):
 def test_a_training_run_records_the_template_it_used(tiny_model_dir, tmp_path, conversation):
     import shutil
 
-    from gymfoundry.tasks.assemble import write_dataset
-    from gymfoundry.tasks.train import train
+    from gymfoundry.tasks.stages.assemble import write_dataset
+    from gymfoundry.tasks.training.train import train
 
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)

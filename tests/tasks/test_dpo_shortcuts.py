@@ -14,9 +14,9 @@ import pytest
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Termination
-from gymfoundry.tasks.assemble import dpo_rows
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.stages.assemble import dpo_rows
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.rollout.episodes import run_episode
 
 
 class Calls:

@@ -1,6 +1,6 @@
 import pytest
 
-from gymfoundry.tasks.train import train
+from gymfoundry.tasks.training.train import train
 from gymfoundry.tasks.training.grpo import completion_advantages, group_step_advantages, reward_to_go, token_advantages
 
 
@@ -89,8 +89,8 @@ def test_grpo_run_updates_the_model_from_live_episodes(tiny_model_dir, tmp_path)
 
 
 def test_grpo_dataset_tasks_regenerate_in_curriculum_order(tmp_path):
-    from gymfoundry.tasks.assemble import grpo_rows, write_dataset
-    from gymfoundry.tasks.generate import family_env_class
+    from gymfoundry.tasks.stages.assemble import grpo_rows, write_dataset
+    from gymfoundry.tasks.stages.generate import family_env_class
     from gymfoundry.tasks.training.grpo import dataset_tasks
 
     env_class = family_env_class("inventory")

@@ -12,15 +12,15 @@ import pytest
 from gymfoundry import envs  # noqa: F401  registers the built-in families
 from gymfoundry.envs.records import DATASET_ROWS, Split, TaskSpec
 from gymfoundry.envs.family import families
-from gymfoundry.tasks.assemble import assemble_datasets
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import (LeakError, assert_no_leaks_in_rows, assign_split, find_leaks, isolate_tasks,
+from gymfoundry.tasks.stages.assemble import assemble_datasets
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import (LeakError, assert_no_leaks_in_rows, assign_split, find_leaks, isolate_tasks,
                            landed_splits, row_texts)
-from gymfoundry.tasks.land import land_batch
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
-from gymfoundry.tasks.score import score_rollouts
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.land import land_batch
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
+from gymfoundry.tasks.stages.score import score_rollouts
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 

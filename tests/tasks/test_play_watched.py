@@ -18,9 +18,9 @@ import pytest
 
 from gymfoundry.envs.records import Budget, RetryPolicy, TaskSpec, Termination
 from gymfoundry.envs.wrappers import Recorder, StepWorker, TimeLimit, _Lane, play_watched
-from gymfoundry.tasks.engine import run_concurrently
-from gymfoundry.tasks.retry import collect_with_retries
-from gymfoundry.tasks.rollout import collect_rollouts, episode, run_episode
+from gymfoundry.tasks.rollout.engine import run_concurrently
+from gymfoundry.tasks.rollout.retry import collect_with_retries
+from gymfoundry.tasks.rollout.episodes import collect_rollouts, episode, run_episode
 from tests.envs.counter_env import CounterEnv, register
 
 ENV_ID = "gymfoundry/counter-v0"
@@ -117,7 +117,7 @@ def test_collect_rollouts_plays_its_batch_after_one_hand_off(monkeypatch):
 
 
 def test_an_evaluation_plays_its_batch_after_one_hand_off(monkeypatch):
-    from gymfoundry.tasks.evaluate import SLACK_STEPS, evaluate_policy, evaluation_budget
+    from gymfoundry.tasks.ops.evaluate import SLACK_STEPS, evaluate_policy, evaluation_budget
 
     submitted = []
     submit = StepWorker.submit
@@ -357,7 +357,7 @@ def test_interrupted_while_watching_the_playing_thread_stops_at_its_next_step():
 
 
 def test_rollout_batches_play_with_what_existed_before_out_of_the_collectors_sight():
-    """collect_rollouts and the engine run in tasks.collector.frozen_before (its own tests say what
+    """collect_rollouts and the engine run in tasks.rollout.collector.frozen_before (its own tests say what
     that guarantees): the episodes, in their own thread, play with the freeze in place."""
     frozen = []
 

@@ -5,10 +5,10 @@ import pytest
 
 from gymfoundry import envs
 from gymfoundry.envs.records import Termination
-from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
-from gymfoundry.tasks.openai_policy import OpenAIPolicy
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.policies.hf import HFPolicy, family_tools
+from gymfoundry.tasks.policies.openai import OpenAIPolicy
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from gymfoundry.envs.records import (MODEL_OUTCOMES, Budget, FaultConfig, RetryP
                           content_hash)
 from gymfoundry.envs.timestep import TimeStep
 from gymfoundry.envs.wrappers import standard_stack
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries, run_counts
-from gymfoundry.tasks.rollout import policy_params
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.retry import RetryExhausted, collect_with_retries, run_counts
+from gymfoundry.tasks.rollout.episodes import policy_params
 from tests.envs.counter_env import CounterEnv, register
 
 

@@ -10,7 +10,7 @@ import time
 
 from gymfoundry.envs.records import Budget
 from gymfoundry.envs.wrappers import Recorder, TimeLimit, run_watched
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.envs.counter_env import CounterEnv, register
 
 ENV_ID = "gymfoundry/counter-v0"

@@ -102,7 +102,7 @@ def test_curriculum_starts_easy_then_follows_the_weights():
 
 
 def test_a_non_positive_step_weight_temperature_is_refused_before_training():
-    from gymfoundry.tasks.train import Hyperparameters
+    from gymfoundry.tasks.training.train import Hyperparameters
 
     with pytest.raises(ValueError, match="step_weight_temperature must be positive"):
         Hyperparameters.from_dict({"step_weight_temperature": 0})

@@ -1,5 +1,5 @@
 """Time and tokens are charged to whoever spent them (envs.wrappers.TimeLimit), through the public
-interface (`gymfoundry.tasks.rollout.run_episode` with small policies, the real stack and verifiers):
+interface (`gymfoundry.tasks.rollout.episodes.run_episode` with small policies, the real stack and verifiers):
 
 - the policy's own time (a stall in `act`) and its reported tokens running out end the episode
   `truncated`, a counted model outcome: stalling cannot take a failure out of a success rate;
@@ -26,12 +26,12 @@ from gymfoundry.envs.discussion import FAMILY as DISCUSSION
 from gymfoundry.envs.records import (MODEL_OUTCOMES, Budget, OutcomeReport, PolicySpec, RetryPolicy, TaskSpec, Termination,
                           ToolCall)
 from gymfoundry.envs.family import family
-from gymfoundry.tasks.evaluate import summarize
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.policies import PolicyOutput
-from gymfoundry.tasks.retry import collect_with_retries
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.ops.evaluate import summarize
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.policies.registry import PolicyOutput
+from gymfoundry.tasks.rollout.retry import collect_with_retries
+from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.envs.counter_env import CounterEnv, register
 from tests.tasks.test_openai_history import scripted_model
 from tests.verifiers.openai_stub import OpenAIStub

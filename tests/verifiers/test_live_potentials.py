@@ -10,8 +10,8 @@ import pytest
 from gymfoundry import envs  # noqa: F401  registers the families
 from gymfoundry.envs.family import families, family
 from gymfoundry.envs.records import FaultConfig, ToolCall
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts, rollout_seed, run_episode
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts, rollout_seed, run_episode
 from gymfoundry.envs.verifier import ReplayVerifier, recorded_potentials
 
 REPLAYED = [f.name for f in families()

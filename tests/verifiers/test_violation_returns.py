@@ -9,7 +9,7 @@ import json
 from gymfoundry.envs.family import family
 from gymfoundry.envs.inventory import generate_task as inventory_task
 from gymfoundry.envs.records import ToolCall
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.rollout.episodes import run_episode
 from gymfoundry.verifiers.rules import score_rules
 
 

@@ -154,7 +154,7 @@ def test_a_broken_gold_task_is_rejected_with_a_reason():
     data["task_id"] = ""
     data["hidden"]["checks"]["suitable"] = []
     mislabelled = TaskSpec.model_validate(data)
-    # What the validate stage (tasks.validate.check_reference) asks of every task: the verifier's
+    # What the validate stage (tasks.stages.validate.check_reference) asks of every task: the verifier's
     # precondition, then the reference replayed through the env and judged a success.
     verifier = FAMILY.outcome_verifier
     assert verifier.precondition(good) is None and replay(FAMILY, good, good.hidden.reference).outcome.success

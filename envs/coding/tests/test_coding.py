@@ -19,9 +19,9 @@ from gymfoundry.envs.coding.policy import ScriptedCodingPolicy
 from gymfoundry.envs.coding.world import RUNNER_SOURCE
 from gymfoundry.envs.records import TaskSpec, Termination, ToolCall, content_hash
 from gymfoundry.envs.sandbox import bubblewrap, create_sandbox
-from gymfoundry.tasks.isolate import find_leaks
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.isolate import find_leaks
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.envs.coding.tests.helpers import ScriptPolicy, alive_with, local_listener, quick_task, run, sandbox_processes
 
 from tests.sandbox_guard import needs_sandbox  # skips here, fails under CI=true

@@ -697,7 +697,7 @@ def test_the_reference_rationale_negated_as_the_audit_does_fails_at_every_level(
             task = FAMILY.generate(seed, level)
             facts = FAMILY.facts_of(task)
             rationale = task.hidden.reference[-1].arguments["rationale"]
-            if facts.feasible:  # what tasks.audit.negate makes of the reference's rationale
+            if facts.feasible:  # what tasks.stages.audit.negate makes of the reference's rationale
                 pick = task.hidden.reference[-1].arguments["option"]
                 assert rationale == f"Every participant accepts {pick}, and the vote on it was unanimous."
                 said = f"Every participant accepts {pick}, and the vote on it was not unanimous."

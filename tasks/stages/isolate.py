@@ -166,7 +166,7 @@ def lock_holdout_fraction(data_dir: str | Path, families: Iterable[str], fractio
     is not waited for here: the lock is spooled at once, and the run's first landing (which waits,
     then spools in turn) lands it before the run's own rows."""
     from gymfoundry.envs.records import HoldoutLock
-    from gymfoundry.tasks.land import land_or_spool
+    from gymfoundry.tasks.stages.land import land_or_spool
 
     check_holdout_fraction(data_dir, families, fraction)
     locks = [HoldoutLock(family=f, holdout_fraction=fraction) for f in sorted(set(families))]

@@ -27,8 +27,8 @@ from typing import TypeVar
 
 from gymfoundry.envs.records import PolicySpec
 from gymfoundry.envs.wrappers import play_watched
-from gymfoundry.tasks.collector import frozen_before
-from gymfoundry.tasks.policies import Policy
+from gymfoundry.tasks.rollout.collector import frozen_before
+from gymfoundry.tasks.policies.registry import Policy
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

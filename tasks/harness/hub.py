@@ -1,7 +1,7 @@
 """Stage: episodes played by an external agent harness, landed as ordinary rollouts.
 
 A harness keeps its own loop, prompts and context management; gymfoundry gives it the env's tools
-(over MCP: tasks/mcp_server.py) and records its model calls (a recording proxy: tasks/proxy.py).
+(over MCP: tasks/harness/mcp_server.py) and records its model calls (a recording proxy: tasks/harness/proxy.py).
 `EpisodeHub` holds the episodes: one per name the harness uses (its MCP address / session), each
 a task from the family's validated, isolated pool, played through the same runtime stack as a
 factory rollout (`standard_stack`: permission guard, budgets, time limits, recorder). When the env
@@ -44,14 +44,14 @@ from gymfoundry.envs.family import family
 from gymfoundry.envs.secrets import redact
 from gymfoundry.envs.timestep import TimeStep
 from gymfoundry.envs.wrappers import TimeLimit, standard_stack
-from gymfoundry.tasks.classify import classify
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
+from gymfoundry.tasks.rollout.classify import classify
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
                            lock_holdout_fraction, row_texts)
-from gymfoundry.tasks.land import land_spool_file, land_spooled
-from gymfoundry.tasks.rollout import _outcome, rollout_seed
-from gymfoundry.tasks.score import score_rollouts
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.land import land_spool_file, land_spooled
+from gymfoundry.tasks.rollout.episodes import _outcome, rollout_seed
+from gymfoundry.tasks.stages.score import score_rollouts
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.warehouse import Warehouse, spool
 
 log = logging.getLogger("gymfoundry.harness")
@@ -475,7 +475,7 @@ class EpisodeHub:
             episode.ts = ts = episode.env.step(action)
             episode.episode_deadline_hit |= episode_bound and ts.info.get("termination") == "timeout"
             return ts.observation, ts.info.get("error") is not None
-        except EnvFault as exc:  # the env itself failed: the whole attempt is a fault (as in tasks/rollout.py)
+        except EnvFault as exc:  # the env itself failed: the whole attempt is a fault (as in tasks/rollout/episodes.py)
             episode.env_error = f"environment fault {type(exc).__name__}: {exc}"
             return render_error(action, "env_fault", "the environment failed"), True
         except Exception as exc:
@@ -755,7 +755,7 @@ class EpisodeHub:
                 time.sleep(0.5)
 
     def _land_waiting(self, waiting: list[Episode], first: bool) -> list[Episode]:
-        """Land the spool (tasks.land's rule: every spooled batch, oldest first; on the first pass also
+        """Land the spool (tasks.stages.land's rule: every spooled batch, oldest first; on the first pass also
         those a stopped server left), then let the landed episodes leave memory. What still waits."""
         mine = [e.spooled for e in waiting if e.spooled is not None and e.spooled.exists()]
         if self.land and ((first and spool.pending(self.data_dir)) or mine):
@@ -800,7 +800,7 @@ class EpisodeHub:
         except Exception:
             log.exception("a batch of %d harness episodes did not land: landing each on its own", len(paths))
         for path in paths:
-            try:  # tasks.land's rule: an unlandable batch is set aside with its reason
+            try:  # tasks.stages.land's rule: an unlandable batch is set aside with its reason
                 land_spool_file(wh, path)
             except Exception:  # a lock or a disk: this episode's batch alone stays spooled, tried again
                 log.exception("the spooled batch %s did not land; it stays spooled", path.name)

@@ -9,7 +9,7 @@ own verdict (the rollout's `outcome`, landed with it; backfilled here for rollou
 
 - Idempotent: a rollout whose verdict at the current verifier version is landed is skipped (the
   factory's own verdict counts: re-verifying under an unchanged version lands nothing).
-- The class a verdict implies comes from `gymfoundry.tasks.classify.classify`, given the episode's end as
+- The class a verdict implies comes from `gymfoundry.tasks.rollout.classify.classify`, given the episode's end as
   the stored rollout records it (an env fault or bug, a policy error, a time limit or a truncation
   outranks any verdict, as it did when the episode ran) and the new verdict.
 - A verifier that raises is the grader's failure: a `verifier_error` verdict with the error,
@@ -30,7 +30,7 @@ from gymfoundry.envs.records import Rollout, TaskSpec, Termination, Verdict
 from gymfoundry.envs.errors import UnknownEnv
 from gymfoundry.envs.family import family
 from gymfoundry.envs.secrets import redact
-from gymfoundry.tasks.classify import classify
+from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.warehouse.catalog import quote_literal
 
 # Classes the episode's own end can decide before any verdict (classify's order): the stored
@@ -38,7 +38,7 @@ from gymfoundry.warehouse.catalog import quote_literal
 _BEFORE_VERDICT = frozenset({Termination.env_bug, Termination.env_fault, Termination.policy_error,
                              Termination.inference_fault,
                              Termination.timeout, Termination.truncated})
-REASON_CHARS = 2000  # as tasks.rollout stores a termination reason
+REASON_CHARS = 2000  # as tasks.rollout.episodes stores a termination reason
 
 
 @dataclass

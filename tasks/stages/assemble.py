@@ -20,11 +20,11 @@
 - **GRPO**: one prompt row per task, with the env id and the generator seed and level that
   recreate the task (`family(env_id).generate(seed, level)`), for online RL.
 
-Only train tasks are used, as the split authority decides (`gymfoundry.tasks.isolate.assign_split` over the
+Only train tasks are used, as the split authority decides (`gymfoundry.tasks.stages.isolate.assign_split` over the
 splits the warehouse recorded: never a task of a holdout template); the row builders take
 those train tasks and check no split themselves. Every row is scanned
 for hidden values and deduplicated by content. Rows carry a sampling `weight` from the
-curriculum (tasks/curriculum.py), reduced per rollout. Each dataset is a content-addressed
+curriculum (tasks/stages/curriculum.py), reduced per rollout. Each dataset is a content-addressed
 Parquet file under `<data_dir>/datasets/` plus a `datasets` row (mixture, success rates,
 parameters) and `dataset_rows` (lineage to rollouts) in the warehouse, and the file's checksum in
 the catalog's `dataset_files` (`warehouse check` verifies it, `rebuild_dataset` restores a damaged
@@ -48,9 +48,9 @@ from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow
                           ParallelismReward, Rollout, SFTRow, Split, Step, TaskSpec, Termination,
                           ToolCall, TrainingRow, Verdict, content_hash)
 from gymfoundry.envs.family import family
-from gymfoundry.tasks import curriculum
-from gymfoundry.tasks.audit import current_versions, require_audited
-from gymfoundry.tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
+from gymfoundry.tasks.stages import curriculum
+from gymfoundry.tasks.stages.audit import current_versions, require_audited
+from gymfoundry.tasks.stages.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
 from gymfoundry.warehouse import catalog
 from gymfoundry.warehouse.lake import file_sha256
 
@@ -334,7 +334,7 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
                       parallelism_reward: ParallelismReward | dict | None = None,
                       audit_override: str | None = None) -> dict[str, dict[str, Any]]:
     """Build, write and register the datasets of `families` from what the warehouse holds.
-    Every family's current version must have passed its gameability audit (tasks.audit:
+    Every family's current version must have passed its gameability audit (tasks.stages.audit:
     `AuditRefused` otherwise), unless `audit_override` gives the reason to use it anyway; the
     audit ids, or the override, are recorded in each dataset's config.
     Success rates (hence the curriculum) are measured for `policy_id` / `policy_version`
@@ -343,7 +343,7 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
     GRPO dataset; SFT and DPO rows never carry one."""
     if isinstance(parallelism_reward, dict):
         parallelism_reward = ParallelismReward.model_validate(parallelism_reward)
-    from gymfoundry.tasks.score import latest_step_rewards
+    from gymfoundry.tasks.stages.score import latest_step_rewards
     from gymfoundry.warehouse import Warehouse
 
     with Warehouse(data_dir) as wh:
@@ -399,7 +399,7 @@ def rebuild_dataset(wh: Any, dataset_id: str) -> str | None:
     its lineage's tasks built again with its recorded parameters, kept and ordered as its
     `dataset_rows` say, with their recorded weights. The file is put in place only when its
     checksum is the one recorded; returns None then, else why the dataset cannot be rebuilt."""
-    from gymfoundry.tasks.score import latest_step_rewards
+    from gymfoundry.tasks.stages.score import latest_step_rewards
     from gymfoundry.warehouse import DamagedWarehouse
 
     [recorded] = [f for f in catalog.dataset_files(wh.con) if f.dataset_id == dataset_id]

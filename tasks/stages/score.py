@@ -19,8 +19,8 @@ import polars as pl
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Rollout, StepScore, TaskSpec
 from gymfoundry.envs.family import family as family_of
-from gymfoundry.tasks.collector import frozen_before
-from gymfoundry.tasks.generate import family_env_class
+from gymfoundry.tasks.rollout.collector import frozen_before
+from gymfoundry.tasks.stages.generate import family_env_class
 from gymfoundry.verifiers.calibration import Calibrator, current_calibrators
 from gymfoundry.verifiers.judge import Judge, JudgeCache, JudgeSettings, JudgeStats
 from gymfoundry.verifiers.prm import combine

@@ -20,7 +20,7 @@ from typing import Any
 import polars as pl
 
 from gymfoundry.envs.records import content_hash
-from gymfoundry.tasks.score import newest_scores, score_steps
+from gymfoundry.tasks.stages.score import newest_scores, score_steps
 from gymfoundry.verifiers.calibration import agreement, fit_calibrator, save_calibrator
 from gymfoundry.verifiers.judge import JudgeSettings
 from gymfoundry.warehouse.catalog import quote_literal

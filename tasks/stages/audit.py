@@ -54,8 +54,8 @@ from typing import Any
 
 from gymfoundry.envs.family import family as family_spec, replaced
 from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, FamilyAudit, Rollout, TaskSpec, ToolCall, ToolCategory, content_hash
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.score import score_steps
 from gymfoundry.envs.verifier import calls_of
 from gymfoundry.verifiers.judge import JudgeSettings
 from gymfoundry.verifiers.rules import rules_version

@@ -24,7 +24,7 @@ class PolicyOutput:
 class Policy(Protocol):
     """A policy may also have `fork()`: another instance for a concurrent episode (same weights,
     client, knobs, id and version; its own episode state), safe to use from another thread. The
-    rollout engine (tasks/engine.py) needs it to keep more than one episode in flight."""
+    rollout engine (tasks/rollout/engine.py) needs it to keep more than one episode in flight."""
 
     policy_id: str
     version: str
@@ -47,7 +47,7 @@ def register_policy(kind: str, build: Callable[[PolicySpec, str], Policy]) -> No
 
 def make_policy(spec: PolicySpec | str, family: str, **kwargs) -> Policy:
     """The policy a `PolicySpec` names, for `family`. The built policy carries its spec
-    (`policy.spec`), from which its rollouts' identity knobs are derived (tasks/rollout.py).
+    (`policy.spec`), from which its rollouts' identity knobs are derived (tasks/rollout/episodes.py).
 
     The older form `make_policy(name, family, **kwargs)` still works: `scripted` (kwargs:
     mistake_rate), `hf` / `openai` (kwargs: model, and the policy class's own keywords)."""
@@ -59,15 +59,15 @@ def make_policy(spec: PolicySpec | str, family: str, **kwargs) -> Policy:
         policy = _make_by_name("scripted", family, **({} if spec.mistake_rate is None else
                                                       {"mistake_rate": spec.mistake_rate}), **spec.options)
     elif spec.kind == "hf":
-        from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
+        from gymfoundry.tasks.policies.hf import HFPolicy, family_tools
 
         s = spec.sampling
         knobs = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "max_batch": spec.max_concurrency}
         policy = HFPolicy(spec.model, family_tools(family), **{
             **{k: v for k, v in knobs.items() if v is not None}, **spec.options})
     elif spec.kind == "openai":
-        from gymfoundry.tasks.hf_policy import family_tools
-        from gymfoundry.tasks.openai_policy import OpenAIPolicy
+        from gymfoundry.tasks.policies.hf import family_tools
+        from gymfoundry.tasks.policies.openai import OpenAIPolicy
 
         policy = OpenAIPolicy.from_spec(spec, family_tools(family))
     elif spec.kind in _CUSTOM:
@@ -98,8 +98,8 @@ def _make_by_name(name: str, family: str, **kwargs) -> Policy:
             raise ValueError(f"family {family!r} has no scripted policy")
         return target(**kwargs)
     if name in ("hf", "openai"):  # kwargs: model (a checkpoint dir / an endpoint's model name), ...
-        from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
-        from gymfoundry.tasks.openai_policy import OpenAIPolicy
+        from gymfoundry.tasks.policies.hf import HFPolicy, family_tools
+        from gymfoundry.tasks.policies.openai import OpenAIPolicy
 
         if "model" not in kwargs:
             raise ValueError(f"a {name!r} policy needs a model: pass model=..., or a PolicySpec")

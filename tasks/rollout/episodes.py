@@ -18,9 +18,9 @@ from gymfoundry.envs.records import (Budget, Cost, Delegation, DelegationStage, 
 from gymfoundry.envs.family import Family, family
 from gymfoundry.envs.secrets import redact
 from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, play_watched, standard_stack
-from gymfoundry.tasks.classify import classify
-from gymfoundry.tasks.collector import frozen_before
-from gymfoundry.tasks.policies import Policy, PolicyOutput
+from gymfoundry.tasks.rollout.classify import classify
+from gymfoundry.tasks.rollout.collector import frozen_before
+from gymfoundry.tasks.policies.registry import Policy, PolicyOutput
 from gymfoundry.envs.verifier import ReplayVerifier
 from gymfoundry.verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
 
@@ -123,7 +123,7 @@ def delegation_options(fam: Family, subagent: PolicySpec | None) -> dict:
     entry = fam.env
     if not isinstance(entry, type) or "subagent" not in inspect.signature(entry).parameters:
         return {}
-    from gymfoundry.tasks.policies import make_policy
+    from gymfoundry.tasks.policies.registry import make_policy
 
     def frozen(sub_task: TaskSpec, seed: int) -> Policy:
         return make_policy(subagent, sub_task.family)

@@ -23,8 +23,8 @@ from typing import Any
 
 from gymfoundry.envs.family import family as family_of
 from gymfoundry.envs.parsing import ActionError, parse_action
-from gymfoundry.tasks.assemble import SYSTEM_PROMPT, assistant_call_message
-from gymfoundry.tasks.policies import PolicyOutput
+from gymfoundry.tasks.stages.assemble import SYSTEM_PROMPT, assistant_call_message
+from gymfoundry.tasks.policies.registry import PolicyOutput
 
 
 def checkpoint_version(path: str | Path) -> str:

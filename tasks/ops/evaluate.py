@@ -16,9 +16,9 @@ from typing import Any
 
 from gymfoundry.envs.family import family as family_of
 from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
-from gymfoundry.tasks.engine import run_concurrently
-from gymfoundry.tasks.policies import Policy
-from gymfoundry.tasks.rollout import episode, policy_params, rollout_seed
+from gymfoundry.tasks.rollout.engine import run_concurrently
+from gymfoundry.tasks.policies.registry import Policy
+from gymfoundry.tasks.rollout.episodes import episode, policy_params, rollout_seed
 
 HELDOUT_SPLITS = ("test", "val")
 SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may take
@@ -58,7 +58,7 @@ def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int =
 
 def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
                     slack_steps: int | None = SLACK_STEPS) -> list[Rollout]:
-    """Every (task, sample)'s episode, up to the policy's `max_concurrency` in flight (tasks/engine.py;
+    """Every (task, sample)'s episode, up to the policy's `max_concurrency` in flight (tasks/rollout/engine.py;
     a serial policy's in one thread, watched)."""
     def play(agent: Policy, job: tuple[TaskSpec, int]) -> Generator[tuple, Any, Rollout]:
         task, k = job
