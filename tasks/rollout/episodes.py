@@ -17,9 +17,10 @@ from gymfoundry.envs.records import (Budget, Cost, Delegation, DelegationStage, 
                           TaskSpec, content_hash)
 from gymfoundry.envs.family import Family, family
 from gymfoundry.envs.secrets import redact
-from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, play_watched, standard_stack
+from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, standard_stack
 from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.tasks.rollout.collector import frozen_before
+from gymfoundry.tasks.rollout.scheduler import play_watched
 from gymfoundry.tasks.policies.registry import Policy, PolicyOutput
 from gymfoundry.envs.verifier import ReplayVerifier
 from gymfoundry.verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
@@ -68,7 +69,7 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
 
 def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults: FaultConfig | None = None,
             limits: Budget | None = None, subagent: PolicySpec | None = None) -> Generator[tuple, Any, Rollout]:
-    """`run_episode` as a play of envs.wrappers.play_watched (which plays a batch of them in one
+    """`run_episode` as a play of tasks.rollout.scheduler.play_watched (which plays a batch of them in one
     thread): it yields the episode's stack and loop once, to be run watched (a step, or grading,
     over its time limit is abandoned at its deadline, and the episode ends there as the stack's
     TimeLimit says: an environment or grader fault), and returns the rollout. The verdict and the

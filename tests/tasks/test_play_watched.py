@@ -1,4 +1,4 @@
-"""A batch of episodes played in one thread (envs.wrappers.play_watched: collect_rollouts, the
+"""A batch of episodes played in one thread (tasks.rollout.scheduler.play_watched: collect_rollouts, the
 engine's serial path, the retry loop's attempts) keeps every guarantee of one episode watched
 alone: a step over its limit is cut off at its deadline and recorded as its episode's timeout
 step, the play and the plays after it go on in a fresh thread and play exactly what each would
@@ -17,10 +17,11 @@ from functools import partial
 import pytest
 
 from gymfoundry.envs.records import Budget, RetryPolicy, TaskSpec, Termination
-from gymfoundry.envs.wrappers import Recorder, StepWorker, TimeLimit, _Lane, play_watched
+from gymfoundry.envs.wrappers import Recorder, StepWorker, TimeLimit
 from gymfoundry.tasks.rollout.engine import run_concurrently
 from gymfoundry.tasks.rollout.retry import collect_with_retries
 from gymfoundry.tasks.rollout.episodes import collect_rollouts, episode, run_episode
+from gymfoundry.tasks.rollout.scheduler import _Lane, play_watched
 from tests.envs.counter_env import CounterEnv, register
 
 ENV_ID = "gymfoundry/counter-v0"
