@@ -81,7 +81,7 @@ def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, con
 def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
     """`steps` of copy pretraining of the model under `path`, saved in place (its metrics in
     `copy_pretraining.json`)."""
-    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.policies.checkpoint import load_model
     from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
 
     model, tokenizer = load_model(path)

@@ -17,7 +17,7 @@ from typing import Any
 from gymfoundry.envs.family import family as family_of
 from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
 from gymfoundry.tasks.rollout.engine import run_concurrently
-from gymfoundry.tasks.policies.registry import Policy
+from gymfoundry.tasks.policies.base import Policy
 from gymfoundry.tasks.rollout.episodes import episode, policy_params, rollout_seed
 
 HELDOUT_SPLITS = ("test", "val")

@@ -28,7 +28,7 @@ from typing import TypeVar
 from gymfoundry.envs.records import PolicySpec
 from gymfoundry.tasks.rollout.collector import frozen_before
 from gymfoundry.tasks.rollout.scheduler import play_watched
-from gymfoundry.tasks.policies.registry import Policy
+from gymfoundry.tasks.policies.base import Policy
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

@@ -21,7 +21,8 @@ from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, stan
 from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.tasks.rollout.collector import frozen_before
 from gymfoundry.tasks.rollout.scheduler import play_watched
-from gymfoundry.tasks.policies.registry import Policy, PolicyOutput
+from gymfoundry.tasks.policies.base import Policy, PolicyOutput
+from gymfoundry.tasks.policies.registry import make_policy
 from gymfoundry.envs.verifier import ReplayVerifier
 from gymfoundry.verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
 
@@ -124,8 +125,6 @@ def delegation_options(fam: Family, subagent: PolicySpec | None) -> dict:
     entry = fam.env
     if not isinstance(entry, type) or "subagent" not in inspect.signature(entry).parameters:
         return {}
-    from gymfoundry.tasks.policies.registry import make_policy
-
     def frozen(sub_task: TaskSpec, seed: int) -> Policy:
         return make_policy(subagent, sub_task.family)
 

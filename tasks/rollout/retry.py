@@ -24,7 +24,7 @@ from typing import Any
 from gymfoundry.envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, TaskSpec
 from gymfoundry.tasks.rollout import progress
 from gymfoundry.tasks.rollout.engine import run_concurrently
-from gymfoundry.tasks.policies.registry import Policy
+from gymfoundry.tasks.policies.base import Policy
 from gymfoundry.tasks.rollout.episodes import episode, rollout_seed
 
 

@@ -46,21 +46,18 @@ import pyarrow.parquet as pq
 
 from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, DPORow, GRPORow, OutcomeReport,
                           ParallelismReward, Rollout, SFTRow, Split, Step, TaskSpec, Termination,
-                          ToolCall, TrainingRow, Verdict, content_hash)
+                          TrainingRow, Verdict, content_hash)
 from gymfoundry.envs.family import family
+from gymfoundry.tasks.policies.chat import SYSTEM_PROMPT, prompt_messages, step_messages, turn_messages, with_tool_arguments
 from gymfoundry.tasks.stages import curriculum
 from gymfoundry.tasks.stages.audit import current_versions, require_audited
 from gymfoundry.tasks.stages.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
 from gymfoundry.warehouse import catalog
 from gymfoundry.warehouse.lake import file_sha256
 
-SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
-                 "turn; the tool's result comes back as the next message.")
-
 MODEL_FAILURES = MODEL_OUTCOMES - {Termination.success}
 DATASETS_DIR = catalog.DATASETS_DIR
 KINDS = ("sft", "dpo", "grpo")
-TOOL_ARGUMENTS = ("dict", "string")
 MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected")
 
 
@@ -71,33 +68,6 @@ def tool_schemas(task: TaskSpec) -> list[dict[str, Any]]:
 @lru_cache(maxsize=64)
 def _schemas(env_id: str, allowed: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
     return tuple(family(env_id).tool_schemas(allowed))
-
-
-def prompt_messages(rollout: Rollout) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": rollout.steps[0].observation if rollout.steps else ""}]
-
-
-def step_messages(step: Step) -> list[dict[str, Any]]:
-    """One step as an assistant turn and the observation it received."""
-    call = step.tool_call
-    if call is None:
-        return [{"role": "assistant", "content": step.action_text or ""}, {"role": "user", "content": step.result}]
-    call_id = call.id or f"call_{step.index}"
-    return [assistant_call_message(call, step.thought, call_id),
-            {"role": "tool", "name": call.name, "tool_call_id": call_id, "content": step.result}]
-
-
-def assistant_call_message(call: ToolCall, thought: str | None, call_id: str) -> dict[str, Any]:
-    """An assistant turn calling a tool, arguments as a JSON string (as chat templates and TRL expect)."""
-    return {"role": "assistant", "content": thought or "",
-            "tool_calls": [{"id": call_id, "type": "function",
-                            "function": {"name": call.name, "arguments": json.dumps(call.arguments, sort_keys=True)}}]}
-
-
-def turn_messages(rollout: Rollout) -> list[dict[str, Any]]:
-    """Assistant turns and the observations they received, in order."""
-    return [m for step in rollout.steps for m in step_messages(step)]
 
 
 def _row_base(task: TaskSpec) -> dict[str, Any]:
@@ -457,23 +427,6 @@ def load_dataset(path: str | Path, tool_arguments: str | None = None):
     rows = [{k: with_tool_arguments(v, tool_arguments) if k in MESSAGE_COLUMNS else v for k, v in row.items()}
             for row in pq.read_table(path).to_pylist()]
     return datasets.Dataset.from_list(rows, on_mixed_types="use_json")
-
-
-def with_tool_arguments(messages: list[dict[str, Any]], form: str) -> list[dict[str, Any]]:
-    """`messages` with the arguments of every assistant tool call as a dict or a JSON string."""
-    if form not in TOOL_ARGUMENTS:
-        raise ValueError(f"unknown tool_arguments {form!r}; use one of {TOOL_ARGUMENTS} (or None: as stored)")
-    return [{**m, "tool_calls": [_call_with_arguments(c, form) for c in m["tool_calls"]]}
-            if m.get("role") == "assistant" and m.get("tool_calls") else m for m in messages]
-
-
-def _call_with_arguments(call: dict[str, Any], form: str) -> dict[str, Any]:
-    arguments = call["function"]["arguments"]
-    if form == "dict" and isinstance(arguments, str):
-        arguments = json.loads(arguments)
-    elif form == "string" and not isinstance(arguments, str):
-        arguments = json.dumps(arguments, sort_keys=True)
-    return {**call, "function": {**call["function"], "arguments": arguments}}
 
 
 def summary(data_dir: str, families: list[str]) -> list[dict[str, Any]]:

@@ -231,7 +231,7 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     from trl import GRPOConfig
 
     from gymfoundry.tasks.stages.isolate import landed_holdout_fractions, landed_splits
-    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.policies.checkpoint import load_model
     from gymfoundry.tasks.training.progress import ReportProgress
 
     model, tokenizer = load_model(base_model)

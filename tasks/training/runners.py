@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from transformers import TrainerCallback
 
 from gymfoundry.envs.records import DPORow, SFTRow, TrainingRow
-from gymfoundry.tasks.training.base_model import load_model, template_source, tool_arguments_for
+from gymfoundry.tasks.policies.checkpoint import load_model, template_source, tool_arguments_for
 from gymfoundry.tasks.training.curriculum import CurriculumMixin, CurriculumSampler
 from gymfoundry.tasks.training.progress import ReportProgress
 

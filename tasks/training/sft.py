@@ -26,8 +26,8 @@ from trl import SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from gymfoundry.envs.records import SFTRow
-from gymfoundry.tasks.stages.assemble import with_tool_arguments
-from gymfoundry.tasks.training.base_model import tool_arguments_for
+from gymfoundry.tasks.policies.chat import with_tool_arguments
+from gymfoundry.tasks.policies.checkpoint import tool_arguments_for
 
 STEP_WEIGHT_TEMPERATURE = 0.25
 

@@ -79,7 +79,7 @@ def plain_sft(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from trl import SFTConfig, SFTTrainer
 
     from gymfoundry.envs.records import SFTRow
-    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.policies.checkpoint import load_model
     from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)
@@ -93,7 +93,7 @@ def plain_dpo(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from trl import DPOConfig, DPOTrainer
 
     from gymfoundry.envs.records import DPORow
-    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.tasks.policies.checkpoint import load_model
     from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)

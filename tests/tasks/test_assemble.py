@@ -246,7 +246,7 @@ def as_written(messages):
 
 
 def test_dpo_pairs_end_on_the_assistant_turn_and_keep_their_turns(built):
-    from gymfoundry.tasks.stages.assemble import step_messages, turn_messages
+    from gymfoundry.tasks.policies.chat import step_messages, turn_messages
 
     data_dir, result, _ = built
     dpo = rows_of(result["dpo"]["path"], DPORow)
@@ -321,7 +321,7 @@ def test_a_tojson_template_double_encodes_string_arguments_and_renders_dicts_rig
 def test_trl_sft_trainer_takes_dict_arguments(built, tmp_path):
     from trl import SFTConfig, SFTTrainer
 
-    from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE
+    from gymfoundry.tasks.policies.checkpoint import CHAT_TEMPLATE
     from tests.tasks.tiny_lm import tiny_model, tiny_tokenizer
 
     _, result, _ = built

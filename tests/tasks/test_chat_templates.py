@@ -9,7 +9,7 @@ import json
 import pytest
 from trl import chat_template_utils as trl_templates
 
-from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE, load_tokenizer, template_source, tool_arguments_for
+from gymfoundry.tasks.policies.checkpoint import CHAT_TEMPLATE, load_tokenizer, template_source, tool_arguments_for
 from gymfoundry.tasks.training.sft import render_ids, turn_spans
 
 UNKNOWN = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"

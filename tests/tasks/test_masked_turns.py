@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gymfoundry.envs.records import SFTRow
-from gymfoundry.tasks.training.base_model import load_model
+from gymfoundry.tasks.policies.checkpoint import load_model
 from gymfoundry.tasks.training.sft import assistant_tokens, sft_examples, step_weights, turn_spans
 
 

@@ -1,6 +1,6 @@
 import json
 
-from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE, load_model
+from gymfoundry.tasks.policies.checkpoint import CHAT_TEMPLATE, load_model
 from gymfoundry.tasks.training.sft import assistant_spans, render_ids
 
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from gymfoundry.tasks.training.base_model import load_model
+from gymfoundry.tasks.policies.checkpoint import load_model
 from gymfoundry.tasks.training.curriculum import curriculum_order
 from gymfoundry.tasks.training.sft import (WeightedCollator, assistant_spans, render_ids, sft_examples, step_weights,
                                 weighted_token_loss)

@@ -29,7 +29,7 @@ from gymfoundry.envs.family import family
 from gymfoundry.tasks.ops.evaluate import summarize
 from gymfoundry.tasks.stages.generate import generate_tasks
 from gymfoundry.tasks.policies.registry import make_policy
-from gymfoundry.tasks.policies.registry import PolicyOutput
+from gymfoundry.tasks.policies.base import PolicyOutput
 from gymfoundry.tasks.rollout.retry import collect_with_retries
 from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.envs.counter_env import CounterEnv, register
