@@ -19,6 +19,7 @@ from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, r
 from gymfoundry.tasks.rollout.engine import run_concurrently
 from gymfoundry.tasks.policies.base import Policy
 from gymfoundry.tasks.rollout.episodes import episode, policy_params, rollout_seed
+from gymfoundry.warehouse import Warehouse
 
 HELDOUT_SPLITS = ("test", "val")
 SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may take
@@ -27,8 +28,6 @@ SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may 
 def heldout_tasks(data_dir: str, family: str, splits: tuple[str, ...] = HELDOUT_SPLITS, limit: int | None = None,
                   levels: tuple[int, ...] | None = None) -> list[TaskSpec]:
     """Held-out tasks of `family` from the warehouse, in a stable order (by task id)."""
-    from gymfoundry.warehouse import Warehouse
-
     split_list = ", ".join(f"'{s}'" for s in splits)
     where = f"task_family = ? and split in ({split_list})"
     with Warehouse(data_dir, read_only=True) as wh:

@@ -52,8 +52,10 @@ from gymfoundry.tasks.policies.chat import SYSTEM_PROMPT, prompt_messages, step_
 from gymfoundry.tasks.stages import curriculum
 from gymfoundry.tasks.stages.audit import current_versions, require_audited
 from gymfoundry.tasks.stages.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
-from gymfoundry.warehouse import catalog
+from gymfoundry.tasks.stages.score import latest_step_rewards
+from gymfoundry.warehouse import DamagedWarehouse, Warehouse, catalog
 from gymfoundry.warehouse.lake import file_sha256
+from gymfoundry.warehouse.store import assert_dataset_intact
 
 MODEL_FAILURES = MODEL_OUTCOMES - {Termination.success}
 DATASETS_DIR = catalog.DATASETS_DIR
@@ -313,8 +315,6 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
     GRPO dataset; SFT and DPO rows never carry one."""
     if isinstance(parallelism_reward, dict):
         parallelism_reward = ParallelismReward.model_validate(parallelism_reward)
-    from gymfoundry.tasks.stages.score import latest_step_rewards
-    from gymfoundry.warehouse import Warehouse
 
     with Warehouse(data_dir) as wh:
         audits = require_audited(wh, families, audit_override)
@@ -369,9 +369,6 @@ def rebuild_dataset(wh: Any, dataset_id: str) -> str | None:
     its lineage's tasks built again with its recorded parameters, kept and ordered as its
     `dataset_rows` say, with their recorded weights. The file is put in place only when its
     checksum is the one recorded; returns None then, else why the dataset cannot be rebuilt."""
-    from gymfoundry.tasks.stages.score import latest_step_rewards
-    from gymfoundry.warehouse import DamagedWarehouse
-
     [recorded] = [f for f in catalog.dataset_files(wh.con) if f.dataset_id == dataset_id]
     try:
         manifests = wh.load("datasets", "dataset_id = ?", [dataset_id])
@@ -418,8 +415,6 @@ def load_dataset(path: str | Path, tool_arguments: str | None = None):
     not the one it recorded raises `DamagedDataset` (`gymfoundry.warehouse.store.assert_dataset_intact`)."""
     import datasets
 
-    from gymfoundry.warehouse.store import assert_dataset_intact
-
     assert_dataset_intact(path)
 
     if tool_arguments is None:
@@ -430,8 +425,6 @@ def load_dataset(path: str | Path, tool_arguments: str | None = None):
 
 
 def summary(data_dir: str, families: list[str]) -> list[dict[str, Any]]:
-    from gymfoundry.warehouse import Warehouse
-
     with Warehouse(data_dir, read_only=True) as wh:
         return wh.sql("""select task_family, termination, count(*) as rollouts from rollouts
                          where task_family in (select unnest(?)) group by all order by all""",

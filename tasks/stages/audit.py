@@ -59,6 +59,7 @@ from gymfoundry.tasks.stages.score import score_steps
 from gymfoundry.envs.verifier import calls_of
 from gymfoundry.verifiers.judge import JudgeSettings
 from gymfoundry.verifiers.rules import rules_version
+from gymfoundry.warehouse.tables import TABLES
 
 ADVERSARIES = ("blind_ending", "do_nothing", "stall", "spray", "reference_perturbed", "reference_no_reads",
                "collateral", "negated")
@@ -644,8 +645,6 @@ def current_versions(name: str) -> dict[str, str]:
 
 def land_audit(wh: Any, report: AuditReport) -> int:
     """Land the audit's rows in `family_audits`; the number landed."""
-    from gymfoundry.warehouse.tables import TABLES
-
     table = TABLES["family_audits"]
     return wh.land_rows({"family_audits": [table.row(r) for r in report.rows]}).checked().get("family_audits", 0)
 
@@ -653,8 +652,6 @@ def land_audit(wh: Any, report: AuditReport) -> int:
 def latest_audit(wh: Any, name: str) -> list[FamilyAudit]:
     """The rows of the newest audit of the family's current versions (empty where none): the one
     landed last, even where the same audit (the same id) was landed before another."""
-    from gymfoundry.warehouse.tables import TABLES
-
     if not wh.files("family_audits"):
         return []
     versions = current_versions(name)

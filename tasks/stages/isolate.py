@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gymfoundry.envs.leaks import find_leaks, hidden_values  # the rule's owner; re-exported for callers
-from gymfoundry.envs.records import Rollout, Split, TaskRejection, TaskSpec, TrainingRow
 from gymfoundry.envs.family import family
+from gymfoundry.envs.records import HoldoutLock, Rollout, Split, TaskRejection, TaskSpec, TrainingRow
+from gymfoundry.tasks.stages.land import land_or_spool
+from gymfoundry.warehouse import CATALOG_FILE, Warehouse
 
 SPLIT_FRACTIONS = {Split.train: 0.8, Split.val: 0.1, Split.test: 0.1}
 HOLDOUT_FRACTION = 0.1  # of each family's template groups, before the other splits
@@ -138,8 +140,6 @@ def recorded_holdout_fractions(wh) -> dict[str, float]:
 
 def landed_holdout_fractions(data_dir: str | Path | None) -> dict[str, float]:
     """`recorded_holdout_fractions` of the warehouse under `data_dir` (none if it does not exist yet)."""
-    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
-
     if data_dir is None or not (Path(data_dir) / CATALOG_FILE).exists():
         return {}
     with Warehouse(data_dir, read_only=True) as wh:
@@ -165,9 +165,6 @@ def lock_holdout_fraction(data_dir: str | Path, families: Iterable[str], fractio
     under `data_dir` before anything of the run lands. A catalog held by another process (a notebook)
     is not waited for here: the lock is spooled at once, and the run's first landing (which waits,
     then spools in turn) lands it before the run's own rows."""
-    from gymfoundry.envs.records import HoldoutLock
-    from gymfoundry.tasks.stages.land import land_or_spool
-
     check_holdout_fraction(data_dir, families, fraction)
     locks = [HoldoutLock(family=f, holdout_fraction=fraction) for f in sorted(set(families))]
     land_or_spool(str(data_dir), {"holdout_locks": locks}, lock_timeout_s=0).checked()
@@ -175,8 +172,6 @@ def lock_holdout_fraction(data_dir: str | Path, families: Iterable[str], fractio
 
 def landed_splits(data_dir: str | Path | None, families: list[str] | None = None) -> dict[str, Split]:
     """`recorded_splits` of the warehouse under `data_dir` (none if it does not exist yet)."""
-    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
-
     if data_dir is None or not (Path(data_dir) / CATALOG_FILE).exists():
         return {}
     with Warehouse(data_dir, read_only=True) as wh:
@@ -186,8 +181,6 @@ def landed_splits(data_dir: str | Path | None, families: list[str] | None = None
 def refuse_non_train_ids(task_ids: Iterable[str], data_dir: str | Path, what: str) -> None:
     """`refuse_non_train` for a training input that names its tasks by id (a dataset file): the
     tasks the warehouse under `data_dir` holds are checked; ids it does not hold cannot be."""
-    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
-
     ids = sorted(set(task_ids))
     if not ids or not (Path(data_dir) / CATALOG_FILE).exists():
         return

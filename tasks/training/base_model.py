@@ -11,7 +11,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gymfoundry.envs.records import Split
 from gymfoundry.tasks.policies.checkpoint import CHAT_TEMPLATE, TURN_END, TURN_START
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, tasks_of_split
+from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
 
 PAD = "<|endoftext|>"
 TOOL_TAGS = ["<tool_call>", "</tool_call>"]
@@ -23,10 +29,6 @@ def text_tasks(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
     the train tasks, as the split authority decides with the splits and holdout fractions a
     warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family -> fraction).
     The holdout never enters training, tokenizer included."""
-    from gymfoundry.envs.records import Split
-    from gymfoundry.tasks.stages.generate import generate_tasks
-    from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, tasks_of_split
-
     generated = generate_tasks(family, n_tasks, seed)
     fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
     train = {t.task_id for t in tasks_of_split(generated, Split.train, known, fraction)}
@@ -39,9 +41,6 @@ def factory_texts(family: str = "inventory", n_tasks: int = 200, seed: int = 0,
     """Text the factory produces for `family`: goals, tool schemas, and what the family's
     scripted policy writes (thoughts and calls) with the observations it gets back, for the
     `text_tasks` only."""
-    from gymfoundry.tasks.policies.registry import make_policy
-    from gymfoundry.tasks.rollout.episodes import run_episode
-
     policy = make_policy("scripted", family, mistake_rate=0.1)
     texts = []
     for i, task in text_tasks(family, n_tasks, seed, known, holdout_fraction):
@@ -111,8 +110,6 @@ def build_base_model(out_dir: str | Path, texts: Iterable[str] | None = None, *,
                                                pad_token_id=tokenizer.pad_token_id, do_sample=False)
     out.mkdir(parents=True, exist_ok=True)
     if copy_steps:
-        from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
-
         metrics = pretrain_copying(model, tokenizer, str(out / "copy-pretraining"), copy_steps, seed=seed)
         (out / "copy_pretraining.json").write_text(json.dumps(metrics))
     model.save_pretrained(out)

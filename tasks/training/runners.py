@@ -12,7 +12,9 @@ from transformers import TrainerCallback
 from gymfoundry.envs.records import DPORow, SFTRow, TrainingRow
 from gymfoundry.tasks.policies.checkpoint import load_model, template_source, tool_arguments_for
 from gymfoundry.tasks.training.curriculum import CurriculumMixin, CurriculumSampler
+from gymfoundry.tasks.training.dpo import MaskedDPOTrainer, MaskedPreferenceCollator, preference_example
 from gymfoundry.tasks.training.progress import ReportProgress
+from gymfoundry.tasks.training.sft import StepWeightedSFTTrainer, WeightedCollator, sft_examples
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +96,6 @@ def finish(trainer, tokenizer, output_dir: str, examples: int, started: float) -
 def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any]:
     from trl import SFTConfig
 
-    from gymfoundry.tasks.training.sft import StepWeightedSFTTrainer, WeightedCollator, sft_examples
-
     class Trainer(CurriculumMixin, StepWeightedSFTTrainer):
         pass
 
@@ -124,8 +124,6 @@ def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any
 def run_dpo(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any]:
     from datasets import Dataset
     from trl import DPOConfig
-
-    from gymfoundry.tasks.training.dpo import MaskedDPOTrainer, MaskedPreferenceCollator, preference_example
 
     class Trainer(CurriculumMixin, MaskedDPOTrainer):
         pass

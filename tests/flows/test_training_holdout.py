@@ -50,7 +50,6 @@ def test_train_refuses_a_dataset_naming_a_holdout_task(recorded, method):
 
 
 def test_grpo_flow_plays_no_task_of_a_recorded_holdout(recorded, monkeypatch):
-    import gymfoundry.tasks.policies.checkpoint as checkpoint
     import gymfoundry.tasks.training.grpo as grpo
 
     data_dir, victims = recorded
@@ -60,7 +59,7 @@ def test_grpo_flow_plays_no_task_of_a_recorded_holdout(recorded, monkeypatch):
         played.extend(tasks)
         raise Stop
 
-    monkeypatch.setattr(checkpoint, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(grpo, "load_model", lambda path: (None, None))
     monkeypatch.setattr(grpo, "LiveEpisodes", spy)
     with pytest.raises(Stop):
         train(method="grpo", base_model=str(data_dir / "base"), data_dir=str(data_dir),

@@ -177,7 +177,6 @@ def test_a_cached_base_is_not_reused_once_a_template_of_its_text_is_held_out(tmp
 
 def grpo_tasks(monkeypatch, hyperparameters, dataset=None):
     """The tasks `run_grpo` would play, through `gymfoundry.tasks.training.train.train` (no model is loaded)."""
-    import gymfoundry.tasks.policies.checkpoint as checkpoint
     import gymfoundry.tasks.training.grpo as grpo
     from gymfoundry.tasks.training.train import train
 
@@ -187,7 +186,7 @@ def grpo_tasks(monkeypatch, hyperparameters, dataset=None):
         chosen.extend(tasks)
         raise Stop
 
-    monkeypatch.setattr(checkpoint, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(grpo, "load_model", lambda path: (None, None))
     monkeypatch.setattr(grpo, "LiveEpisodes", spy)
     with pytest.raises(Stop):
         train(dataset, "grpo", "unused", "unused", {"seed": 0, **hyperparameters})
