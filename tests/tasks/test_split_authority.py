@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from gymfoundry import envs  # noqa: F401  registers the built-in families
-from gymfoundry.envs.coding.generator import LEVELS, generate_task
+from gymfoundry.envs.coding import generate_task
+from gymfoundry.envs.coding.generator import LEVELS
 from gymfoundry.envs.records import Split
 from gymfoundry.tasks.stages.generate import family_env_class, generate_tasks
 from gymfoundry.tasks.stages.isolate import HoldoutError, assign_split, landed_splits, recorded_splits, tasks_of_split
