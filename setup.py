@@ -7,5 +7,5 @@ from setuptools import find_packages, setup
 FOLDERS = ("envs", "verifiers", "warehouse", "tasks", "flows", "deployments")
 PACKAGES = find_packages(include=[f"{folder}*" for folder in FOLDERS], exclude=["*.tests", "*.tests.*"])
 
-setup(packages=["gymfoundry", *(f"gymfoundry.{package}" for package in PACKAGES)],
+setup(packages=[f"gymfoundry.{package}" for package in PACKAGES],
       package_dir={"gymfoundry": "."})

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import jsonschema
 
-from gymfoundry.envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError
+from gymfoundry.envs.errors import ActionError, Boundary, EnvBug, EnvFault, ErrorKind, InvalidTask, ToolError, UnknownEnv
 from gymfoundry.envs.parsing import parse_action, replay_call, storable_text
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Step, TaskSpec, ToolCall, check_task, make_step
@@ -109,9 +109,14 @@ class ToolEnv(AgentEnv):
     # -- what a family provides -------------------------------------------------------
     @classmethod
     def generate_task(cls, seed: int, level: int = 2) -> TaskSpec:
-        from gymfoundry.envs.family import family  # the family registry imports env classes
-
-        return family(cls.family).generate(seed, level)
+        """The task of (seed, level) from the `Family` that declares this class, or the nearest
+        base class of the same family (its package declares it on import: `Family.__post_init__`
+        sets `declared_by`)."""
+        declared = next((c.__dict__["declared_by"] for c in cls.__mro__
+                         if "declared_by" in c.__dict__ and c.__dict__["declared_by"].name == cls.family), None)
+        if declared is None:
+            raise UnknownEnv(f"no family declares {cls.__name__} (family {getattr(cls, 'family', None)!r})")
+        return declared.generate(seed, level)
 
     @abstractmethod
     def initial_state(self, task: TaskSpec) -> dict[str, Any]: ...

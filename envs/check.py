@@ -13,7 +13,7 @@ verifier or env class), and a check whose input the family does not provide yet 
   outcome verifier, with the verifier's precondition holding before any action
 - potential: the verifier's `potentials(task, steps)` is defined (finite) at every step of every
   reference, never falls, and ends higher than it starts
-- scripted_rollouts: the family's scripted policy (from the registry) gives a mix of outcomes,
+- scripted_rollouts: the family's scripted policy (its `Family`) gives a mix of outcomes,
   no env bug, and never shows a hidden value (envs.leaks) in any observation
 - malformed_actions: invalid JSON, an unknown tool, wrong argument types and an oversized argument
   give error observations of the agent-input kinds (envs.errors), the state unchanged
@@ -49,14 +49,13 @@ from typing import Any
 
 from gymfoundry.envs.base import AgentEnv
 from gymfoundry.envs.errors import AGENT_INPUT, RESERVED, ErrorKind, rolled_back
+from gymfoundry.envs.family import Family, family
 from gymfoundry.envs.leaks import find_leaks
-from gymfoundry.envs.records import OutcomeReport, Step, TaskSpec, ToolCall, check_task
-from gymfoundry.envs.registry import ENV_ID, family_env_id, load, make, spec, verifier_for
+from gymfoundry.envs.records import LEVELS, OutcomeReport, Step, TaskSpec, ToolCall, check_task
 from gymfoundry.envs.wrappers import standard_stack
 
 __all__ = ["CHECKS", "Check", "CheckReport", "check_family", "fuzz_action_texts", "fuzz_tools"]
 
-LEVELS = (1, 2, 3, 4, 5)
 THREE_CHECKS = ("observation", "invariants", "hidden_variation")
 MAX_LISTED = 5  # problems quoted in a message; the rest are counted
 
@@ -124,40 +123,31 @@ def _listed(problems: list[str]) -> str:
 
 # -- the family under check ----------------------------------------------------------------------
 class _Family:
-    """What the checks share: the env id, its registry entry, the generated tasks and the
-    reference episodes (each computed once, on first use)."""
+    """What the checks share: the family's handle, the generated tasks and the reference
+    episodes (each computed once, on first use)."""
 
-    def __init__(self, name: str, seeds: int, mistake_rate: float | None):
-        self.env_id = name if ENV_ID.match(name) else family_env_id(name)
-        self.name = ENV_ID.match(self.env_id)["name"]
-        self.spec = spec(self.env_id)
+    def __init__(self, fam: Family, seeds: int, mistake_rate: float | None):
+        self.handle, self.env_id, self.name = fam, fam.env_id, fam.name
         self.seeds, self.mistake_rate = seeds, mistake_rate
-        self.env_class = load(self.spec.entry_point)
+        self.env_class = fam.env
         self._tasks: dict[tuple[int, int], TaskSpec] | None = None
         self._references: dict[tuple[int, int], _Episode] | None = None
 
     def verifier(self) -> Any:
-        if self.spec.verifier is None:
-            raise _Fail(f"{self.env_id} registers no outcome verifier: pass verifier='module:Class' to register()")
+        if self.handle.verifier is None:
+            raise _Fail(f"{self.env_id} declares no outcome verifier: pass verifier=<class> to Family(...)")
         try:
-            return verifier_for(self.env_id)
+            return self.handle.outcome_verifier
         except Exception as exc:
-            raise _Fail(f"the verifier {self.spec.verifier} cannot be built: {type(exc).__name__}: {exc}") from exc
+            raise _Fail(f"the verifier {self.handle.verifier} cannot be built: {type(exc).__name__}: {exc}") from exc
 
     def declared(self, attr: str) -> Any:
-        """A family declaration, looked up on its `Family` spec (where the SDK declares one), its
-        verifier, then its env class."""
-        owners: list[Any] = []
+        """A family declaration, looked up on its `Family` spec, its verifier, then its env class."""
+        owners: list[Any] = [self.handle]
         try:
-            from gymfoundry.envs.family import family
-            owners.append(family(self.name))
-        except Exception:  # no SDK here, or a family registered without a spec (a test env)
+            owners.append(self.handle.outcome_verifier)
+        except Exception:  # the checks that need the verifier say why it cannot be built
             pass
-        if self.spec.verifier is not None:
-            try:
-                owners.append(verifier_for(self.env_id))
-            except Exception:  # the checks that need the verifier say why it cannot be built
-                pass
         owners.append(self.env_class)
         return next((getattr(o, attr) for o in owners if getattr(o, attr, None) is not None), None)
 
@@ -178,7 +168,7 @@ class _Family:
     @property
     def references(self) -> dict[tuple[int, int], _Episode]:
         if self._references is None:
-            self._references = {key: play(self.env_id, task, task.hidden.reference)
+            self._references = {key: play(self.handle, task, task.hidden.reference)
                                 for key, task in self.tasks.items()}
         return self._references
 
@@ -191,9 +181,9 @@ class _Episode:
     problem: str | None  # why the calls did not play out (an error, an early end), else None
 
 
-def play(env_id: str, task: TaskSpec, calls: Iterable[ToolCall]) -> _Episode:
-    """Play `calls` through the real env (with its outcome verifier) and read the outcome."""
-    env = make(env_id)
+def play(fam: Family, task: TaskSpec, calls: Iterable[ToolCall]) -> _Episode:
+    """Play `calls` through the family's env (with its outcome verifier) and read the outcome."""
+    env = fam.make()
     calls, problem, ts = list(calls), None, None
     try:
         env.reset(task=task)
@@ -210,8 +200,7 @@ def play(env_id: str, task: TaskSpec, calls: Iterable[ToolCall]) -> _Episode:
             problem = problem or f"the outcome verifier raised {ts.info['verifier_error']}"
         outcome = OutcomeReport.model_validate(ts.info["outcome"]) if ts is not None and "outcome" in ts.info else None
         if outcome is None and problem is None and steps:  # not ended by the calls: ask the verifier
-            verifier = verifier_for(env_id)
-            outcome = verifier.verify(task, steps, env.state()) if verifier is not None else None
+            outcome = fam.outcome_verifier.verify(task, steps, env.state())
         return _Episode(steps, bool(ts and ts.terminated), outcome, problem)
     finally:
         env.close()
@@ -257,13 +246,13 @@ def _task_problems(fam: _Family, task: TaskSpec, seed: int, level: int) -> list[
 
 
 FRESH = """import json, sys
-from gymfoundry import envs
-from gymfoundry.envs.registry import list_envs, load, spec
+from gymfoundry.envs import UnknownEnv, family
 env_id, seeds, levels = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-if env_id not in list_envs():
+try:
+    gen = family(env_id).env.generate_task
+except UnknownEnv:
     print("null")
 else:
-    gen = load(spec(env_id).entry_point).generate_task
     print(json.dumps({f"{s},{lv}": gen(s, lv).task_id for lv in levels for s in range(seeds)}))
 """
 
@@ -280,7 +269,7 @@ def _fresh_interpreter_ids(fam: _Family) -> str:
         raise _Fail(f"generating in a fresh interpreter failed: {out.stderr.strip()[-400:]}")
     ids = json.loads(out.stdout.strip().splitlines()[-1])
     if ids is None:
-        return "not registered by `import gymfoundry.envs` in a fresh interpreter, so ids across interpreters not compared"
+        return "not found by discovery in a fresh interpreter, so ids across interpreters not compared"
     differ = [key for key, task in fam.tasks.items() if ids[f"{key[0]},{key[1]}"] != task.task_id]
     if differ:
         raise _Fail(f"generate_task{differ[0]} gives another task in a fresh interpreter (PYTHONHASHSEED differs): "
@@ -356,14 +345,14 @@ def _potential_problem(phi: Any, steps: list[Step]) -> str | None:
 
 
 def check_scripted(fam: _Family) -> str:
-    if fam.spec.scripted_policy is None:
-        raise _Fail(f"{fam.env_id} registers no scripted policy: pass scripted_policy='module:Class' to register()")
-    policy_class = load(fam.spec.scripted_policy)
+    if fam.handle.scripted_policy is None:
+        raise _Fail(f"{fam.env_id} declares no scripted policy: pass scripted_policy=<class> to Family(...)")
+    policy_class = fam.handle.scripted_policy
     outcomes: Counter = Counter()
     problems = []
     for (seed, level), task in fam.tasks.items():
         policy = policy_class() if fam.mistake_rate is None else policy_class(mistake_rate=fam.mistake_rate)
-        outcome, why = _scripted_episode(fam.env_id, task, policy, seed)
+        outcome, why = _scripted_episode(fam.handle, task, policy, seed)
         outcomes[outcome] += 1
         if why:
             problems.append(f"level {level} seed {seed}: {why}")
@@ -376,9 +365,9 @@ def check_scripted(fam: _Family) -> str:
     return f"{len(fam.tasks)} episodes: {mix}; no hidden value shown, no env bug"
 
 
-def _scripted_episode(env_id: str, task: TaskSpec, policy: Any, seed: int) -> tuple[str, str | None]:
+def _scripted_episode(fam: Family, task: TaskSpec, policy: Any, seed: int) -> tuple[str, str | None]:
     """(outcome: success / failure / truncated, what is wrong or None)."""
-    env = standard_stack(make(env_id))
+    env = standard_stack(fam.make())
     try:
         policy.reset(seed)
         ts = env.reset(task=task)
@@ -403,7 +392,7 @@ def _scripted_episode(env_id: str, task: TaskSpec, policy: Any, seed: int) -> tu
 
 def check_malformed(fam: _Family) -> str:
     task = fam.tasks[(0, 1)]
-    env = standard_stack(make(fam.env_id, verified=False))
+    env = standard_stack(fam.handle.make(verified=False))
     try:
         env.reset(task=task)
         cases = _malformed_cases(env.unwrapped, task)
@@ -464,7 +453,7 @@ def _malformed_problem(env: AgentEnv, label: str, action: Any, kinds: set[str]) 
 
 
 def check_tools(fam: _Family) -> str:
-    env = make(fam.env_id, verified=False)
+    env = fam.handle.make(verified=False)
     problems = []
     try:
         profile = env.profile
@@ -563,7 +552,7 @@ def check_crafted(fam: _Family) -> str:
         calls = craft(task)
         if calls is None:
             continue
-        episode = play(fam.env_id, task, calls)
+        episode = play(fam.handle, task, calls)
         outcome = episode.outcome
         if outcome is None:
             raise _Fail(f"the crafted rollout (level {level} seed {seed}) got no outcome report: {episode.problem}")
@@ -581,12 +570,12 @@ def check_crafted(fam: _Family) -> str:
 def check_fuzz(fam: _Family) -> str:
     rng = random.Random(f"fuzz:{fam.env_id}")
     task = fam.tasks[(min(3, fam.seeds - 1), 2)]
-    env = make(fam.env_id, verified=False)
+    env = fam.handle.make(verified=False)
     try:
         tools = fuzz_tools(env, task, rng)
     finally:
         env.close()
-    stack = standard_stack(make(fam.env_id, verified=False))
+    stack = standard_stack(fam.handle.make(verified=False))
     try:
         texts = fuzz_action_texts(stack, task)
     finally:
@@ -604,10 +593,10 @@ CHECKS: dict[str, Callable[[_Family], str]] = {
     "crafted_disagreement": check_crafted, "fuzz": check_fuzz}
 
 
-def check_family(name: str, *, seeds: int = 3, checks: Iterable[str] | None = None,
+def check_family(name: str | Family, *, seeds: int = 3, checks: Iterable[str] | None = None,
                  mistake_rate: float | None = None) -> CheckReport:
-    """Run the conformance checks (all, or those named in `checks`) on a registered family, by
-    name (its newest env id) or env id. `seeds` tasks per level (seeds 0..seeds-1) are generated,
+    """Run the conformance checks (all, or those named in `checks`) on a family: its handle, or
+    a registered family's name or env id. `seeds` tasks per level (seeds 0..seeds-1) are generated,
     replayed and rolled out; `mistake_rate` overrides the scripted policy's default. Never raises
     for what a check finds: see `report.ok` and each check's message."""
     if seeds < 1:
@@ -617,7 +606,7 @@ def check_family(name: str, *, seeds: int = 3, checks: Iterable[str] | None = No
     if unknown:
         raise ValueError(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
     started = time.perf_counter()
-    fam = _Family(name, seeds, mistake_rate)
+    fam = _Family(name if isinstance(name, Family) else family(name), seeds, mistake_rate)
     report = CheckReport(family=fam.name, env_id=fam.env_id)
     for check in names:
         report.checks.append(_run(check, CHECKS[check], fam))

@@ -11,7 +11,7 @@ agent's calls replays its sub-agents' episodes exactly. What the main agent sees
 what a harness would: its sub-agent's last call, how it ended and the verdict of its family's
 verifier; its hidden reasons stay in the state.
 
-The runtime (tasks/rollout.py) turns the sub-episodes into sub-rollouts linked to the main
+The runtime (tasks/rollout/episodes.py) turns the sub-episodes into sub-rollouts linked to the main
 rollout (`Rollout.parent_rollout_id`) and records the stages (`envs.records.Delegation`:
 critical and serial steps)."""
 
@@ -22,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from gymfoundry.envs.family import family
 from gymfoundry.envs.records import Delegation, DelegationStage, Rollout, Step, TaskSpec, check_task, content_hash
+from gymfoundry.envs.wrappers import standard_stack
 
 SUBAGENT_MISTAKE_RATE = 0.2
 MAX_PARALLEL = 6   # sub-agents in one stage
@@ -80,12 +82,10 @@ def is_default(summary: dict[str, Any], task: TaskSpec) -> bool:
 
 def scripted_subagent(task: TaskSpec, seed: int) -> Any:
     """The frozen default: the sub-task family's scripted policy at SUBAGENT_MISTAKE_RATE."""
-    from gymfoundry.envs.registry import load, spec
-
-    policy_class = spec(task.env_id).scripted_policy
+    policy_class = family(task.env_id).scripted_policy
     if policy_class is None:
         raise ValueError(f"{task.env_id} registers no scripted policy to delegate to")
-    return load(policy_class)(mistake_rate=SUBAGENT_MISTAKE_RATE, seed=seed)
+    return policy_class(mistake_rate=SUBAGENT_MISTAKE_RATE, seed=seed)
 
 
 def subagent_seed(key: str, subtask: TaskSpec, attempt: int) -> int:
@@ -95,12 +95,9 @@ def subagent_seed(key: str, subtask: TaskSpec, attempt: int) -> int:
 
 def play_subtask(subtask_id: str, task: TaskSpec, policy: Any, seed: int, attempt: int) -> SubEpisode:
     """One sub-agent episode from a clean state in its family's env, verified by that family."""
-    from gymfoundry.envs.registry import make
-    from gymfoundry.envs.wrappers import standard_stack
-
     episode = SubEpisode(subtask_id=subtask_id, task=task, policy_id=policy.policy_id,
                          policy_version=policy.version, seed=seed, attempt=attempt)
-    env = standard_stack(make(task.env_id))
+    env = standard_stack(family(task.env_id).make())
     try:
         policy.reset(seed)
         ts = env.reset(task=task)

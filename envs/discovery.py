@@ -6,11 +6,16 @@
   returning one) in an installed distribution, e.g. in its pyproject.toml:
       [project.entry-points."gymfoundry.families"]
       probe = "probe_family:FAMILY"
-  One that fails to load does not stop the others or `import gymfoundry.envs`: it is warned about, kept in
-  `load_errors()`, and named in the error of a `make` that asks for it.
+  One that fails to load does not stop the others or the lookup that found it: it is warned about, kept in
+  `load_errors()`, and named in the error of a lookup that asks for it.
 - YAML-only: every `*.yaml` domain file in the folders GYMFOUNDRY_FAMILY_DIRS names (os.pathsep-
   separated) is the family its `name:` declares, read by the interpreter in envs/generic/. A file
-  that fails to load is warned about and kept in `load_errors()` the same way."""
+  that fails to load is warned about and kept in `load_errors()` the same way.
+
+This module sits above the families (it imports the YAML interpreter, envs/generic/): nothing
+below imports it. It runs once, on the first lookup (`family`, `families`, `masked_dirs` in
+envs/family.py), through the finder the package `gymfoundry.envs` installs; `discover()` runs it
+again explicitly (a family installed since is then found)."""
 
 from __future__ import annotations
 
@@ -20,22 +25,30 @@ import os
 import warnings
 from pathlib import Path
 
-from gymfoundry.envs.family import Family, FamilyError, add, family
+import yaml
+
+from gymfoundry.envs.family import _ERRORS, Family, FamilyError, add, family
+from gymfoundry.envs.generic.domain import DOMAINS, domain_text
+from gymfoundry.envs.generic.loader import load_family
 
 GROUP = "gymfoundry.families"
 FAMILY_DIRS = "GYMFOUNDRY_FAMILY_DIRS"
 ENVS_DIR = Path(__file__).resolve().parent
-_ERRORS: dict[str, str] = {}
 
 
 class FamilyLoadWarning(UserWarning):
     """An external family could not be loaded (the others still are)."""
 
 
+def builtin_folders() -> list[Path]:
+    """The folders of the built-in families: those under envs/ holding a profile.yaml."""
+    return [folder for folder in sorted(ENVS_DIR.iterdir())
+            if (folder / "profile.yaml").is_file() and (folder / "__init__.py").is_file()]
+
+
 def discover() -> list[Family]:
     """Register the built-in families, then the external ones; the families registered."""
-    found = [_builtin(folder.name) for folder in sorted(ENVS_DIR.iterdir())
-             if (folder / "profile.yaml").is_file() and (folder / "__init__.py").is_file()]
+    found = [_builtin(folder.name) for folder in builtin_folders()]
     for fam in found:
         add(fam)
     return found + discover_yaml() + discover_external()
@@ -73,11 +86,6 @@ def discover_external() -> list[Family]:
     return found
 
 
-def load_errors() -> dict[str, str]:
-    """Entry-point name -> why that family did not load."""
-    return dict(_ERRORS)
-
-
 def _builtin(name: str) -> Family:
     module = importlib.import_module(f"gymfoundry.envs.{name}")
     fam = getattr(module, "FAMILY", None)
@@ -106,11 +114,7 @@ def _external(ep: importlib.metadata.EntryPoint) -> Family:
 
 def _yaml_name(path: Path) -> str:
     """The family name a domain file declares (its stem if it declares none readable)."""
-    import yaml
-
-    from gymfoundry.envs.generic.domain import domain_text
-
-    try:  # never a bare read: a FIFO or /dev/zero in the folder would hang `import gymfoundry.envs`
+    try:  # never a bare read: a FIFO or /dev/zero in the folder would hang every lookup
         name = (yaml.safe_load(domain_text(path)) or {}).get("name")
     except Exception:
         name = None
@@ -118,8 +122,6 @@ def _yaml_name(path: Path) -> str:
 
 
 def _yaml(path: Path) -> Family:
-    from gymfoundry.envs.generic.domain import DOMAINS, load_family
-
     name = _yaml_name(path)
     try:
         known = family(name)

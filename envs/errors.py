@@ -33,7 +33,7 @@ statistics. The endpoint's latency is the inference fault above only where its c
 `boundary(where, allowed)` applies this inside the env runtime (the action's checks, each tool):
 inside it, only the exceptions that code at that boundary raises on purpose pass through;
 anything else becomes an `EnvBug` naming the boundary and the line that raised. The rollout
-loop (`gymfoundry.tasks.rollout.run_episode`) applies the same rule to what escapes the env as a whole
+loop (`gymfoundry.tasks.rollout.episodes.run_episode`) applies the same rule to what escapes the env as a whole
 (`EnvFault` -> env_fault, anything else -> env_bug), the grader and the endpoints to theirs. So a `ToolError` raised by the parser, or a
 `KeyError` from a tool handler, is an env bug, not the agent's mistake.
 """
@@ -148,6 +148,10 @@ class EnvBug(Exception):
         self.location = _location(cause)
         self.message = f"environment bug in {where}: {self.cause} (at {self.location})"
         super().__init__(self.message)
+
+
+class UnknownEnv(ValueError):
+    """No registered environment has this id or family (a typo, or a spoofed task field)."""
 
 
 class InvalidTask(ValueError):

@@ -11,7 +11,7 @@ probability `rate`, in one of three ways:
 In a `ToolEnv` the fault is raised inside the tool itself, so it takes the real path: the
 env reports an `env_fault` error observation and rolls the state back. Any other env gets
 the same error observation without being called. Wrap the bare env, under the runtime's
-wrappers: `standard_stack(FaultInjection(envs.make(id), config, seed))`.
+wrappers: `standard_stack(FaultInjection(family(name).make(), config, seed))`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Gymnasium adapter: `gymnasium.make("gymfoundry/<name>-v<N>")` after `import gymfoundry.envs`.
+"""Gymnasium adapter: `gymnasium.make("gymfoundry/<name>-v<N>")` once the families are found
+(importing this module finds them; so does any lookup, `gymfoundry.envs.families()`), or without
+that step `gymnasium.make("gymfoundry.envs.gym_adapter:gymfoundry/<name>-v<N>")`. The env is the
+one its `Family` makes.
 
 Observations and actions are `gymnasium.spaces.Text` over printable ASCII; an action is
 the raw text a model produced. The task can be passed as `options={"task": TaskSpec}`;
@@ -12,6 +15,7 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
+from gymfoundry.envs.family import families, family
 from gymfoundry.envs.records import ToolCall
 
 CHARSET = string.printable
@@ -21,9 +25,7 @@ class GymnasiumEnv(gymnasium.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, env_id: str, max_observation_chars: int = 8192, max_action_chars: int = 8192, **kwargs):
-        from gymfoundry.envs.registry import make
-
-        self.env = make(env_id, **kwargs)
+        self.env = family(env_id).make(**kwargs)
         self.max_observation_chars = max_observation_chars
         self.observation_space = spaces.Text(max_length=max_observation_chars, min_length=0, charset=CHARSET)
         self.action_space = spaces.Text(max_length=max_action_chars, min_length=1, charset=CHARSET)
@@ -49,3 +51,6 @@ class GymnasiumEnv(gymnasium.Env):
 
 def _plain(info: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.model_dump() if isinstance(v, ToolCall) else v) for k, v in info.items()}
+
+
+families()  # every family's id known to Gymnasium (Family registration does it)

@@ -77,7 +77,7 @@ def arguments_of(tool_call: dict[str, Any]) -> Any:
 
 
 def action_text(thought: str, tool_call: dict[str, Any]) -> str:
-    """The emitted call as the factory's endpoint policy writes it (tasks/openai_policy.py)."""
+    """The emitted call as the factory's endpoint policy writes it (tasks/policies/openai.py)."""
     function = tool_call.get("function") or {}
     return (thought + "\n" if thought else "") + "<tool_call>" + json.dumps(
         {"name": function.get("name"), "arguments": function.get("arguments") or "{}"}) + "</tool_call>"

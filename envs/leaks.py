@@ -1,7 +1,7 @@
 """The hidden-value rule, one owner for every stage that scans visible text: what a task hides
 (its secrets, its reference trajectory as a whole) must never appear in anything the agent or
 a dataset sees. Pure functions of the task, so the conformance checker (envs.check) and the
-isolation stage (tasks.isolate) apply the same rule."""
+isolation stage (tasks.stages.isolate) apply the same rule."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gymfoundry.envs.records import ToolCategory
+from gymfoundry.envs.records import FAMILY_NAME, ToolCategory
 
 OUTCOME_RULES = ("completed", "no_regression", "no_constraint_violation", "no_side_effects")
 
@@ -67,7 +67,7 @@ class UndoRule(BaseModel):
 class RubricDimension(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    name: str = Field(pattern=FAMILY_NAME)
     description: str
     weight: float = Field(default=1.0, gt=0)
 

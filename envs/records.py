@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
@@ -24,7 +25,11 @@ def content_hash(payload: Any, length: int = 16) -> str:
     return hashlib.sha256(_CANONICAL.encode(payload).encode()).hexdigest()[:length]
 
 
+# The family-name rule, its env ids and the difficulty levels: owned here, at the bottom, and used
+# by everything above (the Family handle, the profiles, the scaffold, the YAML domains, the lake).
 FAMILY_NAME = r"^[a-z][a-z0-9_]*$"
+ENV_ID = re.compile(rf"^gymfoundry/(?P<name>{FAMILY_NAME[1:-1]})-v(?P<version>\d+)$")
+LEVELS = (1, 2, 3, 4, 5)
 
 
 class Record(BaseModel):
@@ -114,7 +119,7 @@ _LATER_LIMITS = ("max_turn_tokens", "max_episode_tokens", "grade_timeout_s")
 
 
 class Difficulty(Record):
-    level: int = Field(ge=1, le=5)
+    level: int = Field(ge=LEVELS[0], le=LEVELS[-1])
     features: dict[str, float] = Field(default_factory=dict)
 
 
@@ -383,7 +388,7 @@ class Sampling(Record):
 class PolicySpec(Record):
     """Which policy a run collects with: `scripted` (the family's scripted policy), `hf` (a local
     checkpoint: `model` is its directory), `openai` (an OpenAI-compatible endpoint: `model` is the
-    served model's name at `base_url`), or a kind registered with `gymfoundry.tasks.policies.register_policy`.
+    served model's name at `base_url`), or a kind registered with `gymfoundry.tasks.policies.registry.register_policy`.
     The key is never part of it: `api_key_env` NAMES the environment variable holding it, and a
     `base_url` holding a user name or password is refused. `timeout_s` bounds each request,
     `max_retries` the policy's own retries of a failed request (connection, timeout, 429, 5xx)
@@ -556,8 +561,8 @@ class Verdict(Record):
     """One outcome verifier's verdict on a stored rollout, and the class it implies. The factory's
     own (`source="factory"`: the rollout's `outcome` and `termination` as they landed) and each
     re-verification under a later verifier version (`source="reverify"`: the stored calls replayed
-    under the current verifier, never the policy; tasks/reverify.py) are kept side by side, keyed
-    by (rollout_id, verifier_id, verifier_version). `termination` is decided by tasks.classify
+    under the current verifier, never the policy; tasks/ops/reverify.py) are kept side by side, keyed
+    by (rollout_id, verifier_id, verifier_version). `termination` is decided by tasks.rollout.classify
     from the episode's end and this verdict; a verifier that raised has no `outcome`, its `error`,
     and (for an episode that ended normally) `verifier_error`, never a model failure."""
 
@@ -692,7 +697,7 @@ class HoldoutLock(Record):
 
 
 class FamilyAudit(Record):
-    """One row of a family's gameability audit (tasks/audit.py): how one adversary did at one
+    """One row of a family's gameability audit (tasks/stages/audit.py): how one adversary did at one
     level against the oracle (the task's reference), under the versions that made the verdicts.
     `passed`: its success rate is at most its chance floor, its mean return stays below the
     oracle's, none of its episodes left the statistics, and the oracle succeeded every time."""
@@ -705,7 +710,7 @@ class FamilyAudit(Record):
     verifier_version: str
     rules_version: str
     adversary: str
-    level: int = Field(ge=1, le=5)
+    level: int = Field(ge=LEVELS[0], le=LEVELS[-1])
     episodes: int = Field(ge=0)
     successes: int = Field(ge=0)
     excluded: int = Field(ge=0)  # episodes out of the statistics (faults, timeouts)
@@ -722,7 +727,8 @@ class FamilyAudit(Record):
 class DatasetManifest(Record):
     """A dataset assembled from the warehouse: its file, the curriculum behind its sampling
     weights (per-rollout success rates per "family/level" for one policy, the learnability
-    function, the resulting mixture) and what was left out. Its rows are `DatasetRow`s."""
+    function, the resulting mixture) and what was left out. Its rows are `SFTRow`s, `DPORow`s or
+    `GRPORow`s (`DATASET_ROWS[kind]`), their lineage `DatasetRow`s."""
 
     dataset_id: str
     kind: Literal["sft", "dpo", "grpo"]
@@ -749,12 +755,129 @@ class DatasetRow(Record):
     row_index: int = Field(ge=0)
     family: str = Field(pattern=FAMILY_NAME)
     task_id: str
-    difficulty: int = Field(ge=1, le=5)
+    difficulty: int = Field(ge=LEVELS[0], le=LEVELS[-1])
     rollout_ids: list[str] = Field(default_factory=list)
     pair_type: Literal["trajectory", "verdict", "step"] | None = None
     step_index: int | None = None
     margin: float | None = None
     weight: float = Field(ge=0)
+
+
+class TrainingRow(Record):
+    """What every dataset row is: a record whose fields are its Parquet file's columns, in order
+    (`model_dump()` is the row as written; `model_validate` reads one back). Its `row_id` is the
+    content hash of its `CONTENT` fields (what makes two rows the same row); its `weight` the
+    curriculum's sampling weight, which it shares with the other rows of its `owner` (the
+    rollout, or task, the curriculum splits a cell's share among)."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ()
+
+    def content_id(self) -> str:
+        return content_hash([getattr(self, name) for name in self.CONTENT], 20)
+
+
+class SFTRow(TrainingRow):
+    """An SFT row in TRL's conversational format: a verified success's conversation (`messages`,
+    tool-call arguments as JSON strings) and its tool schemas (`tools`, a JSON string); the PRM
+    reward of each assistant turn (`step_rewards`) and the turns whose reward is negative
+    (`masked_turns`: kept as context, out of the loss)."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ("messages", "tools", "masked_turns")
+
+    messages: list[dict[str, Any]]
+    tools: str
+    task_id: str
+    task_family: str
+    difficulty: int
+    step_rewards: list[float] = Field(default_factory=list)
+    masked_turns: list[int] = Field(default_factory=list)
+    rollout_id: str
+    row_id: str = ""
+    weight: float = Field(default=1.0, ge=0)
+
+    @property
+    def owner(self) -> str:
+        return self.rollout_id
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return [self.rollout_id]
+
+
+class DPORow(TrainingRow):
+    """A DPO pair from one task: the shared `prompt` and the `chosen` / `rejected` continuations
+    (message lists, each ending on an assistant turn), the rollouts they came from, what kind of
+    pair it is (whole trajectories, verdicts, or the step `step_index` after a shared prefix) and
+    its `margin`."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ("prompt", "chosen", "rejected", "tools")
+
+    prompt: list[dict[str, Any]]
+    chosen: list[dict[str, Any]]
+    rejected: list[dict[str, Any]]
+    tools: str
+    task_id: str
+    task_family: str
+    difficulty: int
+    chosen_rollout_id: str
+    rejected_rollout_id: str
+    pair_type: Literal["trajectory", "verdict", "step"]
+    step_index: int | None = None
+    margin: float
+    row_id: str = ""
+    weight: float = Field(default=1.0, ge=0)
+
+    @property
+    def owner(self) -> str:
+        return self.rejected_rollout_id  # a failure shares one unit among its pairs
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return [self.chosen_rollout_id, self.rejected_rollout_id]
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+class GRPORow(TrainingRow):
+    """A GRPO prompt for online RL: what recreates its task's env (`env_id`, and the generator
+    `seed` and `level`: `generate_task(seed, level)`), and the annealed parallelism reward's
+    schedule where the dataset offers one (the two columns exist only then)."""
+
+    CONTENT: ClassVar[tuple[str, ...]] = ("task_id", "env_id", "seed", "level")
+
+    prompt: list[dict[str, Any]]
+    tools: str
+    task_id: str
+    task_family: str
+    difficulty: int
+    env_id: str
+    seed: int | None
+    level: int
+    generator: str
+    generator_version: str
+    parallelism_weight: float | None = Field(default=None, exclude_if=_unset)
+    parallelism_anneal_steps: int | None = Field(default=None, exclude_if=_unset)
+    row_id: str = ""
+    weight: float = Field(default=1.0, ge=0)
+
+    @property
+    def owner(self) -> str:
+        return self.task_id
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return []
+
+    @property
+    def parallelism(self) -> ParallelismReward | None:
+        if self.parallelism_weight is None:
+            return None
+        return ParallelismReward(weight=self.parallelism_weight, anneal_steps=self.parallelism_anneal_steps)
+
+
+DATASET_ROWS: dict[str, type[TrainingRow]] = {"sft": SFTRow, "dpo": DPORow, "grpo": GRPORow}
 
 
 class TrainingRun(Record):

@@ -22,7 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+from gymfoundry.envs.family import families
+from gymfoundry.envs.records import FAMILY_NAME
+
+NAME = re.compile(FAMILY_NAME)
 ENVS_DIR = Path(__file__).resolve().parent
 
 
@@ -59,7 +62,7 @@ def new_family(name: str, root: str | Path | None = None) -> Path:
 def name_problem(name: str, root: Path, builtin: bool = True) -> str | None:
     """Why `name` cannot be a new family in `root`, or None."""
     if not isinstance(name, str) or not NAME.match(name):
-        return (f"family name {name!r} must match ^[a-z][a-z0-9_]*$ (lower-case letters, digits and _, "
+        return (f"family name {name!r} must match {FAMILY_NAME} (lower-case letters, digits and _, "
                 "starting with a letter): it is a Python package name and part of the env id")
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return f"family name {name!r} is a Python keyword; choose another"
@@ -68,8 +71,6 @@ def name_problem(name: str, root: Path, builtin: bool = True) -> str | None:
             return f"{taken} already exists: choose another name (or remove it first)"
     if not builtin and name in sys.stdlib_module_names:
         return f"family name {name!r} is a standard-library module; as a top-level package it would shadow it"
-    from gymfoundry.envs.family import families
-
     if name in {f.name for f in families()}:
         return f"a family named {name!r} is already registered; choose another name"
     return None
@@ -97,17 +98,18 @@ def main_message(folder: Path, name: str) -> str:
 
 # -- the family's files ({{name}}, {{Name}} and {{module}} are filled in) -----------------------------
 INIT = '''"""The {{name}} family (scaffolded by `gymfoundry new-family`): copy notes' texts into other
-notes, change nothing else, submit. Declared once, here; found by `import gymfoundry.envs`."""
+notes, change nothing else, submit. Declared once, here; found by discovery (envs/discovery.py)."""
 
 from gymfoundry.envs.family import Family
 
 from .generator import GENERATOR_VERSION, {{Name}}Facts, generate
+from .policy import {{Name}}Policy
+from .verifier import {{Name}}Verifier
 from .world import {{Name}}Env
 
 FAMILY = Family(
     name="{{name}}", env={{Name}}Env, generator=generate, generator_version=GENERATOR_VERSION,
-    facts={{Name}}Facts, verifier=f"{__name__}.verifier:{{Name}}Verifier",  # imported when first needed
-    scripted_policy=f"{__name__}.policy:{{Name}}Policy")
+    facts={{Name}}Facts, verifier={{Name}}Verifier, scripted_policy={{Name}}Policy)
 '''
 
 WORLD = '''"""The {{name}} world: a notebook of notes by key. Tools are declared once, by `@tool` on
@@ -391,10 +393,9 @@ verifier names what is wrong with a rollout that is not."""
 
 from gymfoundry.envs.check import check_family
 from gymfoundry.envs.family import add
-from gymfoundry.envs.registry import make
 from {{module}} import FAMILY
 
-add(FAMILY)  # a no-op once `import gymfoundry.envs` found it; lets the tests run before an external package is installed
+add(FAMILY)  # a no-op once discovery found it; lets the tests run before an external package is installed
 
 
 def test_passes_the_conformance_checks():
@@ -403,7 +404,7 @@ def test_passes_the_conformance_checks():
 
 
 def play(task, calls):
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     ts = env.reset(task)
     for call in calls:
         ts = env.step(call)

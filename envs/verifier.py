@@ -90,7 +90,7 @@ class OutcomeVerifier(ABC):
     # success whose ending lacks its evidence is a failure, its reasons say what was missing).
     endings: ClassVar[tuple[Ending, ...]] = ()
     # Tools whose text arguments the verdict checks against the facts (disclosures, promises,
-    # claims): {tool: (argument, ...)}. The gameability audit negates them (tasks/audit.py).
+    # claims): {tool: (argument, ...)}. The gameability audit negates them (tasks/stages/audit.py).
     statements: ClassVar[dict[str, tuple[str, ...]]] = {}
     # The gameability audit's chance floors: {adversary: (floor, why a guess can be right)}; an
     # adversary not named here must never succeed (floor 0).

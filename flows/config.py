@@ -18,12 +18,11 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from gymfoundry import envs
 from gymfoundry.envs.records import FaultConfig, ParallelismReward, PolicySpec, RetryPolicy
-from gymfoundry.envs.registry import ENV_ID
+from gymfoundry.envs.family import families
 from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
-from gymfoundry.tasks.evaluate import HELDOUT_SPLITS
-from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, check_holdout_fraction
+from gymfoundry.tasks.ops.evaluate import HELDOUT_SPLITS
+from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, check_holdout_fraction
 
 TaskRunner = Literal["threads", "dask", "ray"]
 Learnability = Literal["p(1-p)", "1-p", "uniform"]
@@ -32,7 +31,7 @@ ARMS = ("sft", "sft_weighted", "sft_then_grpo")  # the closed loop's training ar
 
 
 def known_families() -> list[str]:
-    return sorted({ENV_ID.match(i)["name"] for i in envs.list_envs()})
+    return sorted(fam.name for fam in families())
 
 
 def checked_families(value: list[str]) -> list[str]:
@@ -187,7 +186,7 @@ class TrainingConfig(Config):
                           json_schema_extra={"cli": "--data-dir"})
     output_dir: str | None = Field(None, description="where the checkpoint goes (default <data_dir>/checkpoints/<run>)",
                                    json_schema_extra={"cli": "--output-dir"})
-    hyperparameters: dict[str, Any] | None = Field(None, description="see tasks.train.Hyperparameters")
+    hyperparameters: dict[str, Any] | None = Field(None, description="see tasks.training.train.Hyperparameters")
     evaluate_family: str | None = Field(None, description="evaluate the checkpoint on held-out tasks of this family",
                                         json_schema_extra={"cli": "--evaluate"})
     eval_limit: int | None = Field(40, ge=1, description="held-out tasks evaluated")

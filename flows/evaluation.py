@@ -9,13 +9,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.records import PolicySpec, Rollout, Sampling, TaskSpec
 from gymfoundry.flows.config import EvaluationConfig, flow_parameters
-from gymfoundry.tasks.evaluate import evaluate_policy, expected_rollout_id, heldout_tasks, summarize
-from gymfoundry.tasks.land import land_or_spool
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.score import score_rollouts
+from gymfoundry.tasks.ops.evaluate import evaluate_policy, expected_rollout_id, heldout_tasks, summarize
+from gymfoundry.tasks.stages.land import land_or_spool
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.stages.score import score_rollouts
 from gymfoundry.warehouse import Warehouse
 
 
@@ -47,7 +46,7 @@ def landed_rollouts(data_dir: str, tasks: list[TaskSpec], agent, seed: int, samp
 def land_evaluation(data_dir: str, rollouts: list[Rollout], tasks: list[TaskSpec]) -> dict[str, int]:
     """One batch, as the factory lands one: the tasks (already there for held-out tasks; GRPO's training
     tasks may be new), the rollouts with their verdicts in `outcomes`, and their scores; waited for and
-    spooled like every writer's (`gymfoundry.tasks.land.land_or_spool`): {} when spooled."""
+    spooled like every writer's (`gymfoundry.tasks.stages.land.land_or_spool`): {} when spooled."""
     scores = score_rollouts(rollouts, tasks)
     landing = land_or_spool(data_dir, {"tasks": tasks, "rollouts": rollouts, "scores": scores},
                             {"rollout_outcomes": True})

@@ -30,22 +30,21 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.records import (FaultConfig, ParallelismReward, PolicySpec, RetryPolicy, Rollout, Run, StepScore,
                           TaskRejection, TaskSpec)
 from gymfoundry.envs.secrets import redact
 from gymfoundry.flows.config import FactoryConfig, flow_parameters
 from gymfoundry.flows.report import publishing_run_artifacts
-from gymfoundry.tasks import assemble as assemble_stage
-from gymfoundry.tasks import progress
-from gymfoundry.tasks.audit import ensure_audited
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
-from gymfoundry.tasks.land import land_records, land_run, stage_records
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries, run_counts
-from gymfoundry.tasks.score import score_rollouts
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages import assemble as assemble_stage
+from gymfoundry.tasks.rollout import progress
+from gymfoundry.tasks.stages.audit import ensure_audited
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
+from gymfoundry.tasks.stages.land import land_records, land_run, stage_records
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.retry import RetryExhausted, collect_with_retries, run_counts
+from gymfoundry.tasks.stages.score import score_rollouts
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.warehouse import CATALOG_FILE, CatalogLocked, Staged, Warehouse
 
 
@@ -322,7 +321,7 @@ def factory(**params: Any) -> dict[str, Any]:
     fixed for the run and stored with it; when it says fail, what completed lands, the run is
     recorded with status "failed" and its error, and the flow fails; so is a run any other stage
     fails (generation, validation, landing, assembly). Writers wait for a catalog another process
-    holds and spool when the wait runs out (`gymfoundry.tasks.land.land_or_spool`).
+    holds and spool when the wait runs out (`gymfoundry.tasks.stages.land.land_or_spool`).
 
     Every dataset with rows that the warehouse did not hold before emits a `gymfoundry.dataset.ready`
     event (a run whose batch was spooled assembles none: the run that lands the spool does), which the
@@ -350,7 +349,7 @@ def factory(**params: Any) -> dict[str, Any]:
 class RunRecord:
     """A factory run's `runs` row, landed once whatever happens: `run` is the run as far as it got,
     `stamped` once its id is on rollouts, `spooled` the run's own batches the spool holds (the row
-    then waits behind them, `gymfoundry.tasks.land.land_run`)."""
+    then waits behind them, `gymfoundry.tasks.stages.land.land_run`)."""
 
     def __init__(self, data_dir: str, run: Run):
         self.data_dir, self.run, self.spooled, self.recorded, self.stamped = data_dir, run, [], False, False

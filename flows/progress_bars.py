@@ -1,4 +1,4 @@
-"""`rich` progress bars on the command line for what the stages report (tasks/progress.py):
+"""`rich` progress bars on the command line for what the stages report (tasks/rollout/progress.py):
 one bar per family's rollouts, with counts, rate and time left."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
-from gymfoundry.tasks import progress
-from gymfoundry.tasks.progress import TRAINING
+from gymfoundry.tasks.rollout import progress
+from gymfoundry.tasks.rollout.progress import TRAINING
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """The `reverify` flow: stored rollouts judged again by the current outcome verifier of their
-env, without re-running the policy (tasks/reverify.py), landed beside the older verdicts.
+env, without re-running the policy (tasks/ops/reverify.py), landed beside the older verdicts.
 
 Verdicts are keyed by (rollout, verifier, version) in `outcomes`, so a re-verification under a
 new verifier version lands beside the factory's verdict and one under an unchanged version
@@ -15,11 +15,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
-from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.records import Rollout, TaskSpec
 from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
-from gymfoundry.tasks.land import land_or_spool
-from gymfoundry.tasks.reverify import Reverified, load_stored, plan, reverify_rollouts, summary, utcnow
+from gymfoundry.tasks.stages.land import land_or_spool
+from gymfoundry.tasks.ops.reverify import Reverified, load_stored, plan, reverify_rollouts, summary, utcnow
 from gymfoundry.warehouse import Warehouse
 
 

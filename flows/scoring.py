@@ -13,14 +13,13 @@ from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Rollout, TaskSpec
 from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
-from gymfoundry.tasks.calibrate import fit_calibrators, render_agreement
-from gymfoundry.tasks.land import land_or_spool
-from gymfoundry.tasks.reverify import rollout_filter
-from gymfoundry.tasks.score import ScoringRun, score_steps
+from gymfoundry.tasks.ops.calibrate import fit_calibrators, render_agreement
+from gymfoundry.tasks.stages.land import land_or_spool
+from gymfoundry.tasks.ops.reverify import rollout_filter
+from gymfoundry.tasks.stages.score import ScoringRun, score_steps
 from gymfoundry.verifiers.judge import JudgeSettings
 from gymfoundry.warehouse import Warehouse
 

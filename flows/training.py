@@ -20,18 +20,17 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from gymfoundry import envs  # noqa: F401  registers the built-in environments
 from gymfoundry.envs.records import TrainingRun, content_hash
 from gymfoundry.flows.config import TrainingConfig, flow_parameters
 from gymfoundry.flows.evaluation import evaluate, land_evaluation
 from gymfoundry.flows.report import publish_training_artifacts
-from gymfoundry.tasks import progress
-from gymfoundry.tasks.hf_policy import checkpoint_version
-from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits, refuse_non_train_ids
-from gymfoundry.tasks.land import land_or_spool
-from gymfoundry.tasks.progress import PERMILLE, TRAINING
-from gymfoundry.tasks.train import checkpoint_exists
-from gymfoundry.tasks.train import train as run_trainer
+from gymfoundry.tasks.rollout import progress
+from gymfoundry.tasks.policies.hf import checkpoint_version
+from gymfoundry.tasks.stages.isolate import landed_holdout_fractions, landed_splits, refuse_non_train_ids
+from gymfoundry.tasks.stages.land import land_or_spool
+from gymfoundry.tasks.rollout.progress import PERMILLE, TRAINING
+from gymfoundry.tasks.training.train import checkpoint_exists
+from gymfoundry.tasks.training.train import train as run_trainer
 from gymfoundry.tasks.training import base_model as base_models  # a module: tests replace its builder
 from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
 from gymfoundry.warehouse.store import assert_dataset_intact

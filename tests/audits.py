@@ -3,7 +3,7 @@ it: dataset assembly refuses a family without one. Each family is audited once p
 
 from functools import lru_cache
 
-from gymfoundry.tasks.audit import AuditReport, audit_family, land_audit
+from gymfoundry.tasks.stages.audit import AuditReport, audit_family, land_audit
 from gymfoundry.warehouse import Warehouse
 
 

@@ -15,7 +15,7 @@ resolution (getaddrinfo) has no timeout in Python at all and is not covered eith
 
 `EndpointError` is a failure of the endpoint (no answer in time, no connection, an HTTP error, an
 unreadable reply): never the model's output, never a score. `ModelOutputRefused` is the other
-side: a request refused for what the model itself wrote (tasks/openai_policy.py decides when)."""
+side: a request refused for what the model itself wrote (tasks/policies/openai.py decides when)."""
 
 from __future__ import annotations
 

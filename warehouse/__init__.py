@@ -2,7 +2,7 @@
 from the records in `gymfoundry.envs.records`. See `Warehouse`."""
 
 from gymfoundry.warehouse.schema import Column, arrow_schema, column_for, from_row, model_columns, to_row
-from gymfoundry.warehouse.console import ConsoleRefused
+from gymfoundry.warehouse.statements import ConsoleRefused
 from gymfoundry.warehouse.store import (CATALOG_FILE, QUARANTINE_DIR, CatalogLocked, DamagedWarehouse, Landing,
                              QuarantinedBatch, Repair, Warehouse, assert_intact)
 from gymfoundry.warehouse.staged import Staged, stage

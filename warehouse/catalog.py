@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 
-# Dataset files (`<data_dir>/datasets/<dataset_id>.parquet`, written by `gymfoundry.tasks.assemble`) are no lake
+# Dataset files (`<data_dir>/datasets/<dataset_id>.parquet`, written by `gymfoundry.tasks.stages.assemble`) are no lake
 # batches, but as much part of the warehouse: each one's checksum is kept here when it is written,
 # `warehouse check` verifies it, the trainer refuses a file that does not match. Mutable, unlike the
 # `datasets` rows: a dataset rebuilt by `warehouse repair`, or quarantined, updates its entry.

@@ -24,11 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gymfoundry.envs import records
 from gymfoundry.envs.records import content_hash
 from gymfoundry.warehouse.tables import PARTITION, Table
 
-# Family names become directory names and hive partition values; keep them plain.
-FAMILY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Family names become directory names and hive partition values: the records' rule (a family's
+# name, envs/records.py), which is also plain enough for a path.
+FAMILY_NAME = re.compile(records.FAMILY_NAME)
 LAKE_DIR = "lake"
 STAGING_DIR = "staging"  # mirrors the lake's layout: `staging/<table>/task_family=<family>/<batch>.parquet`
 BATCH_ID = re.compile(r"b-[0-9a-f]{24}")

@@ -252,8 +252,8 @@ def validate_table(table: Table, frame: pd.DataFrame, found: dict[Reference, set
 def _validate(frame: pd.DataFrame, suite, result_format: str):
     """GX's validator over the frame: what `Batch.validate` does, less the batch it builds first
     and then builds again inside (each build hashes the whole frame for its fingerprint)."""
-    from great_expectations.execution_engine import pandas_execution_engine as engine
-    from great_expectations.validator.v1_validator import Validator
+    from great_expectations.execution_engine import pandas_execution_engine as engine  # local: GX is heavy
+    from great_expectations.validator.v1_validator import Validator  # local: GX is heavy
 
     validator = Validator(batch_definition=_batch_definition(), batch_parameters={"dataframe": frame},
                           result_format=result_format)
@@ -447,7 +447,7 @@ _LOCK = threading.Lock()
 
 @cache
 def _gx():
-    import great_expectations
+    import great_expectations  # local: great_expectations is heavy (seconds to import)
 
     return great_expectations
 
@@ -458,9 +458,9 @@ def _json_expectation():
     parses each value with pydantic's JSON parser (Rust; strict RFC 8259, no NaN), where GX's own
     `expect_column_values_to_be_json_parseable` runs `json.loads` (four times slower per value, and
     it takes NaN). Defined on first use: defining a GX expectation registers it."""
-    from great_expectations.execution_engine import PandasExecutionEngine
-    from great_expectations.expectations.expectation import ColumnMapExpectation
-    from great_expectations.expectations.metrics import ColumnMapMetricProvider, column_condition_partial
+    from great_expectations.execution_engine import PandasExecutionEngine  # local: GX is heavy
+    from great_expectations.expectations.expectation import ColumnMapExpectation  # local: GX is heavy
+    from great_expectations.expectations.metrics import ColumnMapMetricProvider, column_condition_partial  # local: GX is heavy
 
     class ColumnValuesValidJson(ColumnMapMetricProvider):
         condition_metric_name = "column_values.valid_json"
@@ -484,9 +484,9 @@ def _rules_expectation():
     pass over the frame (`rows_hold`). GX plans and resolves each expectation at a fixed cost whatever
     the batch's size, and a table has up to 23 column rules: this is one. Defined on first use
     (defining an expectation registers it)."""
-    from great_expectations.execution_engine import PandasExecutionEngine
-    from great_expectations.expectations.expectation import MulticolumnMapExpectation
-    from great_expectations.expectations.metrics.map_metric_provider import (MulticolumnMapMetricProvider,
+    from great_expectations.execution_engine import PandasExecutionEngine  # local: GX is heavy
+    from great_expectations.expectations.expectation import MulticolumnMapExpectation  # local: GX is heavy
+    from great_expectations.expectations.metrics.map_metric_provider import (MulticolumnMapMetricProvider,  # local: GX is heavy
                                                                              multicolumn_condition_partial)
 
     class MulticolumnValuesHoldRecordRules(MulticolumnMapMetricProvider):
@@ -534,7 +534,7 @@ def _is_json(value: Any) -> bool:
 @cache
 def _batch_definition():
     gx = _gx()
-    from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,
+    from great_expectations.data_context.types.base import (DataContextConfig, InMemoryStoreBackendDefaults,  # local: GX is heavy
                                                             ProgressBarsConfig)
 
     config = DataContextConfig(store_backend_defaults=InMemoryStoreBackendDefaults(), analytics_enabled=False,

@@ -1,7 +1,7 @@
 """The spool: batches a writer could not land because another process held the catalog.
 
 A reader holding the catalog (a notebook's connection, a `duckdb` CLI session) blocks every
-writer. Rather than fail the run and lose what it collected, every writer (`gymfoundry.tasks.land`: the
+writer. Rather than fail the run and lose what it collected, every writer (`gymfoundry.tasks.stages.land`: the
 factory's landings and run rows, the holdout lock, evaluation, training runs, reverify, scoring)
 writes the batch's records here as one JSON file, `<data_dir>/spool/<utc time>-<hash>.json`, and
 the next landing lands every spooled batch first, in the order they were spooled, and removes each

@@ -8,7 +8,7 @@ A writer excludes every other process, readers included; any number of
 `read_only=True` readers may share the catalog while no writer holds it. So open for writing
 only around landing, and read with `read_only=True` (a CLI query needs no write lock). A writer
 that meets a held lock logs who holds it and retries with backoff for `lock_timeout_s` (default
-`lock_wait_s()`, the same for every writer), then raises `CatalogLocked` (`gymfoundry.tasks.land` then
+`lock_wait_s()`, the same for every writer), then raises `CatalogLocked` (`gymfoundry.tasks.stages.land` then
 spools the batch, see `gymfoundry.warehouse.spool`).
 """
 
@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from gymfoundry.envs.records import (DatasetManifest, DatasetRow, HoldoutLock, Record, Rollout, Run, Step, StepScore,
                           TaskRejection, TaskSpec, Verdict, content_hash)
-from gymfoundry.warehouse import catalog, console, damage, quality
+from gymfoundry.warehouse import catalog, damage, quality, statements
 from gymfoundry.warehouse.lake import LAKE_DIR, file_sha256, staging_path, write_batches
 from gymfoundry.warehouse.staged import (OWNED_BY_ROLLOUT, STAGING_ERRORS, Part, Staged, as_rows, column_values, frame, keys_of,
                              rows_part, stage, take, to_arrow, unstageable)
@@ -459,7 +459,7 @@ class Warehouse:
         Re-running the runs that landed them lands the same rows again.
 
         A missing or changed dataset file is rebuilt by `rebuild(warehouse, dataset_id)` (the
-        warehouse cannot build datasets itself: `gymfoundry.tasks.assemble.rebuild_dataset` does), which puts
+        warehouse cannot build datasets itself: `gymfoundry.tasks.stages.assemble.rebuild_dataset` does), which puts
         back a file with the recorded checksum and returns None, or says why it cannot; a dataset
         not rebuilt is quarantined (its file, where there is one, moved away) with that reason.
         A dataset file assembled before checksums were kept gets its checksum recorded."""
@@ -524,7 +524,7 @@ class Warehouse:
                 continue
             if p.kind not in damage.DAMAGE:
                 continue
-            why = "no rebuilder was given (`gymfoundry.tasks.assemble.rebuild_dataset` rebuilds datasets)"
+            why = "no rebuilder was given (`gymfoundry.tasks.stages.assemble.rebuild_dataset` rebuilds datasets)"
             if rebuild is not None:
                 why = rebuild(self, p.dataset_id)
                 if why is None:
@@ -562,9 +562,9 @@ class Warehouse:
     # Reading -------------------------------------------------------------------------------
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pa.Table:
-        """Run SQL. Read-only, only queries run (`gymfoundry.warehouse.console`: nothing may write files)."""
+        """Run SQL. Read-only, only queries run (`gymfoundry.warehouse.statements`: nothing may write files)."""
         if self.read_only:
-            console.check_query(query)
+            statements.check_query(query)
         with self._damage_explained():
             result = self.con.sql(query, params=params)
             return result.to_arrow_table() if result is not None else pa.table({})

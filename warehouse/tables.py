@@ -175,7 +175,7 @@ TABLES: dict[str, Table] = {t.name: t for t in [
     Table("outcomes", Verdict, key=("rollout_id", "verifier_id", "verifier_version"),
           derived=("termination = 'success' AS success",), timestamps=("verified_at",),
           references=(Reference(("rollout_id",), "rollouts"),)),
-    # Gameability audits (tasks/audit.py): per family version, adversary and level, next to the oracle.
+    # Gameability audits (tasks/stages/audit.py): per family version, adversary and level, next to the oracle.
     # The same audit (its id is its content) run again lands again, at its own time: the newest decides.
     Table("family_audits", FamilyAudit, key=("audit_id", "adversary", "level", "audited_at"),
           timestamps=("audited_at",)),

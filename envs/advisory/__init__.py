@@ -6,12 +6,13 @@ from gymfoundry.envs.family import Family
 
 from .facts import AdvisoryFacts
 from .generator import GENERATOR_VERSION, generate
+from .policy import ScriptedAdvisoryPolicy
+from .verifier import AdvisoryVerifier
 from .world import AdvisoryEnv
 
 FAMILY = Family(
     name="advisory", env=AdvisoryEnv, generator=generate, generator_version=GENERATOR_VERSION,
-    facts=AdvisoryFacts, verifier=f"{__name__}.verifier:AdvisoryVerifier",
-    scripted_policy=f"{__name__}.policy:ScriptedAdvisoryPolicy")
+    facts=AdvisoryFacts, verifier=AdvisoryVerifier, scripted_policy=ScriptedAdvisoryPolicy)
 generate_task = FAMILY.generate
 
 __all__ = ["FAMILY", "GENERATOR_VERSION", "AdvisoryEnv", "generate_task"]

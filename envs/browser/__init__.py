@@ -8,12 +8,13 @@ from gymfoundry.envs.family import Family
 
 from .facts import BrowserFacts
 from .generator import GENERATOR_VERSION, generate
+from .policy import ScriptedBrowserPolicy
+from .verifier import BrowserVerifier
 from .world import BrowserEnv
 
 FAMILY = Family(
     name="browser", env=BrowserEnv, generator=generate, generator_version=GENERATOR_VERSION,
-    facts=BrowserFacts, verifier=f"{__name__}.verifier:BrowserVerifier",
-    scripted_policy=f"{__name__}.policy:ScriptedBrowserPolicy")
+    facts=BrowserFacts, verifier=BrowserVerifier, scripted_policy=ScriptedBrowserPolicy)
 generate_task = FAMILY.generate
 
 __all__ = ["FAMILY", "GENERATOR_VERSION", "BrowserEnv", "generate_task"]

@@ -36,6 +36,7 @@ from gymfoundry.envs.verifier import Ending, ReplayVerifier, calls_of
 from .facts import BrowserFacts
 from .rules import affordable, as_number, describe, misses, offers, satisfying
 from .site import ACCOUNT, FORM, HOST, PROFILE_LINK, SAVE, Site, money
+from .world import BrowserEnv
 
 CONTACT = ("email", "phone", "default_address")
 
@@ -232,8 +233,6 @@ class BrowserVerifier(ReplayVerifier):
 
     @staticmethod
     def profile_rules() -> list[str]:
-        from .world import BrowserEnv
-
         return BrowserEnv.profile.outcome_rules
 
     def precondition(self, task: TaskSpec) -> str | None:

@@ -180,13 +180,6 @@ def secret_lines(template: Template, limit: int = 6) -> list[str]:
     return (defs[: limit // 2] + asserts[: limit - limit // 2])[:limit]
 
 
-def generate_task(seed: int, level: int = 2) -> TaskSpec:
-    """The task of (seed, level): the coding family's `generate`."""
-    from gymfoundry.envs.coding import FAMILY  # the family is declared beside the env, which imports this module
-
-    return FAMILY.generate(seed, level)
-
-
 def generate(family: Family, seed: int, level: int) -> TaskSpec:
     knobs = LEVELS[level]
     rng = family.rng(seed, level)

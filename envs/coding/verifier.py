@@ -33,12 +33,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from gymfoundry.envs.coding import FAMILY, examiner
+from gymfoundry.envs.coding import examiner
 from gymfoundry.envs.coding.examiner import Observed
 from gymfoundry.envs.coding.facts import CodingFacts
 from gymfoundry.envs.coding.generator import apply_edits
 from gymfoundry.envs.coding.world import CodingEnv, sandbox_limits
 from gymfoundry.envs.errors import EnvFault
+from gymfoundry.envs.family import family, masked_dirs
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Step, TaskSpec, ToolCall, content_hash
 from gymfoundry.envs.sandbox import CommandResult, PathError, PathKind, SandboxError, create_sandbox
 from gymfoundry.envs.sandbox.base import normalize_path
@@ -75,7 +76,7 @@ class Exam:
 
 def facts(task: TaskSpec) -> CodingFacts:
     """The task's hidden facts, validated (an `InvalidTask` naming the bad fields if not)."""
-    return FAMILY.facts_of(task)
+    return family(CodingEnv.family).facts_of(task)
 
 
 def exam_support(task: TaskSpec) -> tuple[dict[str, str], frozenset[str]]:
@@ -103,7 +104,7 @@ def observe(task: TaskSpec, files: dict[str, str], support: dict[str, str], back
             allow_unsafe: bool | None) -> CommandResult:
     """Run the rewritten tests on `files` in a fresh sandbox (SandboxError when it cannot run)."""
     limits = sandbox_limits(task)
-    with create_sandbox(files, support, limits, backend, allow_unsafe) as box:
+    with create_sandbox(files, support, limits, backend, allow_unsafe, masked_dirs()) as box:
         root = box.support_dir
         return box.run(["python", "-I", f"{root}/observer.py", box.workdir, f"hidden={root}/hidden",
                         f"visible={root}/visible"], timeout_s=limits.wall_s)

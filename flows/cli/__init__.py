@@ -28,7 +28,7 @@ from gymfoundry.flows.cli.reverify import add_reverify_command
 from gymfoundry.flows.cli.run import add_run_commands
 from gymfoundry.flows.cli.training import add_training_commands
 from gymfoundry.flows.cli.warehouse import add_warehouse_commands
-from gymfoundry.tasks.retry import RetryExhausted
+from gymfoundry.tasks.rollout.retry import RetryExhausted
 from gymfoundry.verifiers.endpoint import EndpointError
 
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gymfoundry import envs
 from gymfoundry.envs.check import check_family
+from gymfoundry.envs.family import families
 from gymfoundry.envs.scaffold import ScaffoldError, main_message, new_family
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
-    for env_id in envs.list_envs():
-        env = envs.make(env_id, verified=False)
-        tools = ", ".join(f"{t.name}({t.category.value})" for t in env.profile.tools)
-        print(f"{env_id}  tools: {tools}")
+    for fam in families():
+        tools = ", ".join(f"{t.name}({t.category.value})" for t in fam.profile.tools)
+        print(f"{fam.env_id}  tools: {tools}")
     return 0
 
 
@@ -32,7 +31,7 @@ def cmd_check_family(args: argparse.Namespace) -> int:
 def cmd_audit_family(args: argparse.Namespace) -> int:
     """Exit 1, with the table, when an adversary beats its floor or reaches the oracle's return.
     With a data dir, the audit lands in `family_audits` (what dataset assembly asks for)."""
-    from gymfoundry.tasks.audit import audit_family, land_audit  # local: loads polars (~0.3 s); --help needs none
+    from gymfoundry.tasks.stages.audit import audit_family, land_audit  # local: loads polars (~0.3 s); --help needs none
 
     report = audit_family(args.name, episodes=args.episodes)
     print(report.render(), file=sys.stdout if report.ok else sys.stderr)

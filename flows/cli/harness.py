@@ -12,9 +12,8 @@ import uuid
 import anyio
 import uvicorn
 
-from gymfoundry import envs  # noqa: F401  (registers the families)
 from gymfoundry.flows.cli.options import add_data_dir, check_families
-from gymfoundry.tasks.http_guard import READ_TIMEOUT_S, check_limits, guarded_config
+from gymfoundry.tasks.harness.http_guard import READ_TIMEOUT_S, check_limits, guarded_config
 
 
 def cmd_serve_env(args: argparse.Namespace) -> int:
@@ -26,8 +25,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gymfoundry serve-env: {exc}", file=sys.stderr)
         return 2
-    from gymfoundry.tasks.harness import EpisodeHub  # local: the warehouse's duckdb (~0.7 s); --help needs none
-    from gymfoundry.tasks.mcp_server import build_app, serve_stdio  # local: the mcp package (~0.6 s)
+    from gymfoundry.tasks.harness.hub import EpisodeHub  # local: the warehouse's duckdb (~0.7 s); --help needs none
+    from gymfoundry.tasks.harness.mcp_server import build_app, serve_stdio  # local: the mcp package (~0.6 s)
 
     hub = EpisodeHub(args.family, args.data_dir, tasks=args.tasks, seed=args.seed, idle_timeout_s=args.idle_timeout,
                      land_before_reply=args.transport == "stdio", max_open=args.max_open)
@@ -57,7 +56,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from gymfoundry.tasks.proxy import build_proxy  # local: the warehouse's duckdb (~0.7 s); --help needs none
+    from gymfoundry.tasks.harness.proxy import build_proxy  # local: the warehouse's duckdb (~0.7 s); --help needs none
 
     key = None
     if args.api_key_env:
@@ -86,7 +85,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def add_http_limits(parser: argparse.ArgumentParser) -> None:
-    """serve-env's and the proxy's limits against slow and many clients (tasks.http_guard)."""
+    """serve-env's and the proxy's limits against slow and many clients (tasks.harness.http_guard)."""
     parser.add_argument("--max-connections", type=int, default=None,
                         help="connections served at once; more are closed as they arrive (default: half the "
                              "process's descriptor limit, at most 1024)")

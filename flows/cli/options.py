@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from gymfoundry.envs.records import PolicySpec, Sampling
 from gymfoundry.flows.config import checked_families
 from gymfoundry.flows.defaults import DEFAULT_DATA_DIR
-from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.policies.registry import make_policy
 
 
 class UsageError(ValueError):

@@ -12,7 +12,7 @@ from gymfoundry.flows.defaults import prefect_defaults
 
 
 def cmd_labels_export(args: argparse.Namespace) -> int:
-    from gymfoundry.tasks.calibrate import export_label_sample  # local: duckdb and pandas (~0.5 s); --help needs none
+    from gymfoundry.tasks.ops.calibrate import export_label_sample  # local: duckdb and pandas (~0.5 s); --help needs none
 
     existing_warehouse(args.data_dir)
     check_families(args.families)
@@ -23,7 +23,7 @@ def cmd_labels_export(args: argparse.Namespace) -> int:
 
 
 def cmd_labels_import(args: argparse.Namespace) -> int:
-    from gymfoundry.tasks.calibrate import import_labels  # local: duckdb and pandas (~0.5 s); --help needs none
+    from gymfoundry.tasks.ops.calibrate import import_labels  # local: duckdb and pandas (~0.5 s); --help needs none
 
     existing_warehouse(args.data_dir)
     missing = [path for path in args.files if not Path(path).is_file()]
@@ -43,7 +43,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError(f"--holdout {args.holdout:g}: the held-out share must be between 0 and 1")
     prefect_defaults()
     from gymfoundry.flows.scoring import calibrate  # local: Prefect loads only for commands that run flows
-    from gymfoundry.tasks.calibrate import render_agreement  # local: duckdb and pandas (~0.5 s)
+    from gymfoundry.tasks.ops.calibrate import render_agreement  # local: duckdb and pandas (~0.5 s)
 
     reports = calibrate(data_dir=args.data_dir, families=args.families, kind=args.kind, holdout=args.holdout,
                         seed=args.seed, min_labels=args.min_labels, judge_base_url=args.judge_base_url,

@@ -110,7 +110,7 @@ def add_training_commands(sub) -> None:
     train.add_argument("--learning-rate", type=float)
     train.add_argument("--batch-size", type=int)
     train.add_argument("--time-limit-s", type=float)
-    train.add_argument("--hyperparameters", help="JSON object of further hyperparameters (see tasks.train)")
+    train.add_argument("--hyperparameters", help="JSON object of further hyperparameters (see tasks.training.train)")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="success rate of a model on held-out tasks")

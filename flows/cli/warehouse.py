@@ -68,7 +68,7 @@ def print_check(report) -> None:
 
 
 def cmd_warehouse_repair(args: argparse.Namespace) -> int:
-    from gymfoundry.tasks.assemble import rebuild_dataset  # local: duckdb (~0.7 s), as the warehouse
+    from gymfoundry.tasks.stages.assemble import rebuild_dataset  # local: duckdb (~0.7 s), as the warehouse
     from gymfoundry.warehouse import Warehouse  # local: duckdb (~0.7 s); --help needs none
 
     existing_warehouse(args.data_dir)

@@ -9,14 +9,6 @@ from collections.abc import Iterator, Sequence
 import torch
 
 
-def row_weight(row: dict) -> float:
-    """A dataset row's curriculum weight: its stored `weight` / `curriculum_weight`, else 1."""
-    for key in ("weight", "curriculum_weight"):
-        if row.get(key) is not None:
-            return float(row[key])
-    return 1.0
-
-
 def curriculum_order(weights: Sequence[float], levels: Sequence[int], num_samples: int, seed: int = 0,
                      warmup_fraction: float = 0.5) -> list[int]:
     """Indices to visit. At progress p the levels allowed rise linearly from the easiest to all

@@ -13,6 +13,7 @@ import torch
 from trl import DPOTrainer
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 
+from gymfoundry.envs.records import DPORow
 from gymfoundry.tasks.training.sft import render_ids
 
 
@@ -25,9 +26,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def preference_example(row: dict[str, Any], tokenizer) -> dict[str, list[int]]:
-    chosen_ids, chosen_mask = render_ids(tokenizer, row["prompt"] + row["chosen"], row.get("tools"))
-    rejected_ids, rejected_mask = render_ids(tokenizer, row["prompt"] + row["rejected"], row.get("tools"))
+def preference_example(row: DPORow, tokenizer) -> dict[str, list[int]]:
+    chosen_ids, chosen_mask = render_ids(tokenizer, row.prompt + row.chosen, row.tools)
+    rejected_ids, rejected_mask = render_ids(tokenizer, row.prompt + row.rejected, row.tools)
     prompt = common_prefix(chosen_ids, rejected_ids)
     # The completions start at the first assistant token, so the shared prompt ends with the
     # generation prompt and neither completion begins with a masked observation.

@@ -26,6 +26,20 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from gymfoundry.envs.delegation import parallelism_gain
+from gymfoundry.envs.records import GRPORow, ParallelismReward, Split
+from gymfoundry.tasks.ops.evaluate import evaluation_budget
+from gymfoundry.tasks.policies.checkpoint import load_model
+from gymfoundry.tasks.policies.hf import HFPolicy, family_tools
+from gymfoundry.tasks.rollout.episodes import rollout_seed, run_episode
+from gymfoundry.tasks.stages.generate import family_env_class, generate_tasks
+from gymfoundry.tasks.stages.isolate import (HOLDOUT_FRACTION, landed_holdout_fractions, landed_splits,
+                                             refuse_non_train, tasks_of_split)
+from gymfoundry.tasks.stages.score import score_rollouts
+from gymfoundry.tasks.training.curriculum import curriculum_order
+from gymfoundry.tasks.training.progress import ReportProgress
+from gymfoundry.tasks.training.runners import TimeLimit, load_rows, template_metrics
+
 EPS = 1e-4
 
 
@@ -62,9 +76,6 @@ def train_tasks(family: str, n: int, seed: int, known=None, holdout_fraction=Non
     """`n` train tasks of a family, as the split authority decides with the splits and holdout
     fractions a warehouse recorded (`known`, template_id -> split; `holdout_fraction`, family ->
     fraction): never a holdout, val or test task."""
-    from gymfoundry.envs.records import Split
-    from gymfoundry.tasks.generate import generate_tasks
-    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, tasks_of_split
 
     fraction = HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction
     return tasks_of_split(generate_tasks(family, n * 4, seed), Split.train, known, fraction)[:n]
@@ -75,29 +86,21 @@ def dataset_tasks(dataset: str, steps: int, seed: int, known=None, holdout_fract
     checked against the stored task id), in curriculum order following the stored weights.
     A dataset naming a task the split authority puts outside train (with `known`, the splits a
     warehouse recorded) is refused whole."""
-    from datasets import Dataset
-
-    from gymfoundry.tasks.generate import family_env_class
-    from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, refuse_non_train
-    from gymfoundry.tasks.training.curriculum import curriculum_order, row_weight
-
-    rows = Dataset.from_parquet(str(dataset)).to_list()
+    rows = load_rows(dataset, GRPORow)
     tasks = []
     for row in rows:
-        task = family_env_class(row["task_family"]).generate_task(row["seed"], row["level"])
-        if task.task_id != row["task_id"]:
-            raise ValueError(f"task {row['task_id']} does not regenerate from its seed and level")
+        task = family_env_class(row.task_family).generate_task(row.seed, row.level)
+        if task.task_id != row.task_id:
+            raise ValueError(f"task {row.task_id} does not regenerate from its seed and level")
         tasks.append(task)
     refuse_non_train(tasks, known, f"GRPO dataset {dataset}",
                      HOLDOUT_FRACTION if holdout_fraction is None else holdout_fraction)
-    order = curriculum_order([row_weight(r) for r in rows], [int(r["difficulty"]) for r in rows], steps, seed)
+    order = curriculum_order([r.weight for r in rows], [r.difficulty for r in rows], steps, seed)
     return [tasks[i] for i in order]
 
 
 def step_rewards_of(rollouts, tasks) -> dict[str, list[float]]:
     """The PRM's reward per step: the `combined` layer where scored, else the rule layer."""
-    from gymfoundry.tasks.score import score_rollouts
-
     by_layer: dict[str, dict[str, dict[int, float]]] = {}
     for s in score_rollouts(rollouts, tasks):
         if s.score is not None:
@@ -152,8 +155,6 @@ class LiveEpisodes:
     errors the env appended (env mask 0). Keeps every episode played, for landing."""
 
     def __init__(self, tasks, base_model: str, hp, policy_id: str, parallelism=None):
-        from gymfoundry.tasks.hf_policy import family_tools
-
         self.parallelism = parallelism  # envs.records.ParallelismReward from the dataset, or None
         self.tasks = {t.task_id: t for t in tasks}
         self.base_model, self.hp, self.policy_id = base_model, hp, policy_id
@@ -161,10 +162,6 @@ class LiveEpisodes:
         self.rollouts, self.group_success = [], []
 
     def __call__(self, prompts: list[str], trainer) -> dict[str, list]:
-        from gymfoundry.tasks.evaluate import evaluation_budget
-        from gymfoundry.tasks.hf_policy import HFPolicy
-        from gymfoundry.tasks.rollout import rollout_seed, run_episode
-
         hp, step, n = self.hp, trainer.state.global_step, trainer.num_generations
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
@@ -205,23 +202,16 @@ class LiveEpisodes:
 def episode_reward(rollout, parallelism, step: int) -> float:
     """The episode's outcome (1 for a verified success), plus the dataset's annealed parallelism
     reward where it offers one: its weight at `step` x the episode's parallelism gain."""
-    from gymfoundry.envs.delegation import parallelism_gain
-
     bonus = 0.0 if parallelism is None else parallelism.at(step) * parallelism_gain(rollout)
     return float(rollout.success) + bonus
 
 
-def dataset_parallelism(dataset: str):
+def dataset_parallelism(dataset: str) -> ParallelismReward | None:
     """The parallelism reward a GRPO dataset file offers (its rows carry the schedule), or None."""
     import pyarrow.parquet as pq
 
-    from gymfoundry.envs.records import ParallelismReward
-
     table = pq.read_table(str(dataset))
-    if "parallelism_weight" not in table.column_names or table.num_rows == 0:
-        return None
-    row = table.slice(0, 1).to_pylist()[0]
-    return ParallelismReward(weight=row["parallelism_weight"], anneal_steps=row["parallelism_anneal_steps"])
+    return GRPORow.model_validate(table.slice(0, 1).to_pylist()[0]).parallelism if table.num_rows else None
 
 
 def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
@@ -235,10 +225,6 @@ def run_grpo(dataset: str | None, base_model: str, output_dir: str, hp, *,
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from gymfoundry.tasks.isolate import landed_holdout_fractions, landed_splits
-    from gymfoundry.tasks.training.base_model import load_model
-    from gymfoundry.tasks.training.progress import ReportProgress
-    from gymfoundry.tasks.training.runners import TimeLimit, template_metrics
 
     model, tokenizer = load_model(base_model)
     known = landed_splits(hp.data_dir)  # the splits recorded where the factory landed its tasks

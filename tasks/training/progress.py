@@ -1,4 +1,4 @@
-"""A TrainerCallback that reports a training run's progress and losses (tasks/progress.py):
+"""A TrainerCallback that reports a training run's progress and losses (tasks/rollout/progress.py):
 progress in thousandths of its budget — steps, or wall time for a run bounded by time, whichever
 is further along — and a note with the loss at each of the trainer's logging steps."""
 
@@ -8,8 +8,8 @@ import time
 
 from transformers import TrainerCallback
 
-from gymfoundry.tasks import progress
-from gymfoundry.tasks.progress import PERMILLE, TRAINING
+from gymfoundry.tasks.rollout import progress
+from gymfoundry.tasks.rollout.progress import PERMILLE, TRAINING
 
 
 class ReportProgress(TrainerCallback):

@@ -5,13 +5,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from transformers import TrainerCallback
 
-from gymfoundry.tasks.training.base_model import load_model, template_source, tool_arguments_for
-from gymfoundry.tasks.training.curriculum import CurriculumMixin, CurriculumSampler, row_weight
+from gymfoundry.envs.records import DPORow, SFTRow, TrainingRow
+from gymfoundry.tasks.policies.checkpoint import load_model, template_source, tool_arguments_for
+from gymfoundry.tasks.training.curriculum import CurriculumMixin, CurriculumSampler
+from gymfoundry.tasks.training.dpo import MaskedDPOTrainer, MaskedPreferenceCollator, preference_example
 from gymfoundry.tasks.training.progress import ReportProgress
+from gymfoundry.tasks.training.sft import StepWeightedSFTTrainer, WeightedCollator, sft_examples
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +59,14 @@ def common_args(hp, output_dir: str) -> dict[str, Any]:
                 remove_unused_columns=False)
 
 
-def load_rows(dataset: str) -> list[dict[str, Any]]:
+Row = TypeVar("Row", bound=TrainingRow)
+
+
+def load_rows(dataset: str, record: type[Row]) -> list[Row]:
+    """A dataset file's rows as their records, validated here, once."""
     from datasets import Dataset
 
-    return Dataset.from_parquet(str(dataset)).to_list()
+    return [record.model_validate(row) for row in Dataset.from_parquet(str(dataset)).to_list()]
 
 
 def curriculum_for(examples, hp) -> CurriculumSampler | None:
@@ -89,8 +96,6 @@ def finish(trainer, tokenizer, output_dir: str, examples: int, started: float) -
 def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any]:
     from trl import SFTConfig
 
-    from gymfoundry.tasks.training.sft import StepWeightedSFTTrainer, WeightedCollator, sft_examples
-
     class Trainer(CurriculumMixin, StepWeightedSFTTrainer):
         pass
 
@@ -98,10 +103,10 @@ def run_sft(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any
     from datasets import Dataset
 
     examples = []
-    for row in load_rows(dataset):
+    for row in load_rows(dataset, SFTRow):
         for ex in sft_examples(row, tokenizer, hp.max_length, hp.overlap_steps, hp.weighted,
                                hp.step_weight_temperature):
-            examples.append({**ex, "difficulty": int(row.get("difficulty") or 1), "weight": row_weight(row)})
+            examples.append({**ex, "difficulty": row.difficulty, "weight": row.weight})
     if not examples:
         raise ValueError(f"no trainable SFT examples in {dataset}")
     args = SFTConfig(**common_args(hp, output_dir), max_length=None,
@@ -120,14 +125,12 @@ def run_dpo(dataset: str, base_model: str, output_dir: str, hp) -> dict[str, Any
     from datasets import Dataset
     from trl import DPOConfig
 
-    from gymfoundry.tasks.training.dpo import MaskedDPOTrainer, MaskedPreferenceCollator, preference_example
-
     class Trainer(CurriculumMixin, MaskedDPOTrainer):
         pass
 
     model, tokenizer = load_model(base_model)
-    examples = [{**preference_example(row, tokenizer), "difficulty": int(row.get("difficulty") or 1),
-                 "weight": row_weight(row)} for row in load_rows(dataset)]
+    examples = [{**preference_example(row, tokenizer), "difficulty": row.difficulty, "weight": row.weight}
+                for row in load_rows(dataset, DPORow)]
     if not examples:
         raise ValueError(f"no preference pairs in {dataset}")
     args = DPOConfig(**common_args(hp, output_dir), beta=hp.beta, max_length=hp.max_length,

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from trl import SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from gymfoundry.tasks.assemble import with_tool_arguments
-from gymfoundry.tasks.training.base_model import tool_arguments_for
+from gymfoundry.envs.records import SFTRow
+from gymfoundry.tasks.policies.chat import with_tool_arguments
+from gymfoundry.tasks.policies.checkpoint import tool_arguments_for
 
 STEP_WEIGHT_TEMPERATURE = 0.25
 
@@ -55,22 +56,22 @@ def render_ids(tokenizer, messages: list[dict], tools: list[dict] | str | None) 
     return list(out["input_ids"]), list(out["assistant_masks"])
 
 
-def turn_spans(row: dict[str, Any], tokenizer) -> tuple[list[int], list[tuple[int, int]]]:
+def turn_spans(row: SFTRow, tokenizer) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of an SFT row and the [start, end) span of each assistant turn, checked to be
     one span per assistant message."""
-    ids, mask = render_ids(tokenizer, row["messages"], row.get("tools"))
+    ids, mask = render_ids(tokenizer, row.messages, row.tools)
     spans = assistant_spans(mask)
-    n_assistant = sum(m["role"] == "assistant" for m in row["messages"])
+    n_assistant = sum(m["role"] == "assistant" for m in row.messages)
     if len(spans) != n_assistant:
         raise ValueError(f"template marked {len(spans)} assistant spans for {n_assistant} assistant turns")
     return ids, spans
 
 
-def assistant_tokens(row: dict[str, Any], tokenizer) -> dict[str, list[int]]:
+def assistant_tokens(row: SFTRow, tokenizer) -> dict[str, list[int]]:
     """An SFT row as plain TRL's SFTTrainer takes it pre-tokenised: `input_ids` and
     `assistant_masks` (TRL builds the labels from it), the `masked_turns` left out."""
     ids, spans = turn_spans(row, tokenizer)
-    masked = set(row.get("masked_turns") or [])
+    masked = set(row.masked_turns)
     mask = [0] * len(ids)
     for k, (a, b) in enumerate(spans):
         if k not in masked:
@@ -90,14 +91,14 @@ def assistant_spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def sft_examples(row: dict[str, Any], tokenizer, max_length: int | None = None, overlap_steps: int = 1,
+def sft_examples(row: SFTRow, tokenizer, max_length: int | None = None, overlap_steps: int = 1,
                  weighted: bool = True, temperature: float = STEP_WEIGHT_TEMPERATURE) -> list[dict[str, list]]:
     """Trainer-ready examples (`input_ids`, `labels`, `token_weights`) of one SFT row, chunked
     at step boundaries when the conversation exceeds `max_length`."""
     ids, spans = turn_spans(row, tokenizer)
-    masked = set(row.get("masked_turns") or [])
+    masked = set(row.masked_turns)
     kept = [k for k in range(len(spans)) if k not in masked]
-    rewards = list(row.get("step_rewards") or [])
+    rewards = row.step_rewards
     if weighted and len(rewards) == len(spans):
         weights = dict(zip(kept, step_weights([rewards[k] for k in kept], temperature)))
     else:

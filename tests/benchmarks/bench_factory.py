@@ -60,15 +60,15 @@ def run_flow(cfg) -> dict:
 def run_plain(cfg) -> dict:
     """The flow's stages in the flow's order, as plain calls: no task runs, no subflow, no artifacts."""
     from gymfoundry.envs.records import Run
-    from gymfoundry.tasks.assemble import assemble_datasets
-    from gymfoundry.tasks.audit import ensure_audited
-    from gymfoundry.tasks.generate import generate_tasks
-    from gymfoundry.tasks.isolate import assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
-    from gymfoundry.tasks.land import land_records, land_run
-    from gymfoundry.tasks.policies import make_policy
-    from gymfoundry.tasks.retry import collect_with_retries, run_counts
-    from gymfoundry.tasks.score import score_rollouts
-    from gymfoundry.tasks.validate import validate_tasks
+    from gymfoundry.tasks.stages.assemble import assemble_datasets
+    from gymfoundry.tasks.stages.audit import ensure_audited
+    from gymfoundry.tasks.stages.generate import generate_tasks
+    from gymfoundry.tasks.stages.isolate import assert_no_leaks, isolate_tasks, landed_splits, lock_holdout_fraction
+    from gymfoundry.tasks.stages.land import land_records, land_run
+    from gymfoundry.tasks.policies.registry import make_policy
+    from gymfoundry.tasks.rollout.retry import collect_with_retries, run_counts
+    from gymfoundry.tasks.stages.score import score_rollouts
+    from gymfoundry.tasks.stages.validate import validate_tasks
     from gymfoundry.warehouse import Warehouse
 
     data_dir, family = cfg.data_dir, cfg.families[0]
@@ -117,12 +117,12 @@ def timed(fn, *args) -> tuple[float, object]:
 
 
 def throughput(n: int, samples: int, seed: int) -> dict[str, float]:
-    from gymfoundry.tasks.generate import generate_tasks
-    from gymfoundry.tasks.isolate import isolate_tasks
-    from gymfoundry.tasks.policies import make_policy
-    from gymfoundry.tasks.rollout import collect_rollouts
-    from gymfoundry.tasks.score import score_rollouts
-    from gymfoundry.tasks.validate import validate_tasks
+    from gymfoundry.tasks.stages.generate import generate_tasks
+    from gymfoundry.tasks.stages.isolate import isolate_tasks
+    from gymfoundry.tasks.policies.registry import make_policy
+    from gymfoundry.tasks.rollout.episodes import collect_rollouts
+    from gymfoundry.tasks.stages.score import score_rollouts
+    from gymfoundry.tasks.stages.validate import validate_tasks
 
     tasks, _ = isolate_tasks(validate_tasks(generate_tasks(FAMILY, n, seed))[0])
     policy = make_policy("scripted", FAMILY, mistake_rate=MISTAKE_RATE)

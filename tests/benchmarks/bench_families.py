@@ -6,7 +6,7 @@ test (pytest collects test_*.py only).
         [--episodes 200] [--repeats 3] [--json out.json]
 
 Two figures per family, medians of `--repeats`: `env` plays `--episodes` episodes (levels 1–5
-in turn) through the runtime stack without the outcome verifier (`make(..., verified=False)`),
+in turn) through the runtime stack without the outcome verifier (`Family.make(verified=False)`),
 `verified` the same episodes with it (the verdict at each episode's end, its replays included).
 `check_family_s` is `gymfoundry.envs.check.check_family` on the family, once.
 """
@@ -25,16 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def steps_per_second(family: str, episodes: int, verified: bool) -> float:
     from gymfoundry.envs.family import family as family_of
-    from gymfoundry.envs.registry import make
     from gymfoundry.envs.wrappers import standard_stack
-    from gymfoundry.tasks.policies import make_policy
+    from gymfoundry.tasks.policies.registry import make_policy
 
     fam = family_of(family)
     tasks = [fam.generate(seed, level) for seed in range(episodes // 5 + 1) for level in fam.levels][:episodes]
     policy = make_policy("scripted", family)
     steps, started = 0, time.perf_counter()
     for i, task in enumerate(tasks):
-        env = standard_stack(make(task.env_id, verified=verified))
+        env = standard_stack(family_of(task.env_id).make(verified=verified))
         try:
             policy.reset(i)
             ts = env.reset(task=task)

@@ -43,12 +43,12 @@ PER_EPISODE = 7
 
 def direct_tool_calls(n: int, task) -> list[float]:
     from gymfoundry.envs.records import ToolCall
-    from gymfoundry.envs.registry import make
+    from gymfoundry.envs.family import family
     from gymfoundry.envs.wrappers import standard_stack
 
     times: list[float] = []
     while len(times) < n:
-        env = standard_stack(make(task.env_id))
+        env = standard_stack(family(task.env_id).make())
         env.reset(task=task)
         env.step(ToolCall(name="find_items", arguments={"query": "a"}))
         for _ in range(PER_EPISODE - 1):
@@ -289,9 +289,9 @@ def main() -> None:
         return
 
     from gymfoundry import envs  # noqa: F401
-    from gymfoundry.tasks.harness import EpisodeHub
-    from gymfoundry.tasks.mcp_server import build_app, served
-    from gymfoundry.tasks.proxy import build_proxy
+    from gymfoundry.tasks.harness.hub import EpisodeHub
+    from gymfoundry.tasks.harness.mcp_server import build_app, served
+    from gymfoundry.tasks.harness.proxy import build_proxy
     from tests.tasks.harness_stub import scripted_inventory
     from tests.verifiers.openai_stub import OpenAIStub
 

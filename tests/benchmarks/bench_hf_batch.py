@@ -37,10 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gymfoundry.envs.records import Budget  # noqa: E402
-from gymfoundry.tasks.generate import generate_tasks  # noqa: E402
-from gymfoundry.tasks.hf_policy import HFPolicy, family_tools  # noqa: E402
-from gymfoundry.tasks.rollout import run_episode  # noqa: E402
-from gymfoundry.tasks.training.base_model import build_base_model, factory_texts, load_model  # noqa: E402
+from gymfoundry.tasks.stages.generate import generate_tasks  # noqa: E402
+from gymfoundry.tasks.policies.hf import HFPolicy, family_tools  # noqa: E402
+from gymfoundry.tasks.rollout.episodes import run_episode  # noqa: E402
+from gymfoundry.tasks.policies.checkpoint import load_model  # noqa: E402
+from gymfoundry.tasks.training.base_model import build_base_model, factory_texts  # noqa: E402
 
 
 def arm(name: str, policy: HFPolicy, tasks, limits: Budget) -> tuple[float, list]:

@@ -8,8 +8,8 @@ Each arm is its own long-lived Python process: `current` imports this working tr
 imports `envs`, `verifiers`, `tasks` and `warehouse` as `git archive <BASELINE>` extracted them
 into a scratch dir (the same venv). Both generate the same tasks and run the factory's two stages
 on them as the factory calls them, per batch of `--block` tasks with `--samples` episodes each:
-`gymfoundry.tasks.rollout.collect_rollouts` (the standard runtime stack, the outcome verifier with its
-hidden-variation replays at each episode's end) and `gymfoundry.tasks.score.score_rollouts` (the rule layer
+`gymfoundry.tasks.rollout.episodes.collect_rollouts` (the standard runtime stack, the outcome verifier with its
+hidden-variation replays at each episode's end) and `gymfoundry.tasks.stages.score.score_rollouts` (the rule layer
 with the verifier's progress potentials, the judge layer (no endpoint configured here) and the
 combination). Each repeat plays tasks of its own (so nothing a process remembers of calls it saw
 helps a later repeat), the arms alternating block by block (A B, then B A) after a warm-up of
@@ -47,9 +47,9 @@ def worker(root: str, tasks_wanted: int, samples: int, mistake_rate: float) -> N
 
     from gymfoundry import envs  # noqa: F401  registers the families
     from gymfoundry.envs.family import family
-    from gymfoundry.tasks.policies import make_policy
-    from gymfoundry.tasks.rollout import collect_rollouts
-    from gymfoundry.tasks.score import score_rollouts
+    from gymfoundry.tasks.policies.registry import make_policy
+    from gymfoundry.tasks.rollout.episodes import collect_rollouts
+    from gymfoundry.tasks.stages.score import score_rollouts
 
     assert Path(envs.__file__).resolve().is_relative_to(Path(root).resolve()), envs.__file__
     fam = family(FAMILY)

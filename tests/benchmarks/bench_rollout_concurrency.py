@@ -1,4 +1,4 @@
-"""Benchmark: episodes per second of the rollout engine (tasks/engine.py) against a local
+"""Benchmark: episodes per second of the rollout engine (tasks/rollout/engine.py) against a local
 OpenAI-protocol server answering every request after a fixed latency, at several concurrencies,
 as a ratio of the ideal C / (latency x turns). Not a test (pytest collects test_*.py only).
 
@@ -84,9 +84,9 @@ def serve(latency: float) -> None:
 
 def run(base_url: str, concurrency: int, episodes: int, seed: int) -> float:
     from gymfoundry.envs.records import PolicySpec, RetryPolicy
-    from gymfoundry.tasks.generate import generate_tasks
-    from gymfoundry.tasks.policies import make_policy
-    from gymfoundry.tasks.retry import collect_with_retries
+    from gymfoundry.tasks.stages.generate import generate_tasks
+    from gymfoundry.tasks.policies.registry import make_policy
+    from gymfoundry.tasks.rollout.retry import collect_with_retries
 
     tasks = generate_tasks("inventory", episodes, seed=seed)
     spec = PolicySpec(kind="openai", model="stub", base_url=base_url, max_concurrency=concurrency, timeout_s=30,

@@ -61,8 +61,8 @@ def episodes(n: int, mistake_rate: float) -> dict:
     from gymfoundry import envs  # noqa: F401  registers the coding family
     from gymfoundry.envs.coding import generate_task
     from gymfoundry.envs.coding.policy import ScriptedCodingPolicy
-    from gymfoundry.tasks.rollout import run_episode
-    from gymfoundry.tasks.validate import validate_tasks
+    from gymfoundry.tasks.rollout.episodes import run_episode
+    from gymfoundry.tasks.stages.validate import validate_tasks
 
     tasks = [generate_task(seed, 1 + seed % 5) for seed in range(n)]
     started = time.perf_counter()

@@ -80,11 +80,12 @@ def plain_sft(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.envs.records import SFTRow
+    from gymfoundry.tasks.policies.checkpoint import load_model
     from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)
-    data = Dataset.from_list([{"messages": r["messages"], "tools": r["tools"]} for r in load_rows(dataset)])
+    data = Dataset.from_list([{"messages": r.messages, "tools": r.tools} for r in load_rows(dataset, SFTRow)])
     args = SFTConfig(**plain_args(hp, out), assistant_only_loss=True, max_length=hp.max_length)
     return timed_train(SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer))
 
@@ -93,12 +94,13 @@ def plain_dpo(dataset: str, base: str, out: str, hp) -> tuple[float, int]:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from gymfoundry.tasks.training.base_model import load_model
+    from gymfoundry.envs.records import DPORow
+    from gymfoundry.tasks.policies.checkpoint import load_model
     from gymfoundry.tasks.training.runners import load_rows
 
     model, tokenizer = load_model(base)
-    data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected", "tools")}
-                              for r in load_rows(dataset)])
+    data = Dataset.from_list([r.model_dump(include={"prompt", "chosen", "rejected", "tools"})
+                              for r in load_rows(dataset, DPORow)])
     args = DPOConfig(**plain_args(hp, out), beta=hp.beta, max_length=hp.max_length, truncation_mode="keep_start")
     return timed_train(DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer))
 
@@ -124,7 +126,7 @@ def one(spec: dict) -> dict:
         build_base_model(spec["out"], factory_texts(n_tasks=100), vocab_size=1024,
                          hidden_size=spec["hidden"], layers=spec["layers"])
         return {}
-    from gymfoundry.tasks.train import Hyperparameters, train
+    from gymfoundry.tasks.training.train import Hyperparameters, train
 
     kind, dataset, base, out = spec["kind"], spec["dataset"], spec["base"], spec["out"]
     hp = {"max_steps": spec["steps"], "batch_size": spec["batch_size"], "num_threads": spec["threads"],

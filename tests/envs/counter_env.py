@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
+from dataclasses import dataclass
+
 from gymfoundry.envs.base import EnvFault, ToolEnv, ToolError
+from gymfoundry.envs.family import Family, HiddenFacts, add, remove
 from gymfoundry.envs.profile import DomainProfile
-from gymfoundry.envs.records import Difficulty, Hidden, Source, TaskSpec, ToolCall
+from gymfoundry.envs.records import ENV_ID, Difficulty, Hidden, Source, TaskSpec, ToolCall
 
 PROFILE = DomainProfile.model_validate({
     "name": "counter",
@@ -77,3 +80,31 @@ class CounterEnv(ToolEnv):
 def reward_at_target(task, steps, state):
     ok = state["value"] == state["target"]
     return (1.0 if ok else 0.0), {"success": ok}
+
+
+class NoFacts(HiddenFacts):
+    """A test world's tasks carry no hidden facts."""
+
+
+@dataclass(frozen=True)
+class TestWorld(Family):
+    """A test world as a family: its env class makes its own tasks (`generate_task`) and may
+    declare its tools in a profile alone; none of the SDK's declaration checks apply."""
+
+    __test__ = False  # not a pytest class
+
+    def __post_init__(self) -> None:
+        self.env.declared_by = self
+
+
+def register(env_id: str, env: type = CounterEnv, verifier: type | None = None) -> Family:
+    """`env` (its `family` the id's name) known as `env_id`, in place of any family of that name;
+    `verifier` None: its episodes get no verdict."""
+    match = ENV_ID.match(env_id)
+    if match is None:
+        raise ValueError(f"env id {env_id!r} must look like gymfoundry/<name>-v<N>")
+    fam = TestWorld(name=match["name"], env=env, generator=lambda _, seed, level: env.generate_task(seed, level),
+                    generator_version="1", facts=NoFacts, verifier=verifier, version=int(match["version"]))
+    remove(fam.name)
+    add(fam)
+    return fam

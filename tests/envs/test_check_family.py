@@ -2,27 +2,28 @@
 way (a verifier without a potential, a reference that fails, a generator that is not
 deterministic, a tool that crashes on some input) fails the check named for that problem, with a
 message that names it. The broken families are the inventory family with one part replaced,
-registered under a test-only env id for one test."""
+declared as a test-only family (its own name and env id) for one test."""
 
+import dataclasses
 import functools
 import itertools
 
-import gymnasium
 import pytest
 
 from gymfoundry import envs
-from gymfoundry.envs import registry
 from gymfoundry.envs.check import CHECKS, check_family
+from gymfoundry.envs.family import add, family, remove
 from gymfoundry.envs.inventory.world import InventoryEnv
 from gymfoundry.envs.records import TaskSpec, ToolCall
 from gymfoundry.envs.sandbox import bubblewrap
 from gymfoundry.flows.cli import main
 from tests.sandbox_guard import require_sandbox
 from gymfoundry.envs.verifier import OutcomeVerifier
+from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
 from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
-FAMILIES = sorted({registry.ENV_ID.match(i)["name"] for i in envs.list_envs()})
-POLICY = "gymfoundry.envs.inventory.policy:ScriptedInventoryPolicy"
+FAMILIES = [fam.name for fam in envs.families()]
+POLICY = ScriptedInventoryPolicy
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -54,21 +55,21 @@ class Probe(InventoryEnv):
 
 @pytest.fixture
 def probe():
-    """register(name, env=Probe subclass, verifier=...) -> the probe's env id; unregistered after."""
+    """register(name, env=Probe subclass, verifier=...) -> the probe's env id: the inventory family
+    under the name `name` (its env and verifier classes subclassed to belong to it); unregistered after."""
     made = []
 
-    def register(name: str, env: type = Probe, verifier: type = InventoryVerifier, policy: str | None = POLICY):
+    def register(name: str, env: type = Probe, verifier: type = InventoryVerifier, policy: type | None = POLICY):
         env_id = f"gymfoundry/{name}-v0"
-        env = type(env.__name__, (env,), {"probe_id": env_id})
-        envs.register(env_id, env, verifier=verifier, scripted_policy=policy)
-        made.append(env_id)
+        env = type(env.__name__, (env,), {"probe_id": env_id, "family": name})
+        verifier = type(verifier.__name__, (verifier,), {"family": name})
+        add(dataclasses.replace(family("inventory"), name=name, env=env, verifier=verifier, scripted_policy=policy))
+        made.append(name)
         return env_id
 
     yield register
-    for env_id in made:
-        registry._REGISTRY.pop(env_id, None)
-        gymnasium.registry.pop(env_id, None)
-    registry.verifier_for.cache_clear()
+    for name in made:
+        remove(name)
 
 
 def failing(report) -> list[str]:

@@ -6,10 +6,11 @@ import pytest
 from gymfoundry.envs.parsing import ActionError, parse_action
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
-from gymfoundry.envs.registry import UnknownEnv, family_env_id, list_envs, make, register
+from gymfoundry.envs.errors import UnknownEnv
+from gymfoundry.envs.family import Family, FamilyError, family, families
 from gymfoundry.envs.wrappers import (ObservationTruncation, PermissionGuard, Recorder, TimeLimit, ToolBudget,
                            standard_stack)
-from tests.envs.counter_env import CounterEnv, reward_at_target
+from tests.envs.counter_env import CounterEnv, NoFacts, register, reward_at_target
 
 
 def obs(ts):
@@ -209,16 +210,16 @@ def test_task_id_is_a_content_hash():
 
 
 def test_registry():
-    with pytest.raises(ValueError, match="gymfoundry/<name>-v<N>"):
-        register("counter", CounterEnv)
+    with pytest.raises(FamilyError, match=r"family name 'Counter' must match \^\[a-z\]"):
+        Family(name="Counter", env=CounterEnv, generator=None, generator_version="1", facts=NoFacts, verifier=None)
     register("gymfoundry/counter-v0", CounterEnv)
-    assert "gymfoundry/counter-v0" in list_envs()
-    env = make("gymfoundry/counter-v0")
+    assert "gymfoundry/counter-v0" in [f.env_id for f in families()]
+    env = family("gymfoundry/counter-v0").make()
     assert isinstance(env, CounterEnv) and env.env_id == "gymfoundry/counter-v0" and env.version == "0"
     with pytest.raises(UnknownEnv, match="no environment 'gymfoundry/nothing-v0'; registered: .*counter"):
-        make("gymfoundry/nothing-v0")
+        family("gymfoundry/nothing-v0")
     with pytest.raises(UnknownEnv, match="no environment family 'nothing'"):
-        family_env_id("nothing")
+        family("nothing")
 
 
 def test_profile_from_yaml(tmp_path):

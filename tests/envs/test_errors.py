@@ -13,7 +13,8 @@ from gymfoundry.envs.faults import FaultInjection
 from gymfoundry.envs.inventory import InventoryEnv
 from gymfoundry.envs.parsing import MAX_DEPTH, parse_action
 from gymfoundry.envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Step, TaskSpec, Termination, ToolCall, check_task
-from gymfoundry.envs.registry import UnknownEnv, family_env_id, make, spec
+from gymfoundry.envs.errors import UnknownEnv
+from gymfoundry.envs.family import family
 from gymfoundry.envs.wrappers import standard_stack
 from tests.envs.counter_env import CounterEnv
 
@@ -111,7 +112,7 @@ def test_an_env_fault_raised_by_infrastructure_stays_a_fault():
 
 def test_injected_crashes_are_env_faults_never_env_bugs():
     config = FaultConfig(rate=1.0, kinds={"tool_crash": 1.0, "timeout": 0.0, "unavailable": 0.0})
-    env = FaultInjection(make("gymfoundry/inventory-v0"), config, seed=1)
+    env = FaultInjection(family("gymfoundry/inventory-v0").make(), config, seed=1)
     env.reset(seed=1)
     ts = env.step(ToolCall(name="find_items", arguments={"query": "x"}))
     assert (ts.info["env_fault"], ts.info["env_bug"]) == (True, False)
@@ -193,7 +194,7 @@ def test_nesting_up_to_the_limit_is_accepted_and_one_more_level_refused():
 
 
 def test_a_deep_action_is_refused_in_both_families_and_through_the_runtime_stack():
-    stack = standard_stack(make("gymfoundry/inventory-v0"))  # coding: envs/coding/tests/test_coding.py (sandbox)
+    stack = standard_stack(family("gymfoundry/inventory-v0").make())  # coding: envs/coding/tests/test_coding.py (sandbox)
     stack.reset(seed=2)
     ts = stack.step(DEEP)
     assert ts.info["error"]["kind"] == "action_too_deep" and not ts.done
@@ -254,7 +255,7 @@ def respun(task: TaskSpec, **changes) -> TaskSpec:
 
 def test_a_spoofed_family_is_a_clear_error_never_a_key_error():
     task = inventory_task()
-    coding = envs.make("gymfoundry/coding-v0").generate_task(1, 1)
+    coding = family("gymfoundry/coding-v0").make().generate_task(1, 1)
     cases = [
         (respun(task, family="nope"), "is for family 'nope', not 'inventory'"),
         (respun(task, family="coding"), "is for family 'coding', not 'inventory'"),
@@ -268,10 +269,10 @@ def test_a_spoofed_family_is_a_clear_error_never_a_key_error():
         with pytest.raises(InvalidTask, match=message):
             InventoryEnv().reset(spoofed)
     with pytest.raises(InvalidTask, match="is for family 'inventory', not 'coding'"):
-        envs.make("gymfoundry/coding-v0").reset(task)
+        family("gymfoundry/coding-v0").make().reset(task)
     with pytest.raises(UnknownEnv, match="no environment 'gymfoundry/nope-v0'; registered: .*inventory-v0"):
-        make(respun(task, env_id="gymfoundry/nope-v0").env_id)
-    for lookup in (lambda: spec("nope"), lambda: family_env_id("nope"), lambda: spec(None)):
+        family(respun(task, env_id="gymfoundry/nope-v0").env_id)
+    for lookup in (lambda: family("gymfoundry/nope-v0"), lambda: family("nope"), lambda: family(None)):
         with pytest.raises(ValueError) as err:
             lookup()
         assert not isinstance(err.value, KeyError)

@@ -12,12 +12,12 @@ from pydantic import Field
 
 from gymfoundry import envs
 from gymfoundry.envs.base import ToolEnv
-from gymfoundry.envs.discovery import FamilyLoadWarning, discover_external, load_errors
+from gymfoundry.envs.discovery import FamilyLoadWarning, discover_external
 from gymfoundry.envs.errors import InvalidTask
-from gymfoundry.envs.family import family, families, masked_dirs
+from gymfoundry.envs.errors import UnknownEnv
+from gymfoundry.envs.family import family, families, load_errors, masked_dirs
 from gymfoundry.envs.inventory import FAMILY, generate_task
 from gymfoundry.envs.records import TaskSpec, ToolCategory
-from gymfoundry.envs.registry import UnknownEnv, make
 from gymfoundry.envs.tools import ProfileMismatch, arguments_schema, render_hint, tool
 from gymfoundry.envs.verifier import ReplayVerifier
 from gymfoundry.envs.inventory.verifier import InventoryVerifier
@@ -26,7 +26,7 @@ from gymfoundry.envs.inventory.verifier import InventoryVerifier
 def test_builtin_families_are_found_from_their_folders():
     assert "inventory" in [f.name for f in families()]
     assert family("inventory") is FAMILY and FAMILY.env_id == "gymfoundry/inventory-v0"
-    assert "gymfoundry/inventory-v0" in envs.list_envs()
+    assert "gymfoundry/inventory-v0" in [f.env_id for f in envs.families()]
 
 
 def test_schema_from_the_signature_keeps_constraints_and_descriptions():
@@ -56,7 +56,7 @@ def test_inventory_tools_come_from_the_code_with_the_schemas_the_profile_had():
         "required": ["sku", "quantity", "auth_token"], "additionalProperties": False}
     assert FAMILY.tool_names == ["find_items", "get_stock", "request_authorization", "reserve", "release", "submit"]
     task = generate_task(3, 2)
-    assert make(FAMILY.env_id, verified=False).reset(task).observation.endswith(
+    assert FAMILY.make(verified=False).reset(task).observation.endswith(
         'Call one tool per turn as JSON: {"name": <tool>, "arguments": {...}}. '
         "Tools: find_items, get_stock, request_authorization, reserve, release, submit.")
 
@@ -70,7 +70,7 @@ def test_task_ids_are_unchanged_by_the_port():
 
 def test_event_log_records_every_call_with_its_outcome():
     task = generate_task(3, 2)
-    env = make(FAMILY.env_id, verified=False)
+    env = FAMILY.make(verified=False)
     env.reset(task)
     hold = task.initial_state["holds"][0]["hold_id"]
     env.step({"name": "release", "arguments": {"reservation_id": hold}})
@@ -239,7 +239,7 @@ def test_an_installed_family_is_discovered_through_its_entry_point_and_makeable(
     install(tmp_path, monkeypatch, "tiny", "tiny_family:FAMILY", TINY)
     found = discover_external()
     assert [f.name for f in found] == ["tiny"]
-    env = make("gymfoundry/tiny-v0")
+    env = family("gymfoundry/tiny-v0").make()
     task = env.generate_task(7, 1)
     assert task.hidden.checks == {"target": 3} and task.template_id.startswith("tiny-")
     assert env.reset(task).observation.endswith("Tools: add, finish.")
@@ -260,11 +260,11 @@ def test_an_entry_point_that_fails_to_import_is_reported_and_breaks_nothing(tmp_
     assert "ModuleNotFoundError" in load_errors()["broken"]
     with pytest.raises(UnknownEnv, match=r"no environment family 'broken'.*that family failed to load: .*"
                                          r"no_such_module_here"):
-        envs.registry.family_env_id("broken")
+        family("broken")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FamilyLoadWarning)
-        importlib.reload(envs)  # `import envs` still registers the built-ins
-    assert "gymfoundry/inventory-v0" in envs.list_envs()
+        importlib.reload(envs)  # a lookup after `import gymfoundry.envs` still finds the built-ins
+    assert "gymfoundry/inventory-v0" in [f.env_id for f in envs.families()]
 
 
 def test_rendered_schemas_keep_the_order_a_person_writes():

@@ -21,11 +21,11 @@ from gymfoundry.envs.check import fuzz_action_texts, fuzz_tools
 from gymfoundry.envs.sandbox import bubblewrap
 from gymfoundry.envs.coding.tests.helpers import quick_task
 
-BUILTIN = envs.list_envs()  # before any test registers its own (a test env may crash on purpose)
+BUILTIN = [fam.env_id for fam in envs.families()]  # before any test registers its own (a test env may crash on purpose)
 
 
 def make_env(env_id: str):
-    env = envs.make(env_id, verified=False)
+    env = envs.family(env_id).make(verified=False)
     task = quick_task(3) if env.family == "coding" else env.generate_task(3, env.level)  # short sandbox limits
     return env, task
 
@@ -88,7 +88,7 @@ def test_no_workspace_the_agent_builds_crashes_a_tool_or_the_record(workspace):
     quota are the agent's doing: tools answer or refuse (never env_bug), the attempt is the model's
     failure, and the rollout stores (no lone surrogate in any reason, or the batch would fail to
     land)."""
-    from gymfoundry.tasks.rollout import run_episode
+    from gymfoundry.tasks.rollout.episodes import run_episode
     from gymfoundry.envs.coding.tests.helpers import ScriptPolicy
 
     needs("gymfoundry/coding-v0")

@@ -2,6 +2,7 @@ import gymnasium
 from gymnasium.utils.env_checker import check_env
 
 from gymfoundry import envs
+from gymfoundry.envs import gym_adapter  # noqa: F401  (finds the families: Gymnasium knows their ids)
 
 
 def test_gymnasium_make_passes_check_env():
@@ -14,7 +15,7 @@ def test_gymnasium_make_passes_check_env():
 
 
 def test_gymnasium_episode_with_a_given_task_reaches_the_verified_reward():
-    task = envs.make("gymfoundry/inventory-v0").generate_task(seed=11, level=1)
+    task = envs.family("inventory").generate(seed=11, level=1)
     env = gymnasium.make("gymfoundry/inventory-v0")
     env.reset(seed=0, options={"task": task})
     for call in task.hidden.reference:
@@ -23,7 +24,7 @@ def test_gymnasium_episode_with_a_given_task_reaches_the_verified_reward():
 
 
 def test_seed_quick_start_loop():
-    env = envs.make("gymfoundry/inventory-v0")
+    env = envs.family("inventory").make()
     task = env.generate_task(seed=3, level=2)
     reference = iter(task.hidden.reference)
     ts = env.reset(task=task)

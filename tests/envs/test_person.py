@@ -13,8 +13,8 @@ from gymfoundry.envs.errors import EnvFault
 from gymfoundry.envs.person import (Fact, LLMSimulator, Persona, ScriptedSimulator, Simulator, SimulatorFault, asks,
                          make_simulator, new_memory)
 from gymfoundry.envs.records import TaskSpec, ToolCall
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.validate import validate_tasks
 from tests.verifiers.openai_stub import OpenAIStub
 
 PERSONA = Persona(
@@ -108,7 +108,7 @@ def test_llm_simulator_failures_raise_simulator_faults(status, payload, says):
     assert memory["history"] == []
 
 
-# -- the LLM customer of the conversation family, through tasks.rollout.run_episode -------------
+# -- the LLM customer of the conversation family, through tasks.rollout.episodes.run_episode -------------
 def llm_customer(body, headers):
     """A model playing the persona: it tells a fact from its system prompt when the agent asks."""
     system, asked = body["messages"][0]["content"], body["messages"][-1]["content"].lower()

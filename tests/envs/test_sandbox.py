@@ -309,16 +309,18 @@ def test_docker_backend_logic_against_a_stand_in_engine(tmp_path):
 
 
 def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
-    # What is masked comes from the families' declarations (Family.masked, by default the family's
-    # package, which holds its verifier): the coding templates, hidden tests and grader among them.
+    # What is masked is what the caller passes: the families' declarations (Family.masked, by default
+    # the family's package, which holds its verifier): the coding templates, hidden tests and grader.
     project = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(bubblewrap.__file__))))
     coding, inventory = (os.path.join(project, *p) for p in (("envs", "coding"), ("envs", "inventory")))
-    assert {coding, inventory} <= set(declared_masks())
-    assert bubblewrap.masked_dirs(["/usr"]) == [] or project.startswith("/usr")
+    declared = declared_masks()
+    assert {coding, inventory} <= set(declared)
+    assert bubblewrap.masked_dirs(["/usr"], declared) == [] or project.startswith("/usr")
     # every family's package under the project, whichever families are registered
-    assert bubblewrap.masked_dirs([project]) == sorted(d for d in declared_masks() if d.startswith(project + os.sep))
-    assert {coding, inventory} <= set(bubblewrap.masked_dirs([project]))
-    assert bubblewrap.masked_dirs([coding]) == [coding]  # a bound dir that is itself declared
+    assert bubblewrap.masked_dirs([project], declared) == sorted(d for d in declared if d.startswith(project + os.sep))
+    assert {coding, inventory} <= set(bubblewrap.masked_dirs([project], declared))
+    assert bubblewrap.masked_dirs([coding], declared) == [coding]  # a bound dir that is itself declared
+    assert bubblewrap.masked_dirs([project], []) == []  # the sandbox masks what it is told, nothing it looks up
     require_sandbox()
     # pretend the project lives under a bound system dir: its declared folders must not be visible
     # inside. A stand-in project: the clone itself may sit where the sandbox uid cannot bind it
@@ -335,14 +337,14 @@ def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
                 fh.write("x\n")
             os.chmod(os.path.join(stand_in, rel), 0o644)
         # a family declaring the stand-in's folders (the coding family's spec with its `masked`)
-        declared = dataclasses.replace(family("coding"), masked=(os.path.join(stand_in, "envs", "coding"),
+        stand_in_family = dataclasses.replace(family("coding"), masked=(os.path.join(stand_in, "envs", "coding"),
                                                                  os.path.join(stand_in, "verifiers")))
         # (`gymfoundry.envs.family` the attribute is the lookup function; the module is in sys.modules)
-        monkeypatch.setitem(sys.modules["gymfoundry.envs.family"]._FAMILIES, "stand_in", declared)
+        monkeypatch.setitem(sys.modules["gymfoundry.envs.family"]._FAMILIES, "stand_in", stand_in_family)
         monkeypatch.setattr(bubblewrap, "SYSTEM_DIRS", bubblewrap.SYSTEM_DIRS + (stand_in,))
-        assert bubblewrap.masked_dirs([stand_in]) == [os.path.join(stand_in, "envs", "coding"),
+        assert bubblewrap.masked_dirs([stand_in], declared_masks()) == [os.path.join(stand_in, "envs", "coding"),
                                                       os.path.join(stand_in, "verifiers")]
-        with create_sandbox({}, limits=FAST, backend="bubblewrap") as box:
+        with create_sandbox({}, limits=FAST, backend="bubblewrap", masked=declared_masks()) as box:
             listing = box.run(["ls", "-R", stand_in])
         # the bound dir is really there, with what no family declares (the sandbox's own code)
         assert listing.ok and "visible.txt" in listing.stdout and "bubblewrap.py" in listing.stdout

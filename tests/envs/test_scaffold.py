@@ -11,15 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium
 import pytest
 
-from gymfoundry.envs import registry
 from gymfoundry.envs.check import CHECKS, check_family
-from gymfoundry.envs.family import _FAMILIES, add
+from gymfoundry.envs.family import add, remove
 from gymfoundry.envs.scaffold import ENVS_DIR, TEMPLATES, ScaffoldError, new_family
 from gymfoundry.flows.cli import main
-from gymfoundry.tasks.audit import audit_family
+from gymfoundry.tasks.stages.audit import audit_family
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "scaffolded_notes"  # a top-level package name nothing else uses
@@ -34,10 +32,7 @@ def scaffolded(tmp_path, monkeypatch):
     fam = importlib.import_module(NAME).FAMILY
     add(fam)
     yield folder, fam
-    _FAMILIES.pop(NAME, None)
-    registry._REGISTRY.pop(fam.env_id, None)
-    gymnasium.registry.pop(fam.env_id, None)
-    registry.verifier_for.cache_clear()
+    remove(NAME)
     for module in [m for m in sys.modules if m == NAME or m.startswith(NAME + ".")]:
         del sys.modules[module]
 
@@ -52,8 +47,9 @@ def test_the_scaffold_is_one_folder_that_passes_every_check_unchanged(scaffolded
     assert [c.status for c in report.checks] == ["pass"] * len(CHECKS), report.render()
     audit = audit_family(NAME, episodes=1)
     assert audit.ok, audit.render()
-    # the verifier lives in the family's folder and is found lazily, by "module:attr"
-    assert fam.verifier == f"{NAME}.verifier:ScaffoldedNotesVerifier"
+    # the verifier and the scripted policy are classes of the family's folder
+    assert (fam.verifier.__module__, fam.verifier.__name__) == (f"{NAME}.verifier", "ScaffoldedNotesVerifier")
+    assert (fam.scripted_policy.__module__, fam.scripted_policy.__name__) == (f"{NAME}.policy", "ScaffoldedNotesPolicy")
     assert str(folder) in fam.masked_dirs()
 
 
@@ -78,24 +74,28 @@ def test_a_short_factory_run_lands_its_rollouts_with_mixed_outcomes(scaffolded, 
 def test_written_into_the_envs_package_it_is_a_builtin_family(tmp_path):
     """In a copy of the envs package: `new-family` then `check-family` from the command line; the
     copy changes only inside the new folder."""
-    shutil.copytree(ENVS_DIR, tmp_path / "envs", ignore=shutil.ignore_patterns("__pycache__"))
-    before = {p.relative_to(tmp_path) for p in (tmp_path / "envs").rglob("*")}
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # this copy of envs first; the rest from the checkout
+    # gymfoundry is a namespace: a portion earlier on the path holding envs/ is gymfoundry.envs, the
+    # other folders still come from the checkout, which stays untouched
+    copy = tmp_path / "gymfoundry"
+    shutil.copytree(ENVS_DIR, copy / "envs", ignore=shutil.ignore_patterns("__pycache__"))
+    before = {p.relative_to(copy) for p in (copy / "envs").rglob("*")}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     cli = [sys.executable, "-c", "import sys; from gymfoundry.flows.cli import main; sys.exit(main())"]
     made = subprocess.run(cli + ["new-family", "probe"], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=120)
     assert made.returncode == 0, made.stderr
-    assert f"wrote family 'probe' in {tmp_path / 'envs' / 'probe'}/" in made.stdout
+    assert f"wrote family 'probe' in {copy / 'envs' / 'probe'}/" in made.stdout
     checked = subprocess.run(cli + ["check-family", "probe"], capture_output=True, text=True, env=env,
                              cwd=tmp_path, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "family probe (gymfoundry/probe-v0) passes" in checked.stdout
     assert "gameability audit of probe (env 0, generator 1, verifier probe-outcome@1" in checked.stdout
     assert "): passes in" in checked.stdout  # the audit, run by check-family after the checks
-    assert "the same ids in a fresh interpreter" in checked.stdout  # found by `import envs` there too
-    after = {p.relative_to(tmp_path) for p in (tmp_path / "envs").rglob("*") if "__pycache__" not in p.parts}
+    assert "the same ids in a fresh interpreter" in checked.stdout  # found by discovery there too
+    after = {p.relative_to(copy) for p in (copy / "envs").rglob("*") if "__pycache__" not in p.parts}
     assert {str(p) for p in after - before} >= {"envs/probe", "envs/probe/verifier.py"}
     assert all(p.parts[:2] == ("envs", "probe") for p in after - before) and before <= after
+    assert not (ENVS_DIR / "probe").exists()
 
 
 @pytest.mark.parametrize("name, says", [

@@ -1,4 +1,4 @@
-"""Many episodes in flight against an OpenAI-protocol server (tasks/engine.py): the CLI run the
+"""Many episodes in flight against an OpenAI-protocol server (tasks/rollout/engine.py): the CLI run the
 issue names lands every rollout of `openai:stub` with dozens of requests in flight at once, the
 rollouts are the ones a serial run collects, and a failing endpoint under concurrency still
 gives inference faults only."""
@@ -13,11 +13,11 @@ import pytest
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import PolicySpec, RetryPolicy, Termination
 from gymfoundry.flows.cli import main
-from gymfoundry.tasks.engine import run_concurrently
-from gymfoundry.tasks.evaluate import evaluate_policy
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries
+from gymfoundry.tasks.rollout.engine import run_concurrently
+from gymfoundry.tasks.ops.evaluate import evaluate_policy
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.retry import RetryExhausted, collect_with_retries
 from tests.tasks.policy_endpoint import always, inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
 from gymfoundry.warehouse import Warehouse

@@ -10,11 +10,11 @@ import pytest
 from gymfoundry.envs.records import FaultConfig, RetryPolicy, Run, Termination
 from gymfoundry.flows.cli import main
 from gymfoundry.flows.factory import factory
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import HOLDOUT_FRACTION, isolate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import HOLDOUT_FRACTION, isolate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.retry import RetryExhausted, collect_with_retries
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -8,9 +8,9 @@ import pytest
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
 from gymfoundry.flows.factory import factory
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.tasks.policy_endpoint import always, closed_port_url
 from tests.verifiers.openai_stub import OpenAIStub, chat_reply
 from gymfoundry.warehouse import Warehouse

@@ -1,5 +1,5 @@
 """Progress of long work: the rollout engine reports each finished episode and a training run its
-share of the budget and its losses (tasks/progress.py); the CLI draws them with rich."""
+share of the budget and its losses (tasks/rollout/progress.py); the CLI draws them with rich."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import threading
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import RetryPolicy
-from gymfoundry.tasks import progress
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.retry import collect_with_retries
+from gymfoundry.tasks.rollout import progress
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.retry import collect_with_retries
 
 
 class Recorder:

@@ -8,7 +8,7 @@ from gymfoundry.envs.records import FaultConfig, Termination
 from gymfoundry.flows.cli import main
 from gymfoundry.flows.factory import factory
 from gymfoundry.flows.reverify import reverify
-from gymfoundry.tasks.reverify import load_stored, plan
+from gymfoundry.tasks.ops.reverify import load_stored, plan
 from gymfoundry.envs.inventory.verifier import InventoryVerifier
 from gymfoundry.warehouse import Warehouse
 
@@ -131,7 +131,7 @@ def test_reverify_backfills_the_original_verdicts_of_rollouts_landed_without_the
 
 def test_the_episodes_own_end_outranks_the_new_verdict_and_a_grader_fault_lands_nothing(run_dir, monkeypatch):
     from gymfoundry.envs.errors import EnvFault
-    from gymfoundry.tasks.reverify import reverify_rollout, reverify_rollouts
+    from gymfoundry.tasks.ops.reverify import reverify_rollout, reverify_rollouts
 
     data_dir, rollouts = run_dir
     with Warehouse(data_dir, read_only=True) as wh:

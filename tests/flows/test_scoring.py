@@ -9,8 +9,8 @@ import yaml
 from gymfoundry.envs.inventory import InventoryEnv
 from gymfoundry.flows.cli import main
 from gymfoundry.flows.scoring import calibrate, rescore
-from gymfoundry.tasks.calibrate import export_label_sample, import_labels
-from gymfoundry.tasks.score import latest_step_rewards, newest_scores
+from gymfoundry.tasks.ops.calibrate import export_label_sample, import_labels
+from gymfoundry.tasks.stages.score import latest_step_rewards, newest_scores
 from tests.verifiers.openai_stub import OpenAIStub
 from tests.verifiers.prm_data import build_warehouse, label_sample
 from gymfoundry.warehouse import Warehouse

@@ -1,4 +1,4 @@
-"""The `train` flow asks the split authority (tasks/isolate.py) with the splits its data dir
+"""The `train` flow asks the split authority (tasks/stages/isolate.py) with the splits its data dir
 recorded: a dataset naming a held-out task is refused before any step, and GRPO's live tasks
 leave out a holdout the warehouse recorded for a template the hash rule would put in train."""
 
@@ -11,8 +11,8 @@ import pytest
 from gymfoundry import envs  # noqa: F401  registers the built-in families
 from gymfoundry.envs.records import Split
 from gymfoundry.flows.training import train
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import HoldoutError, assign_split, landed_splits
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import HoldoutError, assign_split, landed_splits
 from gymfoundry.warehouse import Warehouse
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -50,7 +50,6 @@ def test_train_refuses_a_dataset_naming_a_holdout_task(recorded, method):
 
 
 def test_grpo_flow_plays_no_task_of_a_recorded_holdout(recorded, monkeypatch):
-    import gymfoundry.tasks.training.base_model as base_model
     import gymfoundry.tasks.training.grpo as grpo
 
     data_dir, victims = recorded
@@ -60,7 +59,7 @@ def test_grpo_flow_plays_no_task_of_a_recorded_holdout(recorded, monkeypatch):
         played.extend(tasks)
         raise Stop
 
-    monkeypatch.setattr(base_model, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(grpo, "load_model", lambda path: (None, None))
     monkeypatch.setattr(grpo, "LiveEpisodes", spy)
     with pytest.raises(Stop):
         train(method="grpo", base_model=str(data_dir / "base"), data_dir=str(data_dir),

@@ -202,7 +202,7 @@ def test_a_failure_before_anything_landed_records_the_run_too(tmp_path, monkeypa
 
 
 def test_one_simulator_500_during_validation_is_retried_and_the_task_validated(monkeypatch):
-    from gymfoundry.tasks.validate import ReplayEnvFault, validate_tasks
+    from gymfoundry.tasks.stages.validate import ReplayEnvFault, validate_tasks
 
     task = email_task()
     failures = {"left": 1}
@@ -250,7 +250,7 @@ def test_evaluation_rollouts_land_with_their_verdict_rows(tmp_path):
 
 def test_a_full_disk_while_the_views_are_rebuilt_reports_the_disk_not_a_missing_file(tmp_path, monkeypatch):
     from gymfoundry.envs.records import Termination
-    from gymfoundry.tasks.land import land_records
+    from gymfoundry.tasks.stages.land import land_records
     from tests.warehouse.conftest import make_rollout, make_task
     from gymfoundry.warehouse import catalog
 
@@ -280,7 +280,7 @@ def test_every_writers_records_spool_and_land_with_the_next_landing(tmp_path, mo
     """Training runs and re-verified verdicts (as the train and reverify flows hand them to
     `land_or_spool`) wait in the spool while a reader holds the catalog past the wait."""
     from gymfoundry.envs.records import Termination, TrainingRun, Verdict
-    from gymfoundry.tasks.land import land_or_spool, land_records
+    from gymfoundry.tasks.stages.land import land_or_spool, land_records
     from tests.warehouse.conftest import make_rollout, make_task
 
     monkeypatch.setenv("GYMFOUNDRY_LOCK_WAIT_S", "0.5")

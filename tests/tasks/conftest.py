@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from gymfoundry.envs.records import SFTRow
 from gymfoundry.tasks.training.base_model import build_base_model, factory_texts
 
 
@@ -19,7 +20,7 @@ def tool_call(name, arguments, call_id):
 
 @pytest.fixture
 def conversation():
-    """An SFT row as `gymfoundry.tasks.assemble` writes it: three assistant steps with their tool results."""
+    """An SFT row as `gymfoundry.tasks.stages.assemble` writes it: three assistant steps with their tool results."""
     messages = [
         {"role": "system", "content": "SYS"},
         {"role": "user", "content": 'Order ORD-1 needs:\n- 1 x "cotton clamp"'},
@@ -34,6 +35,6 @@ def conversation():
     ]
     from gymfoundry import envs
 
-    tools = envs.make("gymfoundry/inventory-v0", verified=False).available_tools
-    return {"messages": messages, "tools": json.dumps(tools), "step_rewards": [0.5, 0.0, 1.0],
-            "rollout_id": "r-1", "task_id": "t-1", "task_family": "inventory", "difficulty": 1}
+    tools = envs.family("inventory").tool_schemas()
+    return SFTRow(messages=messages, tools=json.dumps(tools), step_rewards=[0.5, 0.0, 1.0],
+                  rollout_id="r-1", task_id="t-1", task_family="inventory", difficulty=1)

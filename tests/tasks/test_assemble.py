@@ -9,15 +9,15 @@ import json
 import pytest
 
 from gymfoundry import envs
-from gymfoundry.envs.records import Split, Termination
-from gymfoundry.tasks import curriculum
-from gymfoundry.tasks.assemble import assemble_datasets, load_dataset, trajectory_value
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import isolate_tasks
-from gymfoundry.tasks.land import land_batch
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
-from gymfoundry.tasks.score import latest_step_rewards, score_rollouts
+from gymfoundry.envs.records import DPORow, GRPORow, SFTRow, Split, Termination
+from gymfoundry.tasks.stages import curriculum
+from gymfoundry.tasks.stages.assemble import assemble_datasets, load_dataset, trajectory_value
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import isolate_tasks
+from gymfoundry.tasks.stages.land import land_batch
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
+from gymfoundry.tasks.stages.score import latest_step_rewards, score_rollouts
 from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
@@ -63,7 +63,8 @@ def test_row_weights_reduce_per_rollout_never_per_row():
     rows = [{"task_family": "a", "difficulty": 1, "owner": "r1"}] * 3 + \
            [{"task_family": "a", "difficulty": 1, "owner": "r2"}] + \
            [{"task_family": "a", "difficulty": 2, "owner": "r3"}]
-    weights = curriculum.row_weights(rows, {"a/1": 0.5, "a/2": 0.5}, lambda r: r["owner"])
+    weights = curriculum.row_weights([curriculum.cell(r["task_family"], r["difficulty"]) for r in rows],
+                                     [r["owner"] for r in rows], {"a/1": 0.5, "a/2": 0.5})
     assert sum(weights) == pytest.approx(len(rows))
     per_owner = {}
     for row, w in zip(rows, weights):
@@ -108,22 +109,27 @@ def test_datasets_store_mixture_and_lineage(built):
 
 def test_sft_rows_follow_the_records(built):
     data_dir, result, _ = built
-    sft = load_dataset(result["sft"]["path"])
+    sft = rows_of(result["sft"]["path"], SFTRow)
     with Warehouse(data_dir, read_only=True) as wh:
         rollouts = {r.rollout_id: r for r in wh.load_rollouts("rollout_id IN (SELECT unnest(?))",
-                                                                [list(sft["rollout_id"])])}
+                                                                [[row.rollout_id for row in sft]])}
         rewards = latest_step_rewards(wh)
         tasks = {t.task_id: t for t in wh.load_tasks()}
     for row in sft:
-        rollout = rollouts[row["rollout_id"]]
+        rollout = rollouts[row.rollout_id]
         assert rollout.termination == Termination.success
-        assistant = [m for m in row["messages"] if m["role"] == "assistant"]
-        assert len(assistant) == len(rollout.steps) == len(row["step_rewards"])
-        assert row["step_rewards"] == pytest.approx(rewards[rollout.rollout_id])
+        assistant = [m for m in row.messages if m["role"] == "assistant"]
+        assert len(assistant) == len(rollout.steps) == len(row.step_rewards)
+        assert row.step_rewards == pytest.approx(rewards[rollout.rollout_id])
         for message, step in zip(assistant, rollout.steps):
             call = message["tool_calls"][0]["function"]
             assert call["name"] == step.tool_call.name and json.loads(call["arguments"]) == step.tool_call.arguments
-        assert {t["function"]["name"] for t in json.loads(row["tools"])} == set(tasks[row["task_id"]].allowed_tools)
+        assert {t["function"]["name"] for t in json.loads(row.tools)} == set(tasks[row.task_id].allowed_tools)
+
+
+def rows_of(path, record, tool_arguments=None):
+    """A dataset file's rows as their records, through `load_dataset` (what TRL is given)."""
+    return [record.model_validate(row) for row in load_dataset(path, tool_arguments=tool_arguments).to_list()]
 
 
 def acted(rollout):
@@ -133,30 +139,30 @@ def acted(rollout):
 
 def test_dpo_pairs_have_a_margin_and_step_pairs_share_their_prefix(built):
     data_dir, result, _ = built
-    dpo = load_dataset(result["dpo"]["path"]).to_list()
+    dpo = rows_of(result["dpo"]["path"], DPORow)
     with Warehouse(data_dir, read_only=True) as wh:
         rollouts = {r.rollout_id: r for r in wh.load_rollouts()}
         rewards = latest_step_rewards(wh)
-    kinds = {row["pair_type"] for row in dpo}
+    kinds = {row.pair_type for row in dpo}
     assert kinds == {"trajectory", "step"}
     for row in dpo:
-        chosen, rejected = rollouts[row["chosen_rollout_id"]], rollouts[row["rejected_rollout_id"]]
-        assert chosen.task_id == rejected.task_id == row["task_id"] and chosen.success
+        chosen, rejected = rollouts[row.chosen_rollout_id], rollouts[row.rejected_rollout_id]
+        assert chosen.task_id == rejected.task_id == row.task_id and chosen.success
         assert rejected.termination not in (Termination.env_fault, Termination.timeout, Termination.policy_error)
-        assert row["chosen"] != row["rejected"] and row["prompt"][1]["role"] == "user"
-        if row["pair_type"] == "trajectory":
+        assert row.chosen != row.rejected and row.prompt[1]["role"] == "user"
+        if row.pair_type == "trajectory":
             margin = trajectory_value(chosen, rewards) - trajectory_value(rejected, rewards)
-            assert margin == pytest.approx(row["margin"], abs=1e-5) and margin >= 0.5
+            assert margin == pytest.approx(row.margin, abs=1e-5) and margin >= 0.5
         else:
-            k = row["step_index"]
+            k = row.step_index
             assert acted(chosen)[:k] == acted(rejected)[:k] and acted(chosen)[k][0] != acted(rejected)[k][0]
-            assert len(row["prompt"]) == 2 + 2 * k
-            assert [m["role"] for m in row["chosen"]] == [m["role"] for m in row["rejected"]] == ["assistant"]
-            assert row["margin"] >= 0
+            assert len(row.prompt) == 2 + 2 * k
+            assert [m["role"] for m in row.chosen] == [m["role"] for m in row.rejected] == ["assistant"]
+            assert row.margin >= 0
     # DPO weights are shared per rejected rollout.
     per_rollout = {}
     for row in dpo:
-        per_rollout.setdefault(row["rejected_rollout_id"], []).append(row["weight"])
+        per_rollout.setdefault(row.rejected_rollout_id, []).append(row.weight)
     assert any(len(ws) > 1 for ws in per_rollout.values())
     for ws in per_rollout.values():
         assert max(ws) == pytest.approx(min(ws))
@@ -169,22 +175,22 @@ def test_a_higher_margin_keeps_fewer_trajectory_pairs(built, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(data_dir, copy)
     strict = assemble_datasets(copy, ["inventory"], policy_version=version, min_margin=1.2, kinds=("dpo",))
-    pairs = load_dataset(strict["dpo"]["path"]).to_list()
-    assert all(r["margin"] >= 1.2 for r in pairs if r["pair_type"] == "trajectory")
+    pairs = rows_of(strict["dpo"]["path"], DPORow)
+    assert all(r.margin >= 1.2 for r in pairs if r.pair_type == "trajectory")
     assert strict["dpo"]["rows"] < result["dpo"]["rows"]
 
 
 def test_grpo_rows_recreate_their_env(built):
     data_dir, result, _ = built
-    rows = load_dataset(result["grpo"]["path"]).to_list()
+    rows = rows_of(result["grpo"]["path"], GRPORow)
     with Warehouse(data_dir, read_only=True) as wh:
         tasks = {t.task_id: t for t in wh.load_tasks()}
     assert len(rows) == sum(t.split == Split.train for t in tasks.values())
     for row in rows[:5]:
-        env = envs.make(row["env_id"])
-        task = env.generate_task(row["seed"], row["level"])
-        assert task.task_id == row["task_id"]
-        assert env.reset(task=task).observation == row["prompt"][1]["content"]
+        env = envs.family(row.env_id).make()
+        task = env.generate_task(row.seed, row.level)
+        assert task.task_id == row.task_id
+        assert env.reset(task=task).observation == row.prompt[1]["content"]
 
 
 def test_assembling_again_adds_nothing(built):
@@ -225,13 +231,13 @@ def test_trl_trainers_accept_the_datasets_unchanged(built, tmp_path):
 
 def test_sft_rows_list_their_negative_reward_turns(built):
     data_dir, result, _ = built
-    sft = load_dataset(result["sft"]["path"]).to_list()
+    sft = rows_of(result["sft"]["path"], SFTRow)
     with Warehouse(data_dir, read_only=True) as wh:
         rewards = latest_step_rewards(wh)
     for row in sft:
-        assert row["masked_turns"] == [k for k, r in enumerate(rewards[row["rollout_id"]]) if r < 0]
+        assert row.masked_turns == [k for k, r in enumerate(rewards[row.rollout_id]) if r < 0]
     # Successes that over-reserved or repeated themselves: about half the rows of this fixture.
-    assert 0 < sum(bool(row["masked_turns"]) for row in sft) < len(sft)
+    assert 0 < sum(bool(row.masked_turns) for row in sft) < len(sft)
 
 
 def as_written(messages):
@@ -240,23 +246,23 @@ def as_written(messages):
 
 
 def test_dpo_pairs_end_on_the_assistant_turn_and_keep_their_turns(built):
-    from gymfoundry.tasks.assemble import step_messages, turn_messages
+    from gymfoundry.tasks.policies.chat import step_messages, turn_messages
 
     data_dir, result, _ = built
-    dpo = load_dataset(result["dpo"]["path"]).to_list()
+    dpo = rows_of(result["dpo"]["path"], DPORow)
     with Warehouse(data_dir, read_only=True) as wh:
         rollouts = {r.rollout_id: r for r in wh.load_rollouts()}
-    assert {row["pair_type"] for row in dpo} == {"trajectory", "step"}
+    assert {row.pair_type for row in dpo} == {"trajectory", "step"}
     for row in dpo:
-        assert row["chosen"][-1]["role"] == row["rejected"][-1]["role"] == "assistant"
-        chosen, rejected = rollouts[row["chosen_rollout_id"]], rollouts[row["rejected_rollout_id"]]
-        if row["pair_type"] == "trajectory":  # every turn, only the last observation dropped
-            assert as_written(row["chosen"]) == turn_messages(chosen)[:-1]
-            assert as_written(row["rejected"]) == turn_messages(rejected)[:-1]
+        assert row.chosen[-1]["role"] == row.rejected[-1]["role"] == "assistant"
+        chosen, rejected = rollouts[row.chosen_rollout_id], rollouts[row.rejected_rollout_id]
+        if row.pair_type == "trajectory":  # every turn, only the last observation dropped
+            assert as_written(row.chosen) == turn_messages(chosen)[:-1]
+            assert as_written(row.rejected) == turn_messages(rejected)[:-1]
         else:
-            k = row["step_index"]
-            assert as_written(row["chosen"]) == step_messages(chosen.steps[k])[:1]
-            assert as_written(row["rejected"]) == step_messages(rejected.steps[k])[:1]
+            k = row.step_index
+            assert as_written(row.chosen) == step_messages(chosen.steps[k])[:1]
+            assert as_written(row.rejected) == step_messages(rejected.steps[k])[:1]
 
 
 def calls(messages):
@@ -267,19 +273,19 @@ def test_tool_arguments_load_as_dicts_or_strings(built):
     data_dir, result, _ = built
     with Warehouse(data_dir, read_only=True) as wh:
         rollouts = {r.rollout_id: r for r in wh.load_rollouts()}
-    stored, as_dicts, as_strings = (load_dataset(result["sft"]["path"], tool_arguments=form).to_list()
+    stored, as_dicts, as_strings = (rows_of(result["sft"]["path"], SFTRow, tool_arguments=form)
                                     for form in (None, "dict", "string"))
     for row, d, s in zip(stored, as_dicts, as_strings):
-        steps = rollouts[row["rollout_id"]].steps
-        assert calls(d["messages"]) == [step.tool_call.arguments for step in steps]  # each call its own keys
-        assert calls(s["messages"]) == calls(row["messages"]) == [json.dumps(step.tool_call.arguments, sort_keys=True)
-                                                                  for step in steps]
-        assert {**d, "messages": None} == {**row, "messages": None}
-    pairs = load_dataset(result["dpo"]["path"], tool_arguments="dict").to_list()
-    step_pair = next(p for p in pairs if p["pair_type"] == "step" and p["step_index"] > 0)
-    for column in ("prompt", "chosen", "rejected"):
-        assert all(isinstance(a, dict) for p in pairs for a in calls(p[column]))
-    assert calls(step_pair["prompt"])  # the shared prefix's calls are converted too
+        steps = rollouts[row.rollout_id].steps
+        assert calls(d.messages) == [step.tool_call.arguments for step in steps]  # each call its own keys
+        assert calls(s.messages) == calls(row.messages) == [json.dumps(step.tool_call.arguments, sort_keys=True)
+                                                            for step in steps]
+        assert d.model_copy(update={"messages": []}) == row.model_copy(update={"messages": []})
+    pairs = rows_of(result["dpo"]["path"], DPORow, tool_arguments="dict")
+    step_pair = next(p for p in pairs if p.pair_type == "step" and p.step_index > 0)
+    for p in pairs:
+        assert all(isinstance(a, dict) for messages in (p.prompt, p.chosen, p.rejected) for a in calls(messages))
+    assert calls(step_pair.prompt)  # the shared prefix's calls are converted too
     with pytest.raises(ValueError, match="unknown tool_arguments 'json'"):
         load_dataset(result["sft"]["path"], tool_arguments="json")
 
@@ -315,7 +321,7 @@ def test_a_tojson_template_double_encodes_string_arguments_and_renders_dicts_rig
 def test_trl_sft_trainer_takes_dict_arguments(built, tmp_path):
     from trl import SFTConfig, SFTTrainer
 
-    from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE
+    from gymfoundry.tasks.policies.checkpoint import CHAT_TEMPLATE
     from tests.tasks.tiny_lm import tiny_model, tiny_tokenizer
 
     _, result, _ = built

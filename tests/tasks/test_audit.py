@@ -1,4 +1,4 @@
-"""The gameability audit (tasks/audit.py): every registered family passes it; a verifier with a hole
+"""The gameability audit (tasks/stages/audit.py): every registered family passes it; a verifier with a hole
 fails it, naming the adversary and the levels; it lands in `family_audits`; dataset assembly
 refuses a family whose current versions have no passing audit, unless an override says why."""
 
@@ -7,15 +7,14 @@ import json
 import pytest
 
 from gymfoundry import envs
-from gymfoundry.envs import registry
 from gymfoundry.envs.family import family
 from gymfoundry.envs.records import ToolCall, Verdict
 from gymfoundry.envs.sandbox import bubblewrap
 from gymfoundry.flows.cli import main
-from gymfoundry.tasks.assemble import assemble_datasets
-from gymfoundry.tasks.audit import (ADVERSARIES, AuditRefused, Calls, Pool, _perturb, audit_family, current_versions, land_audit,
+from gymfoundry.tasks.stages.assemble import assemble_datasets
+from gymfoundry.tasks.stages.audit import (ADVERSARIES, AuditRefused, Calls, Pool, _perturb, audit_family, current_versions, land_audit,
                          latest_audit, negate, require_audited)
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.sandbox_guard import require_sandbox
 from gymfoundry.envs.advisory.verifier import AdvisoryVerifier
 from gymfoundry.envs.browser.verifier import BrowserVerifier
@@ -23,7 +22,7 @@ from gymfoundry.envs.conversation.verifier import ConversationVerifier
 from gymfoundry.envs.inventory.verifier import InventoryVerifier
 from gymfoundry.warehouse import Warehouse
 
-FAMILIES = sorted({registry.ENV_ID.match(i)["name"] for i in envs.list_envs()})
+FAMILIES = [fam.name for fam in envs.families()]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -235,7 +234,7 @@ def test_the_audit_landed_last_decides_even_one_landed_before(tmp_path, inventor
 def test_odd_values_in_replies_and_schemas_never_crash_the_adversaries():
     import random
 
-    from gymfoundry.tasks.audit import make_value
+    from gymfoundry.tasks.stages.audit import make_value
 
     pool = Pool()
     pool.see('{"stock": 1' + "0" * 400 + ', "x": NaN, "y": Infinity, "z": -1e999}')

@@ -9,7 +9,7 @@ import json
 import pytest
 from trl import chat_template_utils as trl_templates
 
-from gymfoundry.tasks.training.base_model import CHAT_TEMPLATE, load_tokenizer, template_source, tool_arguments_for
+from gymfoundry.tasks.policies.checkpoint import CHAT_TEMPLATE, load_tokenizer, template_source, tool_arguments_for
 from gymfoundry.tasks.training.sft import render_ids, turn_spans
 
 UNKNOWN = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
@@ -51,9 +51,9 @@ def test_a_template_trl_knows_gets_trls_training_variant(tiny_model_dir, tmp_pat
 
 def test_qwen25_training_template_would_double_encode_string_arguments(tiny_model_dir, tmp_path, conversation):
     tokenizer = load_tokenizer(checkpoint_with(tiny_model_dir, tmp_path, trl_templates.qwen2_5_chat_template))
-    stored = tokenizer.apply_chat_template(conversation["messages"], tokenize=False)
+    stored = tokenizer.apply_chat_template(conversation.messages, tokenize=False)
     assert '"arguments": "{\\"query\\": \\"cotton clamp\\"}"' in stored  # what render_ids avoids
-    ids, _ = render_ids(tokenizer, conversation["messages"], None)
+    ids, _ = render_ids(tokenizer, conversation.messages, None)
     assert '"arguments": {"query": "cotton clamp"}' in tokenizer.decode(ids)
 
 
@@ -89,13 +89,13 @@ def test_an_unknown_template_without_chatml_is_refused(tmp_path):
 def test_a_training_run_records_the_template_it_used(tiny_model_dir, tmp_path, conversation):
     import shutil
 
-    from gymfoundry.tasks.assemble import write_dataset
-    from gymfoundry.tasks.train import train
+    from gymfoundry.tasks.stages.assemble import write_dataset
+    from gymfoundry.tasks.training.train import train
 
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)
     checkpoint_with(tiny_model_dir, base, trl_templates.qwen2_5_chat_template)
-    dataset = write_dataset([{**conversation, "masked_turns": [], "weight": 1.0}], "sft-test", tmp_path)
+    dataset = write_dataset([conversation], "sft-test", tmp_path)
     metrics = train(str(dataset), "sft", str(base), str(tmp_path / "out"),
                     {"max_steps": 1, "batch_size": 1, "warmup_steps": 0, "num_threads": 1,
                      "max_length": 4096})  # Qwen lists the tools in full

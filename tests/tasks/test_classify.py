@@ -1,7 +1,7 @@
 import pytest
 
 from gymfoundry.envs.records import MODEL_OUTCOMES, CheckResult, OutcomeReport, Step, Termination
-from gymfoundry.tasks.classify import classify
+from gymfoundry.tasks.rollout.classify import classify
 
 
 def report(success, violation=False):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gymfoundry.flows.cli import main
-from gymfoundry.tasks.hf_policy import checkpoint_version
+from gymfoundry.tasks.policies.hf import checkpoint_version
 from gymfoundry.warehouse import Warehouse
 
 

@@ -1,4 +1,4 @@
-"""tasks.collector.frozen_before: what exists before a batch is out of the garbage collector's sight
+"""tasks.rollout.collector.frozen_before: what exists before a batch is out of the garbage collector's sight
 during it and back after it; cycles the batch makes are still collected during it; nested and
 concurrent batches share one freeze; a process's own freeze is left alone; the stages use it."""
 
@@ -10,8 +10,8 @@ import weakref
 
 import pytest
 
-from gymfoundry.tasks import collector
-from gymfoundry.tasks.collector import frozen_before
+from gymfoundry.tasks.rollout import collector
+from gymfoundry.tasks.rollout.collector import frozen_before
 
 
 class Node:
@@ -103,7 +103,7 @@ def test_a_process_that_froze_objects_itself_keeps_its_freeze_as_it_was():
 
 
 def test_the_scoring_stage_runs_in_a_batch(monkeypatch):
-    from gymfoundry.tasks import score
+    from gymfoundry.tasks.stages import score
 
     inside = []
     monkeypatch.setattr(score, "score_rules", lambda *a: inside.append(gc.get_freeze_count()) or [])

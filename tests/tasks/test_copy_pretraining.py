@@ -1,6 +1,7 @@
 import torch
 
-from gymfoundry.tasks.training.base_model import build_base_model, factory_texts, load_model
+from gymfoundry.tasks.policies.checkpoint import load_model
+from gymfoundry.tasks.training.base_model import build_base_model, factory_texts
 from gymfoundry.tasks.training.copy_pretraining import copy_sequences, random_value, recall_sequence, token_pools
 
 

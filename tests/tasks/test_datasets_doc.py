@@ -13,13 +13,13 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "datasets.md"
 def test_the_loading_snippet_runs(tiny_model_dir, tmp_path, monkeypatch):
     import torch
 
-    from gymfoundry.tasks.assemble import assemble_datasets
-    from gymfoundry.tasks.generate import generate_tasks
-    from gymfoundry.tasks.isolate import isolate_tasks
-    from gymfoundry.tasks.land import land_batch
-    from gymfoundry.tasks.policies import make_policy
-    from gymfoundry.tasks.rollout import collect_rollouts
-    from gymfoundry.tasks.score import score_rollouts
+    from gymfoundry.tasks.stages.assemble import assemble_datasets
+    from gymfoundry.tasks.stages.generate import generate_tasks
+    from gymfoundry.tasks.stages.isolate import isolate_tasks
+    from gymfoundry.tasks.stages.land import land_batch
+    from gymfoundry.tasks.policies.registry import make_policy
+    from gymfoundry.tasks.rollout.episodes import collect_rollouts
+    from gymfoundry.tasks.stages.score import score_rollouts
 
     torch.set_num_threads(1)
     tasks, _ = isolate_tasks(generate_tasks("inventory", 12, seed=5), holdout_fraction=0.1)

@@ -9,9 +9,9 @@ import json
 from gymfoundry import envs  # noqa: F401  (registers the families)
 from gymfoundry.envs.family import family
 from gymfoundry.envs.records import ToolCall
-from gymfoundry.tasks.assemble import sft_rows
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.stages.assemble import sft_rows
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
 from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
@@ -75,7 +75,7 @@ def test_training_rows_hold_only_the_main_agents_turns():
     task = retried_task()
     rollout = run_episode(task, Calls(task.hidden.reference), seed=7)
     (row,) = sft_rows({task.task_id: task}, [rollout], {})
-    called = [c["function"]["name"] for m in row["messages"] for c in m.get("tool_calls") or []]
+    called = [c["function"]["name"] for m in row.messages for c in m.get("tool_calls") or []]
     assert called == [c.name for c in task.hidden.reference]
     sub_tools = {s.tool_call.name for sub in rollout.subrollouts for s in sub.steps if s.tool_call}
     assert sub_tools and not sub_tools & set(called)
@@ -119,7 +119,7 @@ def test_parallelism_reward_is_annealed_and_never_grows_with_sub_agents_alone():
 
 
 def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
-    from gymfoundry.tasks.assemble import assemble_datasets
+    from gymfoundry.tasks.stages.assemble import assemble_datasets
     from gymfoundry.tasks.training.grpo import dataset_parallelism
 
     fam = family("orchestrator")
@@ -143,7 +143,7 @@ def test_the_parallelism_schedule_is_stored_with_the_grpo_dataset(tmp_path):
 
 def test_a_subagent_policy_spec_plays_the_sub_tasks_and_is_recorded():
     from gymfoundry.envs.records import PolicySpec, RetryPolicy
-    from gymfoundry.tasks.retry import collect_with_retries
+    from gymfoundry.tasks.rollout.retry import collect_with_retries
 
     fam = family("orchestrator")
     task = fam.generate(5, 2)
@@ -166,7 +166,7 @@ def test_a_subagent_policy_spec_plays_the_sub_tasks_and_is_recorded():
 
 
 def test_a_stage_no_accepted_call_owns_is_not_the_episodes():
-    from gymfoundry.tasks.rollout import with_delegation
+    from gymfoundry.tasks.rollout.episodes import with_delegation
 
     task = retried_task()
     rollout = run_episode(task, Calls(task.hidden.reference), seed=7)

@@ -14,9 +14,9 @@ import pytest
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Termination
-from gymfoundry.tasks.assemble import dpo_rows
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.stages.assemble import dpo_rows
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.rollout.episodes import run_episode
 
 
 class Calls:
@@ -71,7 +71,7 @@ def rewards(honest, blind, failure):
 
 
 def pairs(rows):
-    return [(r["pair_type"], r["chosen_rollout_id"], r["rejected_rollout_id"]) for r in rows]
+    return [(r.pair_type, r.chosen_rollout_id, r.rejected_rollout_id) for r in rows]
 
 
 def test_two_successes_with_the_same_verdict_are_never_paired(played):
@@ -92,12 +92,12 @@ def test_a_success_that_saw_no_evidence_is_never_chosen(played):
                            ("verdict", honest.rollout_id, blind.rollout_id),
                            ("step", honest.rollout_id, failure.rollout_id)]
     verdict = rows[1]
-    assert verdict["margin"] == 1.0 and verdict["step_index"] is None  # one component better: the observation
-    assert [m["role"] for m in verdict["rejected"]] == ["assistant"]
-    assert verdict["rejected"][0]["tool_calls"][0]["function"]["name"] == "report_infeasible"
-    assert rows[2]["step_index"] == k and rows[2]["margin"] == pytest.approx(1 / (k + 1) + 0.5)
+    assert verdict.margin == 1.0 and verdict.step_index is None  # one component better: the observation
+    assert [m["role"] for m in verdict.rejected] == ["assistant"]
+    assert verdict.rejected[0]["tool_calls"][0]["function"]["name"] == "report_infeasible"
+    assert rows[2].step_index == k and rows[2].margin == pytest.approx(1 / (k + 1) + 0.5)
     n = k + 1  # success + mean step reward, against the failure's mean
-    assert rows[0]["margin"] == pytest.approx(1 + 1 / n - ((n - 1) / n - 0.5) / n)
+    assert rows[0].margin == pytest.approx(1 + 1 / n - ((n - 1) / n - 0.5) / n)
 
 
 def test_successes_each_worse_somewhere_are_not_ranked(played):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import Rollout, Termination
-from gymfoundry.tasks.evaluate import evaluate_policy, expected_rollout_id, summarize
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
+from gymfoundry.tasks.ops.evaluate import evaluate_policy, expected_rollout_id, summarize
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
 
 
 def test_heldout_success_counts_model_outcomes_only():

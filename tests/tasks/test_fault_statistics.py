@@ -12,11 +12,11 @@ import pytest
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Rollout, Termination
-from gymfoundry.tasks import curriculum
-from gymfoundry.tasks.assemble import assemble_datasets, load_dataset
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.retry import collect_with_retries
+from gymfoundry.tasks.stages import curriculum
+from gymfoundry.tasks.stages.assemble import assemble_datasets, load_dataset
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.retry import collect_with_retries
 from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 

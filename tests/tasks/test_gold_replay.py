@@ -6,7 +6,7 @@ from __future__ import annotations
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.advisory import FAMILY as ADVISORY
 from gymfoundry.envs.records import TaskSpec
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.validate import validate_tasks
 
 
 def rebuilt(task: TaskSpec, edit) -> TaskSpec:

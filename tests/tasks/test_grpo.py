@@ -1,6 +1,6 @@
 import pytest
 
-from gymfoundry.tasks.train import train
+from gymfoundry.tasks.training.train import train
 from gymfoundry.tasks.training.grpo import completion_advantages, group_step_advantages, reward_to_go, token_advantages
 
 
@@ -89,20 +89,17 @@ def test_grpo_run_updates_the_model_from_live_episodes(tiny_model_dir, tmp_path)
 
 
 def test_grpo_dataset_tasks_regenerate_in_curriculum_order(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from gymfoundry.tasks.generate import family_env_class
+    from gymfoundry.tasks.stages.assemble import grpo_rows, write_dataset
+    from gymfoundry.tasks.stages.generate import family_env_class
     from gymfoundry.tasks.training.grpo import dataset_tasks
 
     env_class = family_env_class("inventory")
     rows = []
     for seed, level, weight in [(11, 1, 1.0), (12, 5, 3.0)]:
         task = env_class.generate_task(seed, level)
-        rows.append({"task_id": task.task_id, "task_family": "inventory", "seed": seed, "level": level,
-                     "difficulty": level, "weight": weight})
-    path = tmp_path / "grpo.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path)
+        (row,) = grpo_rows({task.task_id: task})
+        rows.append(row.model_copy(update={"weight": weight}))
+    path = write_dataset(rows, "grpo", tmp_path)
     tasks = dataset_tasks(str(path), 40, seed=0)
-    assert tasks[0].task_id == rows[0]["task_id"]                     # easy first
-    assert {t.task_id for t in tasks[20:]} == {r["task_id"] for r in rows}
+    assert tasks[0].task_id == rows[0].task_id                        # easy first
+    assert {t.task_id for t in tasks[20:]} == {r.task_id for r in rows}

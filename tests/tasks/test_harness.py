@@ -20,10 +20,10 @@ from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.harness import ModelCall
 from gymfoundry.envs.leaks import hidden_values
 from gymfoundry.envs.records import Split, Termination
-from gymfoundry.tasks.assemble import assemble_datasets
-from gymfoundry.tasks.harness import EpisodeHub
-from gymfoundry.tasks.mcp_server import build_app, served
-from gymfoundry.tasks.proxy import build_proxy, merged
+from gymfoundry.tasks.stages.assemble import assemble_datasets
+from gymfoundry.tasks.harness.hub import EpisodeHub
+from gymfoundry.tasks.harness.mcp_server import build_app, served
+from gymfoundry.tasks.harness.proxy import build_proxy, merged
 from tests.tasks.harness_stub import LOGPROBS, TOKEN_IDS, scripted_inventory
 from tests.tasks.policy_endpoint import always
 from tests.verifiers.openai_stub import OpenAIStub
@@ -229,8 +229,8 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     """A harness that re-renders its context (summaries) sends 3 conversations for one episode:
     still one rollout, the same steps, cost and dataset weight; each step's observation is what
     the model was sent in that request."""
-    from gymfoundry.tasks.assemble import sft_rows
-    from gymfoundry.tasks.curriculum import success_rates
+    from gymfoundry.tasks.stages.assemble import sft_rows
+    from gymfoundry.tasks.stages.curriculum import success_rates
 
     hub = EpisodeHub("inventory", tmp_path, tasks=1, seed=0, land=False)
 
@@ -270,7 +270,7 @@ def test_an_episode_split_into_three_records_weighs_as_one_of_one_record(tmp_pat
     assert [s.token_ids for s in three.steps] == [[0], [1], [2], [3]]
     assert [s.observation for s in three.steps][2:] == ["sys\nsummary 2", "sys\nsummary 3"]
     rows = sft_rows({hub.tasks[0].task_id: hub.tasks[0]}, [one, three], {})
-    assert [r["rollout_id"] for r in rows] == [one.rollout_id, three.rollout_id]
+    assert [r.rollout_id for r in rows] == [one.rollout_id, three.rollout_id]
     rates = success_rates([{"task_family": "inventory", "difficulty": hub.tasks[0].difficulty.level,
                             "termination": r.termination.value} for r in (three, gives_up)], prior=0.0)
     assert rates == {f"inventory/{hub.tasks[0].difficulty.level}": 0.5}  # per record it would be 3 of 4
@@ -561,7 +561,7 @@ def test_an_episode_name_used_again_in_a_later_run_is_a_new_rollout_with_only_it
 
 def test_a_harness_cannot_open_more_episodes_at_once_than_the_server_keeps(tmp_path):
     """Hostile: a harness that names a new episode per request would hold an env (a sandbox) each."""
-    from gymfoundry.tasks.harness import TooManyEpisodes
+    from gymfoundry.tasks.harness.hub import TooManyEpisodes
 
     hub = EpisodeHub("inventory", tmp_path, tasks=4, seed=0, land=False, max_open=2)
     hub.open("a"), hub.open("b")

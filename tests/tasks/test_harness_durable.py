@@ -17,8 +17,8 @@ import pytest
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import Termination
-from gymfoundry.tasks.harness import EpisodeHub
-from gymfoundry.tasks.mcp_server import build_app, served
+from gymfoundry.tasks.harness.hub import EpisodeHub
+from gymfoundry.tasks.harness.mcp_server import build_app, served
 from gymfoundry.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from starlette.routing import Route
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, Termination
 from gymfoundry.envs.secrets import SECRET_ENV_VARS
-from gymfoundry.tasks.harness import EpisodeHub
-from gymfoundry.tasks.mcp_server import build_app, served
-from gymfoundry.tasks.proxy import build_proxy
+from gymfoundry.tasks.harness.hub import EpisodeHub
+from gymfoundry.tasks.harness.mcp_server import build_app, served
+from gymfoundry.tasks.harness.proxy import build_proxy
 from tests.tasks.harness_stub import scripted_inventory
 from tests.verifiers.openai_stub import OpenAIStub
 
@@ -381,7 +381,7 @@ def test_a_harness_hanging_up_mid_body_spends_no_call_number_and_a_restart_conti
     """The proxy numbers a call once its body is in: a client that disconnects while sending made no
     call. A restarted proxy numbers after the highest index on record (a gap left by a crash is
     never filled with a second call of the same number)."""
-    from gymfoundry.tasks.harness import CallLog
+    from gymfoundry.tasks.harness.hub import CallLog
 
     path, token = "/episodes/ep/v1/chat/completions", CallLog(str(tmp_path)).open("ep")
 

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gymfoundry.envs.records import Budget, PolicySpec
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.hf_policy import HFPolicy, _Request, family_tools
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.training.base_model import load_model
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.hf import HFPolicy, _Request, family_tools
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.policies.checkpoint import load_model
 
 K = 6
 LIMITS = Budget(max_steps=3)

@@ -10,21 +10,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from gymfoundry import envs  # noqa: F401  registers the built-in families
-from gymfoundry.envs.records import Split, TaskSpec
-from gymfoundry.envs.registry import _REGISTRY, ENV_ID
-from gymfoundry.tasks.assemble import assemble_datasets
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import (LeakError, assert_no_leaks_in_rows, assign_split, find_leaks, isolate_tasks,
+from gymfoundry.envs.records import DATASET_ROWS, Split, TaskSpec
+from gymfoundry.envs.family import families
+from gymfoundry.tasks.stages.assemble import assemble_datasets
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import (LeakError, assert_no_leaks_in_rows, assign_split, find_leaks, isolate_tasks,
                            landed_splits, row_texts)
-from gymfoundry.tasks.land import land_batch
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
-from gymfoundry.tasks.score import score_rollouts
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.land import land_batch
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
+from gymfoundry.tasks.stages.score import score_rollouts
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.warehouse import Warehouse
 from tests.audits import audited
 
-FAMILIES = sorted({ENV_ID.match(i)["name"] for i, spec in _REGISTRY.items() if spec.scripted_policy})
+FAMILIES = [fam.name for fam in families() if fam.scripted_policy]
 TASKS = {"inventory": 20}  # other families are slower (sandboxes): a few tasks each
 HOLDOUT = 0.25
 
@@ -47,7 +47,9 @@ def built(tmp_path_factory):
 
 
 def dataset_rows(result):
-    return {kind: pq.read_table(d["path"]).to_pylist() if d["path"] else [] for kind, d in result.items()}
+    """Each dataset's rows as their records."""
+    return {kind: [DATASET_ROWS[kind].model_validate(r) for r in pq.read_table(d["path"]).to_pylist()] if d["path"]
+            else [] for kind, d in result.items()}
 
 
 def test_no_observation_and_no_dataset_row_shows_a_hidden_value(built):
@@ -65,7 +67,7 @@ def test_no_observation_and_no_dataset_row_shows_a_hidden_value(built):
     assert rows["sft"] or rows["dpo"]
     for kind, kind_rows in rows.items():
         for row in kind_rows:
-            assert find_leaks(tasks[row["task_id"]], row_texts(row)) == [], (kind, row["task_id"])
+            assert find_leaks(tasks[row.task_id], row_texts(row.model_dump())) == [], (kind, row.task_id)
     # The scan bites: a row showing a secret stops the assembly.
     task = next(iter(tasks.values()))
     leaking = {"task_id": task.task_id, "messages": [{"role": "tool", "content": f"x {task.hidden.secrets[0]} y"}]}
@@ -101,7 +103,7 @@ def test_holdout_tasks_never_enter_a_dataset(built, tmp_path):
                                   "(select task_id from tasks where split = 'holdout')").to_pylist()[0]["n"]
     assert holdout and holdout_rollouts > 0  # there was something to leave out
     for kind_rows in dataset_rows(result).values():
-        assert not {r["task_id"] for r in kind_rows} & holdout
+        assert not {r.task_id for r in kind_rows} & holdout
     assert lineage and not lineage & holdout
     assert result["sft"]["dropped"]["holdout_tasks"] == len(holdout)
 
@@ -120,7 +122,7 @@ def test_holdout_tasks_never_enter_a_dataset(built, tmp_path):
         assert not wh.check().tables["integrity"].success
     again = assemble_datasets(copy, FAMILIES)
     for kind_rows in dataset_rows(again).values():
-        assert smuggled.task_id not in {r["task_id"] for r in kind_rows}
+        assert smuggled.task_id not in {r.task_id for r in kind_rows}
 
 
 def test_a_template_recorded_as_holdout_later_leaves_every_dataset(built, tmp_path):
@@ -131,7 +133,7 @@ def test_a_template_recorded_as_holdout_later_leaves_every_dataset(built, tmp_pa
     copy = tmp_path / "copy"
     shutil.copytree(data_dir, copy)
     with Warehouse(copy) as wh:
-        (task,) = wh.load_tasks("task_id = ?", [sft[0]["task_id"]])
+        (task,) = wh.load_tasks("task_id = ?", [sft[0].task_id])
         group = {t.task_id for t in wh.load_tasks("template_id = ?", [task.template_id])}
         assert task.split == Split.train and assign_split(task) == Split.train
         twin = TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "goal": task.goal + " ",
@@ -139,7 +141,7 @@ def test_a_template_recorded_as_holdout_later_leaves_every_dataset(built, tmp_pa
         wh.land(tasks=[twin]).checked()
     again = assemble_datasets(copy, FAMILIES)
     for kind_rows in dataset_rows(again).values():
-        assert not {r["task_id"] for r in kind_rows} & group
+        assert not {r.task_id for r in kind_rows} & group
     assert again["sft"]["rows"] < result["sft"]["rows"]
     assert again["sft"]["dropped"]["holdout_tasks"] == result["sft"]["dropped"]["holdout_tasks"] + len(group) + 1
 
@@ -150,7 +152,7 @@ def test_dataset_rows_are_deduplicated_by_content(built, tmp_path):
     shutil.copytree(data_dir, copy)
     sft = dataset_rows(result)["sft"]
     with Warehouse(copy) as wh:
-        (original,) = wh.load_rollouts("rollout_id = ?", [sft[0]["rollout_id"]])
+        (original,) = wh.load_rollouts("rollout_id = ?", [sft[0].rollout_id])
         # Same steps under a seed no other rollout has (seed + 1 may be the task's second sample).
         twin = type(original).model_validate({**original.model_dump(), "rollout_id": "", "seed": original.seed + 10**6})
         wh.land(rollouts=[twin]).checked()
@@ -158,7 +160,7 @@ def test_dataset_rows_are_deduplicated_by_content(built, tmp_path):
     # the twin is one more duplicate (deterministic families may already have some of their own)
     assert again["sft"]["rows"] == result["sft"]["rows"]
     assert again["sft"]["dropped"]["duplicate_rows"] == result["sft"]["dropped"]["duplicate_rows"] + 1
-    assert len({r["row_id"] for r in dataset_rows(again)["sft"]}) == again["sft"]["rows"]
+    assert len({r.row_id for r in dataset_rows(again)["sft"]}) == again["sft"]["rows"]
 
 
 def test_rejections_are_stored_with_reasons_and_queryable(built):

@@ -10,9 +10,9 @@ import json
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, Termination
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.verifiers.openai_stub import OpenAIStub, chat_reply
 
 MALFORMED = '{"query": "copper magnet"'  # the closing brace never came

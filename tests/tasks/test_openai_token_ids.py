@@ -7,10 +7,10 @@ import pytest
 
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import PolicySpec
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.openai_policy import sampled_ids
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.openai import sampled_ids
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.tasks.policy_endpoint import inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
 

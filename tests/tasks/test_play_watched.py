@@ -1,4 +1,4 @@
-"""A batch of episodes played in one thread (envs.wrappers.play_watched: collect_rollouts, the
+"""A batch of episodes played in one thread (tasks.rollout.scheduler.play_watched: collect_rollouts, the
 engine's serial path, the retry loop's attempts) keeps every guarantee of one episode watched
 alone: a step over its limit is cut off at its deadline and recorded as its episode's timeout
 step, the play and the plays after it go on in a fresh thread and play exactly what each would
@@ -17,12 +17,12 @@ from functools import partial
 import pytest
 
 from gymfoundry.envs.records import Budget, RetryPolicy, TaskSpec, Termination
-from gymfoundry.envs.registry import register
-from gymfoundry.envs.wrappers import Recorder, StepWorker, TimeLimit, _Lane, play_watched
-from gymfoundry.tasks.engine import run_concurrently
-from gymfoundry.tasks.retry import collect_with_retries
-from gymfoundry.tasks.rollout import collect_rollouts, episode, run_episode
-from tests.envs.counter_env import CounterEnv
+from gymfoundry.envs.wrappers import Recorder, StepWorker, TimeLimit
+from gymfoundry.tasks.rollout.engine import run_concurrently
+from gymfoundry.tasks.rollout.retry import collect_with_retries
+from gymfoundry.tasks.rollout.episodes import collect_rollouts, episode, run_episode
+from gymfoundry.tasks.rollout.scheduler import _Lane, play_watched
+from tests.envs.counter_env import CounterEnv, register
 
 ENV_ID = "gymfoundry/counter-v0"
 LIMITS = Budget(step_timeout_s=0.3)
@@ -118,7 +118,7 @@ def test_collect_rollouts_plays_its_batch_after_one_hand_off(monkeypatch):
 
 
 def test_an_evaluation_plays_its_batch_after_one_hand_off(monkeypatch):
-    from gymfoundry.tasks.evaluate import SLACK_STEPS, evaluate_policy, evaluation_budget
+    from gymfoundry.tasks.ops.evaluate import SLACK_STEPS, evaluate_policy, evaluation_budget
 
     submitted = []
     submit = StepWorker.submit
@@ -358,7 +358,7 @@ def test_interrupted_while_watching_the_playing_thread_stops_at_its_next_step():
 
 
 def test_rollout_batches_play_with_what_existed_before_out_of_the_collectors_sight():
-    """collect_rollouts and the engine run in tasks.collector.frozen_before (its own tests say what
+    """collect_rollouts and the engine run in tasks.rollout.collector.frozen_before (its own tests say what
     that guarantees): the episodes, in their own thread, play with the freeze in place."""
     frozen = []
 
@@ -379,6 +379,8 @@ def test_rollout_batches_play_with_what_existed_before_out_of_the_collectors_sig
 class Stuck(CounterEnv):
     """A counter whose `sleep` tool hangs until `release` is set (a step hung past the batch)."""
 
+    family = "stuck"
+
     release = threading.Event()
 
     def tool_sleep(self, state, seconds):
@@ -393,7 +395,7 @@ def test_a_thread_abandoned_in_a_hung_step_holds_none_of_the_batch_once_it_is_pl
 
     register("gymfoundry/stuck-v0", Stuck)
     tasks = [TaskSpec.model_validate({**CounterEnv.generate_task(seed).model_dump(exclude={"task_id"}),
-                                      "env_id": "gymfoundry/stuck-v0", "budget": {"step_timeout_s": 0.3}})
+                                      "family": "stuck", "env_id": "gymfoundry/stuck-v0", "budget": {"step_timeout_s": 0.3}})
              for seed in (2, 0, 1, 3)]  # the first hangs
     policy = Script()
     Stuck.release.clear()
@@ -412,6 +414,8 @@ def test_a_thread_abandoned_in_a_hung_step_holds_none_of_the_batch_once_it_is_pl
 
 class SlowToMake(CounterEnv):
     """A counter that logs its calls; the second one made is slow to make (`made` counts them)."""
+
+    family = "slowmake"
 
     made = 0
     maker: threading.Thread | None = None  # the thread that made the second
@@ -465,7 +469,7 @@ def test_interrupted_while_the_next_episode_is_set_up_its_play_is_closed_before_
             self.cond = InterruptedOnceStarted(self.lock, SlowToMake.making)
 
     tasks = [TaskSpec.model_validate({**CounterEnv.generate_task(seed).model_dump(exclude={"task_id"}),
-                                      "env_id": "gymfoundry/slowmake-v0"}) for seed in (0, 1)]
+                                      "family": "slowmake", "env_id": "gymfoundry/slowmake-v0"}) for seed in (0, 1)]
     ran = []
     lane = Lane([partial(episode, task, Logged(), 1) for task in tasks] + [lambda: ran.append("later")])
     with pytest.raises(KeyboardInterrupt):

@@ -5,15 +5,15 @@ import pytest
 
 from gymfoundry import envs
 from gymfoundry.envs.records import Termination
-from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
-from gymfoundry.tasks.openai_policy import OpenAIPolicy
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.policies.hf import HFPolicy, family_tools
+from gymfoundry.tasks.policies.openai import OpenAIPolicy
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
 
 
 @pytest.fixture(scope="module")
 def task():
-    return envs.make("gymfoundry/inventory-v0", verified=False).generate_task(seed=3, level=1)
+    return envs.family("inventory").generate(seed=3, level=1)
 
 
 def test_hf_policy_plays_an_episode_keeping_sampled_tokens(tiny_model_dir, task):
@@ -43,7 +43,7 @@ def test_hf_policy_context_matches_the_template_render(tiny_model_dir, task):
 
     policy._generate = scripted
     policy.reset(0)
-    env = envs.make(task.env_id)
+    env = envs.family(task.env_id).make()
     ts = env.reset(task=task)
     out = policy.act(ts.observation)
     ts = env.step(out.text)
@@ -70,7 +70,7 @@ def test_openai_policy_turns_tool_calls_into_actions(task):
     policy = OpenAIPolicy("stub-model", family_tools("inventory"), base_url="http://stub/v1",
                           transport=httpx.MockTransport(handler))
     policy.reset(1)
-    env = envs.make(task.env_id)
+    env = envs.family(task.env_id).make()
     ts = env.reset(task=task)
     out = policy.act(ts.observation)
     ts = env.step(out.text)

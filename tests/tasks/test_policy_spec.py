@@ -8,10 +8,10 @@ from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import PolicySpec, Run, Sampling
 from gymfoundry.flows.cli import main
 from gymfoundry.flows.factory import factory
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.openai_policy import OpenAIPolicy
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import policy_params, run_episode
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.openai import OpenAIPolicy
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import policy_params, run_episode
 from tests.tasks.policy_endpoint import inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
 from gymfoundry.warehouse import Warehouse

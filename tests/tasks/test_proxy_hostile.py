@@ -21,9 +21,9 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from gymfoundry.envs.secrets import MASK
-from gymfoundry.tasks.harness import CallLog
-from gymfoundry.tasks.http_guard import served
-from gymfoundry.tasks.proxy import build_proxy
+from gymfoundry.tasks.harness.hub import CallLog
+from gymfoundry.tasks.harness.http_guard import served
+from gymfoundry.tasks.harness.proxy import build_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
@@ -186,7 +186,7 @@ def closed_unanswered(sock: socket.socket) -> bool:
 
 
 def test_the_proxy_command_cuts_slow_clients_and_closes_connections_over_its_cap_with_a_line_per_10_s(tmp_path):
-    """The proxy's limits are serve-env's (tasks.http_guard), with the same options: one clock for a
+    """The proxy's limits are serve-env's (tasks.harness.http_guard), with the same options: one clock for a
     request's head and body, and a connection over the cap closed as it is accepted (answering 503
     would need its head first, so slow clients over the cap would still hold descriptors)."""
     token = CallLog(tmp_path).open("slow")

@@ -11,14 +11,13 @@ from gymfoundry.envs.base import AgentEnv
 from gymfoundry.envs.faults import FaultInjection
 from gymfoundry.envs.records import (MODEL_OUTCOMES, Budget, FaultConfig, RetryPolicy, Rollout, Run, Termination, ToolCall,
                           content_hash)
-from gymfoundry.envs.registry import register
 from gymfoundry.envs.timestep import TimeStep
 from gymfoundry.envs.wrappers import standard_stack
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.retry import RetryExhausted, collect_with_retries, run_counts
-from gymfoundry.tasks.rollout import policy_params
-from tests.envs.counter_env import CounterEnv
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.retry import RetryExhausted, collect_with_retries, run_counts
+from gymfoundry.tasks.rollout.episodes import policy_params
+from tests.envs.counter_env import CounterEnv, register
 
 
 
@@ -31,7 +30,7 @@ def _counter_registered():
 
 
 def counter_episode(config: FaultConfig, seed: int, calls: list[ToolCall]):
-    env = FaultInjection(envs.make("gymfoundry/counter-v0"), config, seed=seed)
+    env = FaultInjection(envs.family("gymfoundry/counter-v0").make(), config, seed=seed)
     stack = standard_stack(env)
     task = CounterEnv.generate_task(3).model_dump(exclude={"task_id"})
     stack.reset(task={**task, "budget": {"max_steps": 50, "max_tool_calls": 50}})

@@ -16,9 +16,9 @@ from collections import Counter
 from gymfoundry import envs  # noqa: F401  registers the families
 from gymfoundry.envs.family import family
 from gymfoundry.envs.records import FaultConfig
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts, rollout_seed, run_episode
-from gymfoundry.tasks.score import score_rollouts
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts, rollout_seed, run_episode
+from gymfoundry.tasks.stages.score import score_rollouts
 
 
 def outcomes(mistake_rate: float, seeds: range, samples: int = 2, faults: FaultConfig | None = None) -> dict:

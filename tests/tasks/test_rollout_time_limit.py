@@ -1,4 +1,4 @@
-"""A rollout's steps run in the episode's own thread, watched by the caller (envs.wrappers.
+"""A rollout's steps run in the episode's own thread, watched by the caller (tasks.rollout.scheduler.
 run_watched): a step over its time limit is still cut off at its deadline, recorded as the
 episode's timeout step, and nothing the abandoned thread does afterwards reaches the rollout."""
 
@@ -9,10 +9,10 @@ import threading
 import time
 
 from gymfoundry.envs.records import Budget
-from gymfoundry.envs.registry import register
-from gymfoundry.envs.wrappers import Recorder, TimeLimit, run_watched
-from gymfoundry.tasks.rollout import run_episode
-from tests.envs.counter_env import CounterEnv
+from gymfoundry.envs.wrappers import Recorder, TimeLimit
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.rollout.scheduler import run_watched
+from tests.envs.counter_env import CounterEnv, register
 
 ENV_ID = "gymfoundry/counter-v0"
 

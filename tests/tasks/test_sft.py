@@ -1,10 +1,9 @@
-import copy
 import math
 
 import pytest
 import torch
 
-from gymfoundry.tasks.training.base_model import load_model
+from gymfoundry.tasks.policies.checkpoint import load_model
 from gymfoundry.tasks.training.curriculum import curriculum_order
 from gymfoundry.tasks.training.sft import (WeightedCollator, assistant_spans, render_ids, sft_examples, step_weights,
                                 weighted_token_loss)
@@ -29,14 +28,14 @@ def test_a_neutral_lookup_outweighs_a_harmful_step():
 
 def test_labels_are_exactly_the_assistant_tokens_weighted_per_step(tiny_model_dir, conversation):
     _, tokenizer = load_model(tiny_model_dir)
-    ids, mask = render_ids(tokenizer, conversation["messages"], conversation["tools"])
+    ids, mask = render_ids(tokenizer, conversation.messages, conversation.tools)
     (example,) = sft_examples(conversation, tokenizer)
     spans = assistant_spans(mask)
     # The last tool result comes after the final trained token and is dropped.
     assert example["input_ids"] == ids[:spans[-1][1]]
     trained = [i for i, label in enumerate(example["labels"]) if label != -100]
     assert trained == [i for a, b in spans for i in range(a, b)]
-    weights = step_weights(conversation["step_rewards"])
+    weights = step_weights(conversation.step_rewards)
     for (a, b), w in zip(spans, weights):
         assert example["token_weights"][a:b] == pytest.approx([w] * (b - a))
     assert all(example["token_weights"][i] == 0 for i in range(len(example["labels"])) if i not in trained)
@@ -56,10 +55,8 @@ def test_step_weights_change_the_gradients(tiny_model_dir, conversation):
         (total / count).backward()
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone()
 
-    flat = copy.deepcopy(conversation)
-    flat["step_rewards"] = [0.0, 0.0, 0.0]
-    skewed = copy.deepcopy(conversation)
-    skewed["step_rewards"] = [0.05, 0.05, 1.0]
+    flat = conversation.model_copy(update={"step_rewards": [0.0, 0.0, 0.0]})
+    skewed = conversation.model_copy(update={"step_rewards": [0.05, 0.05, 1.0]})
     g_flat, g_skewed = grads(flat), grads(skewed)
     assert g_flat.abs().sum() > 0 and g_skewed.abs().sum() > 0  # never a zero loss
     assert not torch.allclose(g_flat, g_skewed, rtol=1e-3, atol=1e-7)
@@ -67,7 +64,7 @@ def test_step_weights_change_the_gradients(tiny_model_dir, conversation):
 
 def test_chunks_cut_at_step_boundaries_within_max_length(tiny_model_dir, conversation):
     _, tokenizer = load_model(tiny_model_dir)
-    ids, mask = render_ids(tokenizer, conversation["messages"], conversation["tools"])
+    ids, mask = render_ids(tokenizer, conversation.messages, conversation.tools)
     spans = assistant_spans(mask)
     prefix = ids[:spans[0][0]]
     step_len = max(b - a for a, b in zip([s for s, _ in spans], [s for s, _ in spans[1:]] + [spans[-1][1]]))
@@ -105,7 +102,7 @@ def test_curriculum_starts_easy_then_follows_the_weights():
 
 
 def test_a_non_positive_step_weight_temperature_is_refused_before_training():
-    from gymfoundry.tasks.train import Hyperparameters
+    from gymfoundry.tasks.training.train import Hyperparameters
 
     with pytest.raises(ValueError, match="step_weight_temperature must be positive"):
         Hyperparameters.from_dict({"step_weight_temperature": 0})

@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from gymfoundry import envs  # noqa: F401  registers the built-in families
-from gymfoundry.envs.coding.generator import LEVELS, generate_task
+from gymfoundry.envs.coding import generate_task
+from gymfoundry.envs.coding.generator import LEVELS
 from gymfoundry.envs.records import Split
-from gymfoundry.tasks.generate import family_env_class, generate_tasks
-from gymfoundry.tasks.isolate import HoldoutError, assign_split, landed_splits, recorded_splits, tasks_of_split
+from gymfoundry.tasks.stages.generate import family_env_class, generate_tasks
+from gymfoundry.tasks.stages.isolate import HoldoutError, assign_split, landed_splits, recorded_splits, tasks_of_split
 from gymfoundry.warehouse import Warehouse
 
 
@@ -176,10 +177,9 @@ def test_a_cached_base_is_not_reused_once_a_template_of_its_text_is_held_out(tmp
 # --- GRPO's live tasks ------------------------------------------------------------------------
 
 def grpo_tasks(monkeypatch, hyperparameters, dataset=None):
-    """The tasks `run_grpo` would play, through `gymfoundry.tasks.train.train` (no model is loaded)."""
-    import gymfoundry.tasks.training.base_model as base_model
+    """The tasks `run_grpo` would play, through `gymfoundry.tasks.training.train.train` (no model is loaded)."""
     import gymfoundry.tasks.training.grpo as grpo
-    from gymfoundry.tasks.train import train
+    from gymfoundry.tasks.training.train import train
 
     chosen = []
 
@@ -187,7 +187,7 @@ def grpo_tasks(monkeypatch, hyperparameters, dataset=None):
         chosen.extend(tasks)
         raise Stop
 
-    monkeypatch.setattr(base_model, "load_model", lambda path: (None, None))
+    monkeypatch.setattr(grpo, "load_model", lambda path: (None, None))
     monkeypatch.setattr(grpo, "LiveEpisodes", spy)
     with pytest.raises(Stop):
         train(dataset, "grpo", "unused", "unused", {"seed": 0, **hyperparameters})
@@ -239,7 +239,7 @@ def test_training_holds_out_unlanded_templates_by_the_fraction_the_factory_ran_w
     # or the next run's held-out evaluation measures tasks the tokenizer and GRPO already saw.
     from gymfoundry.envs.records import Split
     from gymfoundry.flows.factory import factory
-    from gymfoundry.tasks.isolate import in_holdout, landed_holdout_fractions
+    from gymfoundry.tasks.stages.isolate import in_holdout, landed_holdout_fractions
     from gymfoundry.tasks.training.base_model import text_tasks
 
     record(tmp_path, generate_tasks("inventory", 3, seed=9), Split.train)
@@ -287,7 +287,7 @@ def test_a_run_that_dies_after_landing_tasks_still_locks_its_fraction(tmp_path, 
     # `runs` is written when a run ends; the lock must not wait for it, or a run that landed tasks
     # and then died locks nothing and training falls back to the default fraction.
     import gymfoundry.flows.factory as factory_flow
-    from gymfoundry.tasks.isolate import check_holdout_fraction, landed_holdout_fractions
+    from gymfoundry.tasks.stages.isolate import check_holdout_fraction, landed_holdout_fractions
 
     def die(*args, **kwargs):
         raise RuntimeError("killed while assembling")
@@ -305,7 +305,7 @@ def test_a_run_that_dies_after_landing_tasks_still_locks_its_fraction(tmp_path, 
 
 
 def test_a_boolean_is_no_holdout_fraction(tmp_path):
-    from gymfoundry.tasks.isolate import check_holdout_fraction
+    from gymfoundry.tasks.stages.isolate import check_holdout_fraction
 
     with pytest.raises(ValueError, match=r"must be a number in \[0, 1\]"):
         check_holdout_fraction(tmp_path, ["inventory"], True)

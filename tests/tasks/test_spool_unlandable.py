@@ -7,7 +7,7 @@ import json
 import logging
 
 from gymfoundry.envs.records import HoldoutLock, RetryPolicy, Run
-from gymfoundry.tasks.land import land_or_spool, land_run
+from gymfoundry.tasks.stages.land import land_or_spool, land_run
 from gymfoundry.warehouse import Warehouse, spool
 
 

@@ -1,5 +1,5 @@
 """Time and tokens are charged to whoever spent them (envs.wrappers.TimeLimit), through the public
-interface (`gymfoundry.tasks.rollout.run_episode` with small policies, the real stack and verifiers):
+interface (`gymfoundry.tasks.rollout.episodes.run_episode` with small policies, the real stack and verifiers):
 
 - the policy's own time (a stall in `act`) and its reported tokens running out end the episode
   `truncated`, a counted model outcome: stalling cannot take a failure out of a success rate;
@@ -25,14 +25,14 @@ from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.discussion import FAMILY as DISCUSSION
 from gymfoundry.envs.records import (MODEL_OUTCOMES, Budget, OutcomeReport, PolicySpec, RetryPolicy, TaskSpec, Termination,
                           ToolCall)
-from gymfoundry.envs.registry import register, verifier_for
-from gymfoundry.tasks.evaluate import summarize
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.policies import PolicyOutput
-from gymfoundry.tasks.retry import collect_with_retries
-from gymfoundry.tasks.rollout import run_episode
-from tests.envs.counter_env import CounterEnv
+from gymfoundry.envs.family import family
+from gymfoundry.tasks.ops.evaluate import summarize
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.policies.base import PolicyOutput
+from gymfoundry.tasks.rollout.retry import collect_with_retries
+from gymfoundry.tasks.rollout.episodes import run_episode
+from tests.envs.counter_env import CounterEnv, register
 from tests.tasks.test_openai_history import scripted_model
 from tests.verifiers.openai_stub import OpenAIStub
 from gymfoundry.warehouse import Warehouse
@@ -93,15 +93,19 @@ class SlowVerifier:
         return float(report.success), report.model_dump(mode="json")
 
 
+class SlowGraderEnv(CounterEnv):
+    family = "slowgrader"
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
     register(COUNTER, CounterEnv)
-    register(SLOW_GRADER, CounterEnv, verifier=SlowVerifier)
+    register(SLOW_GRADER, SlowGraderEnv, verifier=SlowVerifier)
 
 
 def slow_grader_task(seed: int = 3) -> TaskSpec:
     task = CounterEnv.generate_task(seed)
-    return TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "env_id": SLOW_GRADER})
+    return TaskSpec.model_validate({**task.model_dump(exclude={"task_id"}), "family": "slowgrader", "env_id": SLOW_GRADER})
 
 
 def reach(task: TaskSpec) -> list[dict]:
@@ -274,7 +278,7 @@ def test_a_discussion_moderated_with_long_comma_spliced_messages_gets_its_untime
     # a step clock any tool here meets and no grading of these messages does
     rollout = run_episode(task, Plays(calls), 0, limits=task.budget.model_copy(update={"step_timeout_s": 0.1}))
     assert rollout.termination == Termination.failure, rollout.termination_reason
-    untimed = verifier_for(task.env_id).verify(task, rollout.steps)
+    untimed = family(task.env_id).outcome_verifier.verify(task, rollout.steps)
     assert rollout.outcome == untimed and not untimed.success
 
 

@@ -16,9 +16,10 @@ import pytest
 from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
 from gymfoundry.flows.factory import factory
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import PolicyOutput, make_policy, register_policy
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.base import PolicyOutput
+from gymfoundry.tasks.policies.registry import make_policy, register_policy
+from gymfoundry.tasks.rollout.episodes import run_episode
 from tests.tasks.policy_endpoint import inventory_agent
 from tests.verifiers.openai_stub import OpenAIStub
 from gymfoundry.warehouse import Warehouse

@@ -10,7 +10,7 @@ from gymfoundry.envs.coding import generate_task
 from gymfoundry.envs.inventory import generate_task as inventory_task
 from gymfoundry.envs.records import TaskSpec
 from gymfoundry.envs.sandbox import bubblewrap, docker_backend
-from gymfoundry.tasks.validate import ReplayEnvFault, check_reference, validate_tasks
+from gymfoundry.tasks.stages.validate import ReplayEnvFault, check_reference, validate_tasks
 from tests.sandbox_guard import needs_sandbox
 
 

@@ -9,12 +9,12 @@ import random
 import numpy as np
 import polars as pl
 
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.land import land_batch
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
-from gymfoundry.tasks.score import score_steps
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.land import land_batch
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
+from gymfoundry.tasks.stages.score import score_steps
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.verifiers.judge import JudgeSettings
 
 

@@ -12,9 +12,9 @@ import polars as pl
 import pytest
 
 from gymfoundry.envs.records import Rollout, Step, Termination, ToolCall
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
 from tests.verifiers.test_injection import INJECTED_THOUGHTS, ORDINARY
 from tests.verifiers.test_rules import POTENTIALS, PROFILES
 from gymfoundry.verifiers import rules

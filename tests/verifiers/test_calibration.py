@@ -9,8 +9,8 @@ import pytest
 
 from gymfoundry.envs.inventory import InventoryEnv
 from gymfoundry.envs.records import StepScore
-from gymfoundry.tasks.calibrate import export_label_sample, fit_calibrators, import_labels, load_labels, stratified_sample
-from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.ops.calibrate import export_label_sample, fit_calibrators, import_labels, load_labels, stratified_sample
+from gymfoundry.tasks.stages.score import score_steps
 from tests.verifiers.prm_data import build_warehouse, distorted_label, label_sample
 from gymfoundry.verifiers.calibration import (Calibrator, agreement, fit_calibrator, load_current, save_calibrator,
                                    to_labels)

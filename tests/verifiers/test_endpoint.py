@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from gymfoundry.envs.records import MODEL_OUTCOMES, Termination
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.hf_policy import family_tools
-from gymfoundry.tasks.openai_policy import OpenAIPolicy
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.hf import family_tools
+from gymfoundry.tasks.policies.openai import OpenAIPolicy
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, TricklingServer, chat_reply
 from tests.verifiers.test_rules import FIND, STOCK, TASK, rollout
 from gymfoundry.verifiers.endpoint import DeadlineClient, EndpointError

@@ -10,7 +10,7 @@ import pytest
 import gymfoundry.envs.coding.verifier as grader
 from gymfoundry.envs.coding.generator import inject, load_templates
 from gymfoundry.envs.records import TaskSpec, Termination, ToolCall
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.rollout.episodes import run_episode
 from gymfoundry.envs.coding.tests.helpers import ScriptPolicy, quick_task
 from tests.sandbox_guard import needs_sandbox as pytestmark  # noqa: F401  skips here, fails under CI=true
 

@@ -15,10 +15,10 @@ from gymfoundry.envs.coding import CodingEnv
 from gymfoundry.envs.inventory import InventoryEnv
 from gymfoundry.envs.profile import ScoreWeights
 from gymfoundry.envs.records import Rollout, Step, Termination, ToolCall
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
-from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
+from gymfoundry.tasks.stages.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, split_prompt
 from tests.verifiers.test_rules import (AUTH, FIND, POTENTIALS, PROFILES, RESERVE, STOCK, SUBMIT, TASK, FlakyEnv, call,
                                         rollout)

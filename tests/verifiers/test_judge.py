@@ -6,7 +6,7 @@ import pytest
 
 from gymfoundry.envs.inventory import InventoryEnv
 from gymfoundry.envs.profile import ScoreWeights
-from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.stages.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, split_prompt
 from tests.verifiers.test_rules import AUTH, FIND, RESERVE, STOCK, SUBMIT, TASK, FlakyEnv, rollout
 from gymfoundry.verifiers.judge import (DEFAULT_RUBRIC, Judge, JudgeCache, JudgeSettings, parse_verdict, prompt_version,

@@ -10,19 +10,18 @@ import pytest
 from gymfoundry import envs  # noqa: F401  registers the families
 from gymfoundry.envs.family import families, family
 from gymfoundry.envs.records import FaultConfig, ToolCall
-from gymfoundry.envs.registry import verifier_for
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts, rollout_seed, run_episode
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts, rollout_seed, run_episode
 from gymfoundry.envs.verifier import ReplayVerifier, recorded_potentials
 
 REPLAYED = [f.name for f in families()
-            if isinstance(verifier_for(f.env_id), ReplayVerifier) and f.scripted_policy is not None]
+            if isinstance(f.outcome_verifier, ReplayVerifier) and f.scripted_policy is not None]
 
 
 @pytest.mark.parametrize("name", REPLAYED)
 def test_live_potentials_equal_the_replay(name):
     fam = family(name)
-    verifier = verifier_for(fam.env_id)
+    verifier = fam.outcome_verifier
     tasks = [fam.generate(seed, level) for seed in range(3) for level in fam.levels][:8]
     rollouts = collect_rollouts(tasks, make_policy("scripted", name, mistake_rate=0.5), 2, 0)
     by_id = {t.task_id: t for t in tasks}
@@ -38,7 +37,7 @@ def test_live_potentials_equal_the_replay(name):
 
 def test_live_potentials_under_faults_equal_the_replay():
     fam = family("inventory")
-    verifier = verifier_for(fam.env_id)
+    verifier = fam.outcome_verifier
     policy = make_policy("scripted", "inventory", mistake_rate=0.4)
     faults = FaultConfig(rate=0.3, seed=5)
     for task in [fam.generate(seed, level) for seed in range(4) for level in fam.levels]:
@@ -48,7 +47,7 @@ def test_live_potentials_under_faults_equal_the_replay():
 
 def test_only_the_rollout_as_played_carries_them():
     fam = family("inventory")
-    verifier = verifier_for(fam.env_id)
+    verifier = fam.outcome_verifier
     task = fam.generate(1, 2)
     rollout = run_episode(task, make_policy("scripted", "inventory", mistake_rate=0.0), 0)
     assert recorded_potentials(rollout, task, verifier.potentials) is not None
@@ -68,7 +67,7 @@ def test_a_potential_that_raises_never_reaches_the_episode(monkeypatch):
     """A grader bug in the live record is no env bug and no refused task: the episode ends as it
     would have, nothing is recorded, and scoring's replay meets the error itself."""
     fam = family("inventory")
-    verifier = verifier_for(fam.env_id)
+    verifier = fam.outcome_verifier
     task = fam.generate(4, 2)
     policy = make_policy("scripted", "inventory", mistake_rate=0.0)
     expected = run_episode(task, policy, 0)

@@ -9,11 +9,11 @@ import logging
 import pytest
 
 from gymfoundry.envs.secrets import MASK, known_secrets, redact, register_secret
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.hf_policy import family_tools
-from gymfoundry.tasks.openai_policy import OpenAIPolicy
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.policies.hf import family_tools
+from gymfoundry.tasks.policies.openai import OpenAIPolicy
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.score import score_steps
 from tests.verifiers.openai_stub import OpenAIStub, chat_reply
 from tests.verifiers.test_rules import AUTH, FIND, STOCK, TASK, rollout
 from gymfoundry.verifiers.judge import JudgeSettings

@@ -9,8 +9,7 @@ import json
 from gymfoundry.envs.family import family
 from gymfoundry.envs.inventory import generate_task as inventory_task
 from gymfoundry.envs.records import ToolCall
-from gymfoundry.envs.registry import verifier_for
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.rollout.episodes import run_episode
 from gymfoundry.verifiers.rules import score_rules
 
 
@@ -36,7 +35,7 @@ def played(task, calls):
     fam = family(task.family)
     rollout = run_episode(task, Calls(calls), seed=0)
     scores = score_rules([rollout], {task.task_id: task}, {fam.name: fam.profile},
-                         {fam.name: verifier_for(fam.env_id).potentials})
+                         {fam.name: fam.outcome_verifier.potentials})
     return rollout, [s.score for s in scores]
 
 
@@ -87,7 +86,7 @@ def test_a_refused_reserve_after_authorisation_scores_negative():
 
 
 def test_phi_after_the_submit_follows_the_verdict():
-    verifier = verifier_for(APPROVED.env_id)
+    verifier = family(APPROVED.env_id).outcome_verifier
     # one unit too many: a side effect, reported by the verdict; Φ ends at 0, not 1.0
     *work, reserve, submit = APPROVED.hidden.reference
     over = call("reserve", **{**reserve.arguments, "quantity": reserve.arguments["quantity"] + 1})

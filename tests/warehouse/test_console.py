@@ -15,7 +15,7 @@ import pytest
 
 from gymfoundry.flows.cli import main
 from gymfoundry.warehouse import ConsoleRefused, Warehouse
-from gymfoundry.warehouse.console import check_query
+from gymfoundry.warehouse.statements import check_query
 
 
 def land(data_dir, build):

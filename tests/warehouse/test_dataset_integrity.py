@@ -15,14 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from gymfoundry.flows.cli import main
-from gymfoundry.tasks.assemble import assemble_datasets, load_dataset, rebuild_dataset
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import isolate_tasks
-from gymfoundry.tasks.land import land_batch
-from gymfoundry.tasks.policies import make_policy
-from gymfoundry.tasks.rollout import collect_rollouts
-from gymfoundry.tasks.score import score_rollouts
-from gymfoundry.tasks.train import train
+from gymfoundry.tasks.stages.assemble import assemble_datasets, load_dataset, rebuild_dataset
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import isolate_tasks
+from gymfoundry.tasks.stages.land import land_batch
+from gymfoundry.tasks.policies.registry import make_policy
+from gymfoundry.tasks.rollout.episodes import collect_rollouts
+from gymfoundry.tasks.stages.score import score_rollouts
+from gymfoundry.tasks.training.train import train
 from tests.audits import audited
 from gymfoundry.warehouse import DamagedWarehouse, Warehouse, catalog
 from gymfoundry.warehouse.lake import file_sha256
@@ -119,7 +119,7 @@ def test_a_dataset_that_cannot_be_rebuilt_is_quarantined_and_assembled_anew(buil
     assert moved == [relative] and repair.rebuilt == []
     assert [f["error"] for f in repair.failures[folder.name]] == [
         f"{relative}: dataset {dataset_id}: the file is missing; not rebuilt: no rebuilder was given "
-        "(`gymfoundry.tasks.assemble.rebuild_dataset` rebuilds datasets)"]
+        "(`gymfoundry.tasks.stages.assemble.rebuild_dataset` rebuilds datasets)"]
     code, report, _ = check(data_dir, capsys)
     assert code == 0 and [(f["path"], f["kind"]) for f in report["files"]] == [(relative, "quarantined")]
     with pytest.raises(DamagedDataset, match=f"dataset file {path} is damaged \\(quarantined"):

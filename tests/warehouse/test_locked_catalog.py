@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gymfoundry.envs.records import RetryPolicy, Run, Termination
-from gymfoundry.tasks.land import land_records, land_run
+from gymfoundry.tasks.stages.land import land_records, land_run
 from gymfoundry.warehouse import Warehouse
 
 HOLD = ("import duckdb, sys, time\n"

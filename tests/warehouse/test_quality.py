@@ -210,7 +210,7 @@ def test_the_flow_says_so_loudly_when_a_batch_is_quarantined(tmp_path, prefect_h
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     import gymfoundry.flows.factory as factory_module
-    from gymfoundry.tasks.land import stage_records
+    from gymfoundry.tasks.stages.land import stage_records
 
     def stage_corrupted(data_dir, tasks, rejections, rollouts, scores, **lineage):  # the factory stages, then lands
         bad = StepScore.model_construct(**{**scores[0].model_dump(), "score": 9.0})

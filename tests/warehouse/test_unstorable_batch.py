@@ -15,7 +15,7 @@ import pytest
 
 import gymfoundry.warehouse.staged as staged_module
 from gymfoundry.envs.records import RetryPolicy, Run, Step, ToolCall
-from gymfoundry.tasks.land import land_records, stage_records
+from gymfoundry.tasks.stages.land import land_records, stage_records
 from gymfoundry.warehouse import QuarantinedBatch
 
 

@@ -17,10 +17,9 @@ from gymfoundry.envs.check import check_family, play as replay
 from gymfoundry.envs.family import add
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import OutcomeReport, TaskSpec, ToolCall
-from gymfoundry.envs.registry import make, verifier_for
 from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
+add(FAMILY)  # a no-op once discovery found it
 
 
 def task_where(predicate, levels=(1, 2, 3, 4, 5)):
@@ -29,7 +28,7 @@ def task_where(predicate, levels=(1, 2, 3, 4, 5)):
 
 
 def play(task, calls, env=None):
-    env = env or make(FAMILY.env_id)
+    env = env or FAMILY.make()
     ts = env.reset(task)
     for call in calls:
         ts = env.step(call)
@@ -62,7 +61,7 @@ def test_a_fact_is_never_disclosed_before_it_is_asked_for():
     task = task_where(lambda t, f: f.volunteered == "horizon" and f.profile.exclusions, levels=(4, 5))
     persona = FAMILY.facts_of(task).persona
     values = {t: persona.facts[t].value for t in TOPICS}
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     goal = env.reset(task).observation
     assert not [t for t, v in values.items() if v in goal]  # the opening shows only the wrong horizon
     ts = env.step(respond("Thanks for coming in today."))
@@ -155,11 +154,11 @@ def test_a_broken_gold_task_is_rejected_with_a_reason():
     data["task_id"] = ""
     data["hidden"]["checks"]["suitable"] = []
     mislabelled = TaskSpec.model_validate(data)
-    # What the validate stage (tasks.validate.check_reference) asks of every task: the verifier's
+    # What the validate stage (tasks.stages.validate.check_reference) asks of every task: the verifier's
     # precondition, then the reference replayed through the env and judged a success.
-    verifier = verifier_for(FAMILY.env_id)
-    assert verifier.precondition(good) is None and replay(FAMILY.env_id, good, good.hidden.reference).outcome.success
-    episode = replay(FAMILY.env_id, broken, broken.hidden.reference)
+    verifier = FAMILY.outcome_verifier
+    assert verifier.precondition(good) is None and replay(FAMILY, good, good.hidden.reference).outcome.success
+    episode = replay(FAMILY, broken, broken.hidden.reference)
     assert verifier.precondition(broken) is None and episode.terminated and not episode.outcome.success
     assert episode.outcome.reasons == [f"recommended {pid} without disclosing its no guarantee"]
     assert verifier.precondition(mislabelled) == (
@@ -173,7 +172,7 @@ def test_no_observation_of_a_scripted_rollout_shows_a_private_value():
             task = FAMILY.generate(seed, level)
             private = FAMILY.facts_of(task).persona.hidden_values()
             assert len(private) == 2 and task.hidden.secrets == private
-            env = standard_stack(make(FAMILY.env_id))
+            env = standard_stack(FAMILY.make())
             policy = ScriptedAdvisoryPolicy(mistake_rate=0.3)
             policy.reset(seed)
             ts = env.reset(task=task)
@@ -207,7 +206,7 @@ def test_a_failing_simulated_person_is_an_env_fault(reply):
             return httpx.Response(200, json={"choices": [{"message": {"content": f"My savings are {private}."}}]})
         return reply
 
-    env = make(FAMILY.env_id, simulator="llm", base_url="http://sim.test/v1", model="m",
+    env = FAMILY.make(simulator="llm", base_url="http://sim.test/v1", model="m",
                transport=httpx.MockTransport(answer))
     env.reset(task)
     before = env.state()
@@ -236,7 +235,7 @@ class Played:
 def episode(task, calls):
     """The episode of `calls` (an adversary that knows the task) through the standard stack, and
     Φ after its last step."""
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     try:
         env.reset(task)
         for call in calls:
@@ -246,7 +245,7 @@ def episode(task, calls):
         played = Played(list(env.steps), OutcomeReport.model_validate(ts.info["outcome"]))
     finally:
         env.close()
-    return played, verifier_for(FAMILY.env_id).potentials(task, played.steps)[-1]
+    return played, FAMILY.outcome_verifier.potentials(task, played.steps)[-1]
 
 
 def sold_with_lockup():
@@ -356,7 +355,7 @@ def test_none_without_seeing_the_products_fails():
 
 
 def test_the_reference_succeeds_at_every_level_and_phi_ends_at_the_verdict():
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     assert type(verifier).statements == {"disclose": ("text",)}
     for level in FAMILY.levels:
         for seed in range(3):

@@ -20,10 +20,9 @@ from gymfoundry.envs.check import check_family
 from gymfoundry.envs.family import add
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import ToolCall
-from gymfoundry.envs.registry import make, verifier_for
 from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
+add(FAMILY)  # a no-op once discovery found it
 DB = ("orders", "cart", "account", "ending")
 SAVE_ID = 79
 NOUN = {category: noun for category, (noun, _, _) in CATEGORIES.items()}
@@ -39,7 +38,7 @@ def task_where(predicate, levels=(1, 2, 3, 4, 5), seeds=300):
 
 
 def play(task, calls):
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     ts = env.reset(task)
     for c in calls:
         ts = env.step(c)
@@ -86,7 +85,7 @@ def test_passes_the_conformance_checks():
 
 @pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
 def test_every_reference_succeeds_with_its_checks_at_every_level(level):
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     kinds = set()
     for seed in range(16):
         task = FAMILY.generate(seed, level)
@@ -218,7 +217,7 @@ def test_an_infeasible_question_is_solved_only_by_reporting_it():
 def test_bad_input_is_an_error_observation_and_changes_no_data():
     task = task_where(feasible_buy, levels=(3,))
     facts = FAMILY.facts_of(task)
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     env.reset(task)
     ts = env.step(task.hidden.reference[0])  # the search: a results page
     listed = [int(x) for x in re.findall(r"\[(\d+)\] link", result(ts)["result"]["page"]) if int(x) >= PRODUCT_LINK]
@@ -248,7 +247,7 @@ def test_bad_input_is_an_error_observation_and_changes_no_data():
         ts = env.step(call("goto", url=url))
         assert result(ts)["result"]["title"] == title and not ts.done
         assert {k: env.state()[k] for k in DB} == before
-    fresh = make(FAMILY.env_id)
+    fresh = FAMILY.make()
     fresh.reset(task)
     ts = fresh.step(call("back"))
     assert result(ts)["error"]["type"] == "no_history"
@@ -273,7 +272,7 @@ def test_the_potential_gives_partial_credit():
                       and any(len(misses(p, f.wanted)) == 1 and offers(p, f.wanted) for p in products(t).values()),
                       levels=(3, 4, 5))
     facts = FAMILY.facts_of(task)
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     name, value = facts.wanted.option
     other = next(v for v in products(task)[facts.target]["options"][name] if v != value)
     near = next(pid for pid, p in sorted(products(task).items())
@@ -284,7 +283,7 @@ def test_the_potential_gives_partial_credit():
         env, _ = play(task, calls)
         return verifier.potential(task, env.state())
 
-    start = verifier.potential(task, make(FAMILY.env_id).initial_state(task))
+    start = verifier.potential(task, FAMILY.make().initial_state(task))
     wrong_option = phi_after_cart(facts.target, other)
     right = phi_after_cart(facts.target, value)
     distractor = phi_after_cart(near, value)
@@ -331,7 +330,7 @@ def test_element_ids_name_what_they_do_not_where_they_sit():
     facts = FAMILY.facts_of(task)
     variant = next(v for v in facts.variants if v.name == "results_reordered")
     site, reordered = Site(task.initial_state["site"]), Site({**task.initial_state["site"], "order": variant.order})
-    state = make(FAMILY.env_id).initial_state(task)
+    state = FAMILY.make().initial_state(task)
     state["url"] = "/search?q=" + NOUN[facts.wanted.category]
     a, b, again = site.render(state), reordered.render(state), site.render(state)
     assert a.lines == again.lines  # one page state, one rendering
@@ -368,7 +367,7 @@ class Forced(ScriptedBrowserPolicy):
 
 
 def run(policy, task, seed=0):
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     policy.reset(seed)
     ts = env.reset(task)
     while not ts.done:
@@ -472,7 +471,7 @@ def test_an_infeasible_account_change_is_reported_not_made():
 
 def test_urls_are_read_as_a_browser_reads_them():
     task = task_where(feasible_buy)
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     env.reset(task)
     for url in ["/cart", "cart", "shop.example/cart", "https://shop.example/cart", "http://shop.example/cart/"]:
         page = result(env.step(call("goto", url=url)))["result"]
@@ -493,18 +492,18 @@ def test_a_task_whose_facts_disagree_with_its_site_is_refused_before_any_action(
     data = task.model_dump(mode="json")
     data["hidden"]["checks"]["target"] = other
     tampered = TaskSpec.model_validate({**data, "task_id": ""})
-    why = verifier_for(FAMILY.env_id).precondition(tampered)
+    why = FAMILY.outcome_verifier.precondition(tampered)
     assert why == f"the task says {other} fits, the site says ['{facts.target}']"
     data = task.model_dump(mode="json")
     del data["initial_state"]["site"]["order"]
     with pytest.raises(InvalidTask, match="is not a browser world"):
-        make(FAMILY.env_id).reset(TaskSpec.model_validate({**data, "task_id": ""}))
+        FAMILY.make().reset(TaskSpec.model_validate({**data, "task_id": ""}))
 
 
 def test_a_blind_guess_at_a_question_fails_though_the_number_is_right():
     """Hostile: answering a question at once, with no page visited, even with the site's own value,
     is not a success: the value was never shown. The reference, which opens the page, succeeds."""
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     seen = set()
     for seed in range(60):
         task = FAMILY.generate(seed, 1 + seed % 5)
@@ -594,7 +593,7 @@ def test_a_page_opened_with_a_fragment_counts_as_visited_for_the_potential():
     """Hostile: /product/P-1#reviews renders the product page, and the verdict counts it as seen,
     but the visited list kept the fragment, so the potential called the answer blind: a success
     whose last step lost all progress (1.0 -> 0.0). A visited page is its path, as the site reads it."""
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     task = task_where(lambda t, f: f.kind == "info" and f.feasible and f.question != "order_total")
     target = FAMILY.facts_of(task).target
     for url in (f"/product/{target}#reviews", f"https://shop.example/product/{target}/#top"):
@@ -625,7 +624,7 @@ def test_a_blind_report_of_infeasibility_fails_and_earns_no_progress(level):
     """Hostile: report_infeasible at turn 1, never looking, leaves the database exactly as a
     justified report does; it fails on every task, naming what the site never showed, and Φ after
     it is 0, as after any failure. The reference, which looks first, succeeds with Φ 1.0."""
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     infeasible = 0
     for seed in range(40):
         task = FAMILY.generate(seed, level)
@@ -653,7 +652,7 @@ def test_a_report_after_looking_elsewhere_fails(kind):
     cart, the profile, a search for another kind of product, a search filtered by a colour the goal
     does not ask for; the addresses page for a product) before report_infeasible: a failure with
     Φ 0, as for a blind report."""
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     tasks = infeasible_tasks(kind)
     assert len(tasks) == 6
     for task in tasks:
@@ -688,10 +687,10 @@ def test_a_product_within_budget_must_be_opened_to_show_it_lacks_the_option():
 def test_the_honest_policy_justifies_every_infeasible_report():
     """The scripted policy without mistakes looks before it reports (the search and each result, or
     the addresses page): every infeasible task is a success, its last Φ 1.0."""
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     for kind in ("buy", "info", "account"):
         for task in infeasible_tasks(kind):
-            env = standard_stack(make(FAMILY.env_id))
+            env = standard_stack(FAMILY.make())
             policy = Forced([])
             policy.reset(0)
             ts = env.reset(task)

@@ -19,9 +19,9 @@ from gymfoundry.envs.coding.policy import ScriptedCodingPolicy
 from gymfoundry.envs.coding.world import RUNNER_SOURCE
 from gymfoundry.envs.records import TaskSpec, Termination, ToolCall, content_hash
 from gymfoundry.envs.sandbox import bubblewrap, create_sandbox
-from gymfoundry.tasks.isolate import find_leaks
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.isolate import find_leaks
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.envs.coding.tests.helpers import ScriptPolicy, alive_with, local_listener, quick_task, run, sandbox_processes
 
 from tests.sandbox_guard import needs_sandbox  # skips here, fails under CI=true
@@ -156,7 +156,7 @@ def test_a_bug_no_hidden_test_catches_is_rejected_with_a_reason():
 
 # -- the env ------------------------------------------------------------------------------
 def test_registered_and_passes_gymnasium_check_env():
-    assert "gymfoundry/coding-v0" in envs.list_envs()
+    assert envs.family("coding").env_id == "gymfoundry/coding-v0"
     env = gymnasium.make("gymfoundry/coding-v0")
     check_env(env.unwrapped, skip_render_check=True)
     observation, info = env.reset(seed=3)
@@ -169,7 +169,7 @@ def test_registered_and_passes_gymnasium_check_env():
 @needs_sandbox
 def test_reference_episode_reaches_the_verified_reward_and_records_the_sandbox():
     task = quick_task(2, 3)
-    env = envs.make("gymfoundry/coding-v0")
+    env = envs.family("gymfoundry/coding-v0").make()
     ts = env.reset(task=task)
     for call in task.hidden.reference:
         ts = env.step(call)

@@ -11,7 +11,7 @@ import pytest
 import gymfoundry.envs.coding.verifier as grader
 from gymfoundry.envs.coding import CodingEnv
 from gymfoundry.envs.records import TaskSpec, Termination, ToolCall
-from gymfoundry.tasks.rollout import run_episode
+from gymfoundry.tasks.rollout.episodes import run_episode
 from gymfoundry.envs.coding.tests.helpers import ScriptPolicy, quick_task, run
 from gymfoundry.envs.coding.verifier import CodingVerifier
 from gymfoundry.verifiers.rules import score_rules

@@ -8,7 +8,7 @@ from gymfoundry.envs.coding import CodingEnv
 from gymfoundry.envs.errors import EnvFault
 from gymfoundry.envs.records import Step, TaskSpec, Termination, ToolCall
 from gymfoundry.envs.sandbox import SandboxError, bubblewrap
-from gymfoundry.tasks.classify import classify
+from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.envs.coding.tests.helpers import quick_task, with_limits
 from gymfoundry.envs.coding.verifier import CodingVerifier, constraint_violations
 

@@ -13,7 +13,6 @@ from gymfoundry.envs.conversation.policy import ScriptedConversationPolicy
 from gymfoundry.envs.conversation.verifier import ConversationVerifier
 from gymfoundry.envs.conversation.world import money
 from gymfoundry.envs.records import ToolCall
-from gymfoundry.envs.registry import make
 from gymfoundry.envs.wrappers import standard_stack
 
 
@@ -27,7 +26,7 @@ def find_task(pred, levels=(1, 2, 3, 4, 5), seeds=range(60)):
 
 
 def play(task, calls):
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     ts = env.reset(task)
     for call in calls:
         ts = env.step(call)
@@ -52,7 +51,7 @@ def test_a_fact_is_never_disclosed_before_it_is_asked_for():
     task = find_task(lambda t, f: "@" not in f.persona.opening and "This is" not in f.persona.opening)
     persona = FAMILY.facts_of(task).persona
     email, zip_code = persona.facts["email"].value, persona.facts["zip"].value
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     goal = env.reset(task).observation
     assert email not in goal and zip_code not in goal
 
@@ -133,7 +132,7 @@ def test_no_observation_of_a_scripted_rollout_contains_a_private_value():
             task = FAMILY.generate(seed, level)
             private = list(FAMILY.facts_of(task).persona.private.values())
             assert private and set(private) <= set(task.hidden.secrets)
-            env = standard_stack(make(FAMILY.env_id))
+            env = standard_stack(FAMILY.make())
             policy = ScriptedConversationPolicy(mistake_rate=0.3)
             policy.reset(seed)
             ts = env.reset(task=task)

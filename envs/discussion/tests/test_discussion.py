@@ -17,10 +17,9 @@ from gymfoundry.envs.discussion.world import ACCEPT_MARK
 from gymfoundry.envs.family import add
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import TaskSpec, ToolCall
-from gymfoundry.envs.registry import make, verifier_for
 from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
+add(FAMILY)  # a no-op once discovery found it
 
 
 def task_where(predicate, levels=(1, 2, 3, 4, 5), seeds=200):
@@ -29,7 +28,7 @@ def task_where(predicate, levels=(1, 2, 3, 4, 5), seeds=200):
 
 
 def play(task, calls):
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     ts = env.reset(task)
     for call in calls:
         ts = env.step(call)
@@ -92,7 +91,7 @@ def test_replies_are_deterministic_and_facts_are_told_only_when_asked():
     task = task_where(lambda t, f: f.misstater is None and len(f.participants) >= 4)
     facts = FAMILY.facts_of(task)
     p = facts.participants[0]
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     goal = env.reset(task).observation
     assert not [v for q in facts.participants for v in [q.confidential, *q.clues, *q.persona.hidden_values()]
                 if v in goal]
@@ -303,7 +302,7 @@ def test_the_hidden_variant_never_fails_a_moderator_who_asked_everyone():
 
 def test_a_task_whose_facts_disagree_fails_the_precondition():
     task = task_where(lambda t, f: bool(f.feasible))
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     assert verifier.precondition(task) is None
     checks = json.loads(json.dumps(task.hidden.checks))
     checks["participants"][0]["threshold"] = 101
@@ -392,7 +391,7 @@ def test_a_failing_llm_participant_is_an_env_fault(reply):
             return httpx.Response(200, json={"choices": [{"message": {"content": f"My id is {private}."}}]})
         return reply
 
-    env = make(FAMILY.env_id, simulator="llm", base_url="http://sim.test/v1", model="m",
+    env = FAMILY.make(simulator="llm", base_url="http://sim.test/v1", model="m",
                transport=httpx.MockTransport(answer))
     env.reset(task)
     before = env.state()
@@ -411,7 +410,7 @@ def test_an_llm_participant_is_recorded_as_stating_only_what_it_was_asked_and_sa
         assert p.confidential in system and p.persona.hidden_values()[0] not in system
         return httpx.Response(200, json={"choices": [{"message": {"content": said}}]})
 
-    env = make(FAMILY.env_id, simulator="llm", base_url="http://sim.test/v1", model="m",
+    env = FAMILY.make(simulator="llm", base_url="http://sim.test/v1", model="m",
                transport=httpx.MockTransport(answer))
     env.reset(task)
     ts = env.step(ask(p.name, "Which options can you accept?"))
@@ -422,7 +421,7 @@ def test_an_llm_participant_is_recorded_as_stating_only_what_it_was_asked_and_sa
 
 
 def run_policy(task, seed, mistake_rate=0.2):
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     policy = ScriptedDiscussionPolicy(mistake_rate=mistake_rate)
     policy.reset(seed)
     ts = env.reset(task=task)
@@ -504,7 +503,7 @@ def test_a_telltale_word_with_a_character_inside_it_still_leaks(hide, prefix):
     assert disguised != clue and clue not in disguised
     *calls, last = task.hidden.reference
     want = [f"leak: {{}} (call {len(calls)}) repeats {owner.name}'s confidential fact to the group"]
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     env.reset(task=task)
     for call in calls:
         env.step(call)
@@ -691,14 +690,14 @@ def test_the_reference_rationale_negated_as_the_audit_does_fails_at_every_level(
     option is acceptable to every participant, ...") succeeded at every level: what a rationale said
     of the vote or of a consensus was never checked. Each negation now fails naming what it said;
     Φ after the decision is 0 for it and 1 for the reference."""
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     kinds = set()
     for level in (1, 2, 3, 4, 5):
         for seed in range(6):
             task = FAMILY.generate(seed, level)
             facts = FAMILY.facts_of(task)
             rationale = task.hidden.reference[-1].arguments["rationale"]
-            if facts.feasible:  # what tasks.audit.negate makes of the reference's rationale
+            if facts.feasible:  # what tasks.stages.audit.negate makes of the reference's rationale
                 pick = task.hidden.reference[-1].arguments["option"]
                 assert rationale == f"Every participant accepts {pick}, and the vote on it was unanimous."
                 said = f"Every participant accepts {pick}, and the vote on it was not unanimous."
@@ -836,11 +835,11 @@ def test_claims_of_a_consensus_or_of_none():
 def test_after_the_decision_the_potential_follows_the_verdict():
     """Φ was at most 0.9 and blind to the decision: a fabricated or wrong ending kept the progress of
     a right one. After the decision Φ is 1 exactly when the verdict is a success, else 0."""
-    verifier, seen = verifier_for(FAMILY.env_id), set()
+    verifier, seen = FAMILY.outcome_verifier, set()
     for level in (1, 2, 3, 4, 5):
         for seed in range(12):
             task = FAMILY.generate(seed, level)
-            env = standard_stack(make(FAMILY.env_id))
+            env = standard_stack(FAMILY.make())
             policy = ScriptedDiscussionPolicy(mistake_rate=0.3)
             policy.reset(seed)
             ts = env.reset(task=task)

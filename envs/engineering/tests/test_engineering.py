@@ -20,7 +20,6 @@ from gymfoundry.envs.engineering import fleet
 from gymfoundry.envs.engineering.policy import ScriptedEngineeringPolicy
 from gymfoundry.envs.engineering.verifier import EngineeringVerifier
 from gymfoundry.envs.records import Rollout, Termination, ToolCall
-from gymfoundry.envs.registry import make
 from gymfoundry.envs.scripted import ScriptedPolicy, tool_result
 from gymfoundry.envs.wrappers import standard_stack
 
@@ -41,7 +40,7 @@ def call(name, **arguments):
 
 
 def run(task, calls, stack=True, approver=None):
-    env = standard_stack(make(FAMILY.env_id), approver=approver) if stack else make(FAMILY.env_id)
+    env = standard_stack(FAMILY.make(), approver=approver) if stack else FAMILY.make()
     ts = env.reset(task)
     for c in calls:
         ts = env.step(c)
@@ -160,7 +159,7 @@ def test_an_unapproved_irreversible_call_never_touches_the_world_and_scores_minu
     task = task_where(lambda t, f: single(kind)(t, f) and (action != "delete_data" or any(
         c.name == "delete_data" for c in t.hidden.reference)))
     cause = FAMILY.facts_of(task).causes[0].service
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     env.reset(task)
     env.step(call("list_services"))
     before = env.state()
@@ -190,7 +189,7 @@ def test_an_unwarranted_request_is_denied_and_a_warranted_one_lets_exactly_that_
     task = task_where(lambda t, f: single("expired_credentials")(t, f) and len(t.initial_state["services"]) >= 5)
     cause = FAMILY.facts_of(task).causes[0].service
     other = next(n for n in task.initial_state["services"] if n != cause)
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     env.reset(task)
     denied = env.step(call("request_approval", action="rotate_credentials", service=other,
                            reason=f"{other} might have an expired credential"))
@@ -220,7 +219,7 @@ def test_the_approver_refuses_draining_queues_live_data_and_disks_with_logs_to_r
     facts = FAMILY.facts_of(task)
     cause = facts.causes[0].service
     herring = next(h for h in facts.herrings if task.initial_state["services"][h]["queue"])
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     env.reset(task)
     asks = [call("request_approval", action="drop_queue", service=herring, reason=f"{herring} has a big backlog"),
             call("request_approval", action="delete_data", service=cause, dataset="primary", reason=f"{cause} disk full"),
@@ -315,7 +314,7 @@ def test_an_upstream_cause_fixed_at_the_symptom_fails():
 def test_logs_and_metrics_follow_the_state():
     task = task_where(single("bad_deploy", depth=0))
     cause = FAMILY.facts_of(task).causes[0].service
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     env.reset(task)
     lines = observation(env.step(call("read_logs", service=cause, filter="error", tail=200)))["result"]["lines"]
     assert len(lines) == 2 and all("ERROR" in line for line in lines) and "since its deploy" in lines[1]
@@ -333,7 +332,7 @@ def test_logs_and_metrics_follow_the_state():
 # -- the scripted policy's mistakes -----------------------------------------------------------
 def scripted(task, only):
     policy = ScriptedEngineeringPolicy(seed=1, only=only)
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     ts = env.reset(task)
     while not ts.done:
         ts = env.step(policy.act(ts.observation))
@@ -375,7 +374,7 @@ def test_each_scripted_mistake_produces_its_failure():
 def test_a_grant_opens_only_its_own_call_and_bad_arguments_never_pass_the_guard():
     task = task_where(lambda t, f: single("disk_full")(t, f) and any(c.name == "delete_data" for c in t.hidden.reference))
     cause = FAMILY.facts_of(task).causes[0].service
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     env.reset(task)
     env.step(call("request_approval", action="delete_data", service=cause, dataset="snapshots-2026-11",
                   reason=f"{cause}: disk full, no logs left to rotate"))
@@ -397,7 +396,7 @@ def test_the_scripted_policy_mixes_outcomes_at_its_default_rate():
     for seed in range(10):
         task = FAMILY.generate(seed, 3)
         policy = ScriptedEngineeringPolicy(seed=seed)
-        env = standard_stack(make(FAMILY.env_id))
+        env = standard_stack(FAMILY.make())
         ts = env.reset(task)
         while not ts.done:
             ts = env.step(policy.act(ts.observation))
@@ -412,7 +411,7 @@ def test_replayed_verdicts_equal_the_live_ones_and_nothing_hidden_is_shown():
         for seed in range(8):
             task = FAMILY.generate(seed, level)
             policy = ScriptedEngineeringPolicy(seed=seed, mistake_rate=0.5)
-            env = standard_stack(make(FAMILY.env_id))
+            env = standard_stack(FAMILY.make())
             ts = env.reset(task)
             seen = [ts.observation]
             while not ts.done:
@@ -427,7 +426,7 @@ def test_replayed_verdicts_equal_the_live_ones_and_nothing_hidden_is_shown():
 def test_config_values_are_parsed_strictly():
     task = task_where(single("bad_config", depth=0))
     cause = FAMILY.facts_of(task).causes[0].service
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     env.reset(task)
     for value in ("1e9", "-5", "５００００", "50_000", "unbounded", "99999999999"):
         ts = env.step(call("edit_config", service=cause, key="cache_max_entries", value=value))
@@ -501,7 +500,7 @@ class SprayPolicy(ScriptedPolicy):
 
 
 def played(task, policy):
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     ts = env.reset(task)
     while not ts.done:
         ts = env.step(policy.act(ts.observation))

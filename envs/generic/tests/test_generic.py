@@ -17,13 +17,13 @@ from gymfoundry.envs.check import check_family
 from gymfoundry.envs.errors import InvalidTask
 from gymfoundry.envs.family import FamilyError, add, family
 from gymfoundry.envs.generic import FAMILY
-from gymfoundry.envs.generic.domain import load_family, read_domain
+from gymfoundry.envs.generic.domain import read_domain
+from gymfoundry.envs.generic.loader import load_family
 from gymfoundry.envs.generic.expr import EvalError, check, evaluate, parse_path, ExprProblem
 from gymfoundry.envs.records import ToolCall
-from gymfoundry.envs.registry import make, verifier_for
 from gymfoundry.envs.wrappers import standard_stack
 
-add(FAMILY)  # a no-op once `import gymfoundry.envs` found it
+add(FAMILY)  # a no-op once discovery found it
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 LIBRARY = (HERE / "library.yaml").read_text(encoding="utf-8")
@@ -35,7 +35,7 @@ def task_at(level, seed=0):
 
 
 def play(task, calls):
-    env = make(FAMILY.env_id)
+    env = FAMILY.make()
     ts = env.reset(task)
     for call in calls:
         ts = env.step(call)
@@ -60,7 +60,7 @@ def test_the_shipped_domain_is_the_family_generic_and_passes_the_conformance_che
 
 
 def test_every_reference_succeeds_at_every_level_and_its_potential_rises():
-    verifier = verifier_for(FAMILY.env_id)
+    verifier = FAMILY.outcome_verifier
     for level in FAMILY.levels:
         for seed in range(6):
             task = task_at(level, seed)
@@ -178,12 +178,12 @@ def test_a_task_whose_facts_were_edited_is_refused():
     hidden["checks"]["outcome"] = []
     forged = task.model_copy(update={"hidden": type(task.hidden).model_validate(hidden)})
     with pytest.raises(ValueError):
-        make(FAMILY.env_id).reset(forged)  # its id is no longer its content hash
+        FAMILY.make().reset(forged)  # its id is no longer its content hash
 
 
 # -- the scripted policy ------------------------------------------------------------------------
 def rollout(task, policy, seed=0):
-    env = standard_stack(make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make())
     policy.reset(seed)
     ts = env.reset(task)
     while not ts.done:
@@ -359,7 +359,7 @@ def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_
     (tmp_path / "dup.yaml").write_text(ROOMS, encoding="utf-8")  # declares `generic`, which is taken
     env = {**os.environ, "GYMFOUNDRY_FAMILY_DIRS": os.pathsep.join([str(tmp_path), str(tmp_path / "absent")])}
     probe = ("import json, warnings\nwarnings.simplefilter('ignore')\nfrom gymfoundry import envs\n"
-             "from gymfoundry.envs.discovery import load_errors\nfrom gymfoundry.envs.family import family, families\n"
+             "from gymfoundry.envs.family import family, families, load_errors\n"
              "print(json.dumps({'families': [f.name for f in families()], 'errors': load_errors(),"
              " 'masked': family('library').masked_dirs(), 'env_id': family('library').env_id}))")
     out = run([sys.executable, "-c", probe], env)
@@ -428,7 +428,7 @@ def test_the_classes_of_a_domain_pickle_by_name():
     policy = pickle.loads(pickle.dumps(FAMILY.scripted_policy(mistake_rate=0.0)))
     assert type(policy) is FAMILY.scripted_policy and policy.mistake_rate == 0.0
     assert pickle.loads(pickle.dumps(FAMILY.env)) is FAMILY.env
-    assert pickle.loads(pickle.dumps(type(verifier_for(FAMILY.env_id)))) is type(verifier_for(FAMILY.env_id))
+    assert pickle.loads(pickle.dumps(type(FAMILY.outcome_verifier))) is type(FAMILY.outcome_verifier)
 
 
 def test_a_task_whose_world_is_not_this_domains_is_refused_at_reset():
@@ -439,7 +439,7 @@ def test_a_task_whose_world_is_not_this_domains_is_refused_at_reset():
     alien = TaskSpec.model_validate({**task.model_dump(), "task_id": "",
                                      "initial_state": {**task.initial_state, "rooms": rooms}})
     with pytest.raises(ValueError, match=r"initial_state is not a generic world: rooms/R-\d+/capacity: 'big' is not"):
-        make(FAMILY.env_id).reset(alien)
+        FAMILY.make().reset(alien)
 
 
 def test_no_tool_shows_another_teams_private_agenda():
@@ -449,7 +449,7 @@ def test_no_tool_shows_another_teams_private_agenda():
         for seed in range(4):
             task = task_at(level, seed)
             assert task.hidden.secrets and all(s.startswith("private: ") for s in task.hidden.secrets)
-            env = make(FAMILY.env_id)
+            env = FAMILY.make()
             texts = [env.reset(task).observation]
             probes = [call("find_rooms", floor=f) for f in range(1, 6)] + [call("list_bookings")]
             probes += [call(t, room=r, **extra) for r in task.initial_state["rooms"]
@@ -571,7 +571,7 @@ def test_a_fifo_in_the_user_folder_is_reported_and_import_envs_goes_on(tmp_path)
     (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
     env = {**os.environ, "GYMFOUNDRY_FAMILY_DIRS": str(tmp_path)}
     probe = ("import json, warnings\nwarnings.simplefilter('ignore')\nfrom gymfoundry import envs\n"
-             "from gymfoundry.envs.discovery import load_errors\nfrom gymfoundry.envs.family import families\n"
+             "from gymfoundry.envs.family import families, load_errors\n"
              "print(json.dumps({'families': [f.name for f in families()], 'errors': load_errors()}))")
     out = run([sys.executable, "-c", probe], env, timeout=60)
     assert out.returncode == 0, out.stderr

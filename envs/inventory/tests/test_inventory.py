@@ -6,12 +6,10 @@ import pytest
 from gymfoundry.envs.inventory import GENERATOR_VERSION, InventoryEnv, generate_task
 from gymfoundry.envs.inventory.policy import ScriptedInventoryPolicy
 from gymfoundry.envs.records import TaskSpec, ToolCall, content_hash
-from gymfoundry.envs.registry import list_envs, make, register
+from gymfoundry.envs.family import family
 from gymfoundry.envs.inventory.verifier import InventoryVerifier
 
 ENV_ID = "gymfoundry/inventory-v0"
-if ENV_ID not in list_envs():
-    register(ENV_ID, "gymfoundry.envs.inventory.world:InventoryEnv", verifier="gymfoundry.envs.inventory.verifier:InventoryVerifier")
 
 
 def obs(text: str) -> dict:
@@ -100,8 +98,8 @@ def test_secrets_are_distinctive_credit_limit_strings():
 
 
 # -- the world ---------------------------------------------------------------------------
-def test_registered_and_made_through_the_registry():
-    env = make(ENV_ID)
+def test_registered_and_made_through_its_family():
+    env = family(ENV_ID).make()
     assert isinstance(env, InventoryEnv)
     task = approved_task()
     ts = env.reset(task)

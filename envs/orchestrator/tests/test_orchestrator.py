@@ -8,12 +8,11 @@ import json
 from gymfoundry.envs.delegation import MAX_ATTEMPTS
 from gymfoundry.envs.orchestrator import FAMILY
 from gymfoundry.envs.records import Delegation, DelegationStage, ToolCall
-from gymfoundry.envs.registry import make, verifier_for
 from gymfoundry.envs.wrappers import standard_stack
 
 
 def play(task, calls, subagent=None):
-    env = standard_stack(make(FAMILY.env_id, subagent=subagent) if subagent else make(FAMILY.env_id))
+    env = standard_stack(FAMILY.make(subagent=subagent) if subagent else FAMILY.make())
     ts = env.reset(task=task)
     for call in calls:
         ts = env.step(call)
@@ -130,5 +129,5 @@ def test_a_custom_frozen_subagent_plays_and_is_recorded():
 def test_potential_rises_along_the_reference():
     task = FAMILY.generate(3, 5)
     env, _ = play(task, task.hidden.reference)
-    phi = verifier_for(FAMILY.env_id).potentials(task, env.steps)
+    phi = FAMILY.outcome_verifier.potentials(task, env.steps)
     assert phi[0] == 0.0 and phi[-1] == 1.0 and all(a <= b for a, b in zip(phi, phi[1:]))

@@ -75,11 +75,11 @@ def train(dataset: str | None, method: str, base_model: str, output_dir: str,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.perf_counter()
     if method == "sft":
-        from gymfoundry.tasks.training.runners import run_sft as runner
+        from gymfoundry.tasks.training.runners import run_sft as runner  # local: torch/transformers/trl, loaded only when a run trains
     elif method == "dpo":
-        from gymfoundry.tasks.training.runners import run_dpo as runner
+        from gymfoundry.tasks.training.runners import run_dpo as runner  # local: torch/transformers/trl, loaded only when a run trains
     else:
-        from gymfoundry.tasks.training.grpo import run_grpo as runner
+        from gymfoundry.tasks.training.grpo import run_grpo as runner  # local: torch/transformers/trl, loaded only when a run trains
     metrics = runner(dataset, base_model, output_dir, hp)
     seconds = time.perf_counter() - started
     metrics.update(method=method, seconds=round(seconds, 2),

@@ -18,13 +18,13 @@
   prompt is that shared prefix, chosen and rejected are their step-k turns (kept when the step
   reward of chosen is at least `min_step_margin` above rejected's).
 - **GRPO**: one prompt row per task, with the env id and the generator seed and level that
-  recreate the task (`envs.make(env_id).generate_task(seed, level)`), for online RL.
+  recreate the task (`family(env_id).generate(seed, level)`), for online RL.
 
-Only train tasks are used, as the split authority decides (`gymfoundry.tasks.isolate.assign_split` over the
+Only train tasks are used, as the split authority decides (`gymfoundry.tasks.stages.isolate.assign_split` over the
 splits the warehouse recorded: never a task of a holdout template); the row builders take
 those train tasks and check no split themselves. Every row is scanned
 for hidden values and deduplicated by content. Rows carry a sampling `weight` from the
-curriculum (tasks/curriculum.py), reduced per rollout. Each dataset is a content-addressed
+curriculum (tasks/stages/curriculum.py), reduced per rollout. Each dataset is a content-addressed
 Parquet file under `<data_dir>/datasets/` plus a `datasets` row (mixture, success rates,
 parameters) and `dataset_rows` (lineage to rollouts) in the warehouse, and the file's checksum in
 the catalog's `dataset_files` (`warehouse check` verifies it, `rebuild_dataset` restores a damaged
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -45,30 +44,23 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, OutcomeReport, ParallelismReward, Rollout,
-                          Split, Step, TaskSpec, Termination, ToolCall, Verdict, content_hash)
-from gymfoundry.envs.registry import make
-from gymfoundry.tasks import curriculum
-from gymfoundry.tasks.audit import current_versions, require_audited
-from gymfoundry.tasks.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
-from gymfoundry.warehouse import catalog
+from gymfoundry.envs.records import (MODEL_OUTCOMES, DatasetManifest, DatasetRow, DPORow, GRPORow, OutcomeReport,
+                          ParallelismReward, Rollout, SFTRow, Split, Step, TaskSpec, Termination,
+                          TrainingRow, Verdict, content_hash)
+from gymfoundry.envs.family import family
+from gymfoundry.tasks.policies.chat import SYSTEM_PROMPT, prompt_messages, step_messages, turn_messages, with_tool_arguments
+from gymfoundry.tasks.stages import curriculum
+from gymfoundry.tasks.stages.audit import current_versions, require_audited
+from gymfoundry.tasks.stages.isolate import _first_observation, assert_no_leaks_in_rows, assign_split, dedupe_rows, recorded_splits
+from gymfoundry.tasks.stages.score import latest_step_rewards
+from gymfoundry.warehouse import DamagedWarehouse, Warehouse, catalog
 from gymfoundry.warehouse.lake import file_sha256
-
-SYSTEM_PROMPT = ("You are an agent that completes the user's task by calling tools. Call exactly one tool per "
-                 "turn; the tool's result comes back as the next message.")
+from gymfoundry.warehouse.store import assert_dataset_intact
 
 MODEL_FAILURES = MODEL_OUTCOMES - {Termination.success}
 DATASETS_DIR = catalog.DATASETS_DIR
 KINDS = ("sft", "dpo", "grpo")
-TOOL_ARGUMENTS = ("dict", "string")
 MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected")
-CONTENT = {"sft": ("messages", "tools", "masked_turns"), "dpo": ("prompt", "chosen", "rejected", "tools"),
-           "grpo": ("task_id", "env_id", "seed", "level")}
-OWNER: dict[str, Callable[[dict], str]] = {
-    "sft": lambda row: row["rollout_id"],
-    "dpo": lambda row: row["rejected_rollout_id"],  # a failure shares one unit among its pairs
-    "grpo": lambda row: row["task_id"],
-}
 
 
 def tool_schemas(task: TaskSpec) -> list[dict[str, Any]]:
@@ -77,34 +69,7 @@ def tool_schemas(task: TaskSpec) -> list[dict[str, Any]]:
 
 @lru_cache(maxsize=64)
 def _schemas(env_id: str, allowed: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
-    return tuple(make(env_id, verified=False).profile.function_schemas(list(allowed)))
-
-
-def prompt_messages(rollout: Rollout) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": rollout.steps[0].observation if rollout.steps else ""}]
-
-
-def step_messages(step: Step) -> list[dict[str, Any]]:
-    """One step as an assistant turn and the observation it received."""
-    call = step.tool_call
-    if call is None:
-        return [{"role": "assistant", "content": step.action_text or ""}, {"role": "user", "content": step.result}]
-    call_id = call.id or f"call_{step.index}"
-    return [assistant_call_message(call, step.thought, call_id),
-            {"role": "tool", "name": call.name, "tool_call_id": call_id, "content": step.result}]
-
-
-def assistant_call_message(call: ToolCall, thought: str | None, call_id: str) -> dict[str, Any]:
-    """An assistant turn calling a tool, arguments as a JSON string (as chat templates and TRL expect)."""
-    return {"role": "assistant", "content": thought or "",
-            "tool_calls": [{"id": call_id, "type": "function",
-                            "function": {"name": call.name, "arguments": json.dumps(call.arguments, sort_keys=True)}}]}
-
-
-def turn_messages(rollout: Rollout) -> list[dict[str, Any]]:
-    """Assistant turns and the observations they received, in order."""
-    return [m for step in rollout.steps for m in step_messages(step)]
+    return tuple(family(env_id).tool_schemas(allowed))
 
 
 def _row_base(task: TaskSpec) -> dict[str, Any]:
@@ -113,16 +78,16 @@ def _row_base(task: TaskSpec) -> dict[str, Any]:
 
 
 def sft_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout],
-             step_rewards: dict[str, list[float]]) -> list[dict[str, Any]]:
+             step_rewards: dict[str, list[float]]) -> list[SFTRow]:
     rows = []
     for rollout in rollouts:
         task = tasks[rollout.task_id]
         if rollout.termination != Termination.success:
             continue
         rewards = _rewards(rollout, step_rewards)
-        rows.append({"messages": prompt_messages(rollout) + turn_messages(rollout), **_row_base(task),
-                     "step_rewards": rewards, "masked_turns": [k for k, r in enumerate(rewards) if r < 0],
-                     "rollout_id": rollout.rollout_id})
+        rows.append(SFTRow(messages=prompt_messages(rollout) + turn_messages(rollout), **_row_base(task),
+                           step_rewards=rewards, masked_turns=[k for k, r in enumerate(rewards) if r < 0],
+                           rollout_id=rollout.rollout_id))
     return rows
 
 
@@ -133,7 +98,7 @@ def trajectory_value(rollout: Rollout, step_rewards: dict[str, list[float]]) -> 
 
 
 def dpo_rows(tasks: dict[str, TaskSpec], rollouts: list[Rollout], step_rewards: dict[str, list[float]] | None = None,
-             min_margin: float = 0.5, min_step_margin: float = 0.0) -> list[dict[str, Any]]:
+             min_margin: float = 0.5, min_step_margin: float = 0.0) -> list[DPORow]:
     step_rewards = step_rewards or {}
     by_task: dict[str, list[Rollout]] = {}
     for rollout in rollouts:
@@ -226,13 +191,13 @@ def _action(step: Step) -> Any:
 
 
 def _pair(task: TaskSpec, chosen: Rollout, rejected: Rollout, prompt, chosen_messages, rejected_messages,
-          pair_type: str, step_index: int | None, margin: float) -> dict[str, Any]:
-    return {"prompt": prompt, "chosen": chosen_messages, "rejected": rejected_messages, **_row_base(task),
-            "chosen_rollout_id": chosen.rollout_id, "rejected_rollout_id": rejected.rollout_id,
-            "pair_type": pair_type, "step_index": step_index, "margin": round(margin, 6)}
+          pair_type: str, step_index: int | None, margin: float) -> DPORow:
+    return DPORow(prompt=prompt, chosen=chosen_messages, rejected=rejected_messages, **_row_base(task),
+                  chosen_rollout_id=chosen.rollout_id, rejected_rollout_id=rejected.rollout_id,
+                  pair_type=pair_type, step_index=step_index, margin=round(margin, 6))
 
 
-def grpo_rows(tasks: dict[str, TaskSpec], parallelism: ParallelismReward | None = None) -> list[dict[str, Any]]:
+def grpo_rows(tasks: dict[str, TaskSpec], parallelism: ParallelismReward | None = None) -> list[GRPORow]:
     """One prompt per task, with what recreates its env: env id, generator seed and level; and the
     auxiliary parallelism reward's schedule when one is offered (the trainer reads it there)."""
     schedule = {} if parallelism is None else {"parallelism_weight": parallelism.weight,
@@ -240,9 +205,9 @@ def grpo_rows(tasks: dict[str, TaskSpec], parallelism: ParallelismReward | None 
     rows = []
     for task in sorted(tasks.values(), key=lambda t: t.task_id):
         prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": _first_observation(task)}]
-        rows.append({"prompt": prompt, **_row_base(task), "env_id": task.env_id, "seed": task.source.seed,
-                     "level": task.difficulty.level, "generator": task.source.generator,
-                     "generator_version": task.source.version, **schedule})
+        rows.append(GRPORow(prompt=prompt, **_row_base(task), env_id=task.env_id, seed=task.source.seed,
+                            level=task.difficulty.level, generator=task.source.generator,
+                            generator_version=task.source.version, **schedule))
     return rows
 
 
@@ -251,7 +216,7 @@ def _rewards(rollout: Rollout, step_rewards: dict[str, list[float]]) -> list[flo
     return rewards if len(rewards) == len(rollout.steps) else [0.0] * len(rollout.steps)
 
 
-def write_dataset(rows: list[dict[str, Any]], dataset_id: str, out_dir: Path) -> Path | None:
+def write_dataset(rows: list[TrainingRow], dataset_id: str, out_dir: Path) -> Path | None:
     """Write rows under their content-addressed name (temp file, then an atomic rename). A file
     already there is kept only when its bytes are exactly those the rows make: a damaged one is
     replaced."""
@@ -266,11 +231,11 @@ def write_dataset(rows: list[dict[str, Any]], dataset_id: str, out_dir: Path) ->
     return path
 
 
-def _write_temp(rows: list[dict[str, Any]], path: Path) -> Path:
-    """The rows as a Parquet file beside `path`, under a temp name."""
+def _write_temp(rows: list[TrainingRow], path: Path) -> Path:
+    """The rows as a Parquet file beside `path`, under a temp name: their fields, in order, are the columns."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    table = pa.Table.from_pylist(rows)
+    table = pa.Table.from_pylist([row.model_dump() for row in rows])
     if "masked_turns" in table.column_names:  # all rows without one would infer list<null>
         table = table.set_column(table.schema.get_field_index("masked_turns"), "masked_turns",
                                  table["masked_turns"].cast(pa.list_(pa.int64())))
@@ -278,17 +243,18 @@ def _write_temp(rows: list[dict[str, Any]], path: Path) -> Path:
     return temp
 
 
-def finish(kind: str, rows: list[dict[str, Any]], tasks: dict[str, TaskSpec], rates: dict[str, float],
+def finish(kind: str, rows: list[TrainingRow], tasks: dict[str, TaskSpec], rates: dict[str, float],
            learnability: str | curriculum.Learnability, config: dict[str, Any]
-           ) -> tuple[list[dict[str, Any]], DatasetManifest, list[DatasetRow]]:
+           ) -> tuple[list[TrainingRow], DatasetManifest, list[DatasetRow]]:
     """Scan, dedupe and weight the rows of one dataset; its manifest and lineage rows."""
-    assert_no_leaks_in_rows(rows, tasks)
-    rows, duplicates = dedupe_rows(rows, CONTENT[kind])
+    assert_no_leaks_in_rows([r.model_dump() for r in rows], tasks)  # the rows as the file will show them
+    rows, duplicates = dedupe_rows(rows)
     name, fn = curriculum.learnability_fn(learnability)
-    shares = curriculum.mixture(rates, [curriculum.cell(r["task_family"], r["difficulty"]) for r in rows], fn)
-    for row, weight in zip(rows, curriculum.row_weights(rows, shares, OWNER[kind])):
-        row["weight"] = weight
-    dataset_id = f"{kind}-" + content_hash([sorted(r["row_id"] for r in rows), shares, config], 12)
+    cells = [curriculum.cell(r.task_family, r.difficulty) for r in rows]
+    shares = curriculum.mixture(rates, cells, fn)
+    weights = curriculum.row_weights(cells, [r.owner for r in rows], shares)
+    rows = [row.model_copy(update={"weight": weight}) for row, weight in zip(rows, weights)]
+    dataset_id = f"{kind}-" + content_hash([sorted(r.row_id for r in rows), shares, config], 12)
     manifest = DatasetManifest(
         dataset_id=dataset_id, kind=kind, rows=len(rows), families=config["families"],
         policy_id=config["policy_id"], policy_version=config["policy_version"], learnability=name,
@@ -296,20 +262,13 @@ def finish(kind: str, rows: list[dict[str, Any]], tasks: dict[str, TaskSpec], ra
         reward_layer=config["reward_layer"], params=config["params"], dropped={**config["dropped"],
                                                                              "duplicate_rows": duplicates},
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    lineage = [DatasetRow(dataset_id=dataset_id, row_id=r["row_id"], row_index=i, family=r["task_family"],
-                          task_id=r["task_id"], difficulty=r["difficulty"], rollout_ids=_rollout_ids(r),
-                          pair_type=r.get("pair_type"), step_index=r.get("step_index"), margin=r.get("margin"),
-                          weight=r["weight"])
+    lineage = [DatasetRow(dataset_id=dataset_id, row_id=r.row_id, row_index=i, family=r.task_family,
+                          task_id=r.task_id, difficulty=r.difficulty, rollout_ids=r.rollout_ids,
+                          **({"pair_type": r.pair_type, "step_index": r.step_index, "margin": r.margin}
+                             if isinstance(r, DPORow) else {}),
+                          weight=r.weight)
                for i, r in enumerate(rows)]
     return rows, manifest, lineage
-
-
-def _rollout_ids(row: dict[str, Any]) -> list[str]:
-    if "rollout_id" in row:
-        return [row["rollout_id"]]
-    if "chosen_rollout_id" in row:
-        return [row["chosen_rollout_id"], row["rejected_rollout_id"]]
-    return []
 
 
 def judged_now(wh: Any, rollouts: list[Rollout]) -> tuple[list[Rollout], int]:
@@ -347,7 +306,7 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
                       parallelism_reward: ParallelismReward | dict | None = None,
                       audit_override: str | None = None) -> dict[str, dict[str, Any]]:
     """Build, write and register the datasets of `families` from what the warehouse holds.
-    Every family's current version must have passed its gameability audit (tasks.audit:
+    Every family's current version must have passed its gameability audit (tasks.stages.audit:
     `AuditRefused` otherwise), unless `audit_override` gives the reason to use it anyway; the
     audit ids, or the override, are recorded in each dataset's config.
     Success rates (hence the curriculum) are measured for `policy_id` / `policy_version`
@@ -356,8 +315,6 @@ def assemble_datasets(data_dir: str | Path, families: list[str], *, policy_id: s
     GRPO dataset; SFT and DPO rows never carry one."""
     if isinstance(parallelism_reward, dict):
         parallelism_reward = ParallelismReward.model_validate(parallelism_reward)
-    from gymfoundry.tasks.score import latest_step_rewards
-    from gymfoundry.warehouse import Warehouse
 
     with Warehouse(data_dir) as wh:
         audits = require_audited(wh, families, audit_override)
@@ -412,9 +369,6 @@ def rebuild_dataset(wh: Any, dataset_id: str) -> str | None:
     its lineage's tasks built again with its recorded parameters, kept and ordered as its
     `dataset_rows` say, with their recorded weights. The file is put in place only when its
     checksum is the one recorded; returns None then, else why the dataset cannot be rebuilt."""
-    from gymfoundry.tasks.score import latest_step_rewards
-    from gymfoundry.warehouse import DamagedWarehouse
-
     [recorded] = [f for f in catalog.dataset_files(wh.con) if f.dataset_id == dataset_id]
     try:
         manifests = wh.load("datasets", "dataset_id = ?", [dataset_id])
@@ -434,12 +388,12 @@ def rebuild_dataset(wh: Any, dataset_id: str) -> str | None:
              "dpo": lambda: dpo_rows(tasks, rollouts, step_rewards, params["min_margin"], params["min_step_margin"]),
              "grpo": lambda: grpo_rows(tasks, ParallelismReward.model_validate(parallelism) if parallelism else None)}
     built = {}
-    for row in dedupe_rows(build[manifest.kind](), CONTENT[manifest.kind])[0]:
-        built.setdefault(row["row_id"], row)
+    for row in dedupe_rows(build[manifest.kind]())[0]:
+        built.setdefault(row.row_id, row)
     lost = [r.row_id for r in lineage if r.row_id not in built]
     if lost:
         return f"{len(lost)} of its {len(lineage)} rows can no longer be built from the warehouse"
-    rows = [{**built[r.row_id], "weight": r.weight} for r in lineage]
+    rows = [built[r.row_id].model_copy(update={"weight": r.weight}) for r in lineage]
     path = Path(wh.data_dir) / recorded.path
     temp = _write_temp(rows, path)
     digest = file_sha256(temp)
@@ -461,8 +415,6 @@ def load_dataset(path: str | Path, tool_arguments: str | None = None):
     not the one it recorded raises `DamagedDataset` (`gymfoundry.warehouse.store.assert_dataset_intact`)."""
     import datasets
 
-    from gymfoundry.warehouse.store import assert_dataset_intact
-
     assert_dataset_intact(path)
 
     if tool_arguments is None:
@@ -472,26 +424,7 @@ def load_dataset(path: str | Path, tool_arguments: str | None = None):
     return datasets.Dataset.from_list(rows, on_mixed_types="use_json")
 
 
-def with_tool_arguments(messages: list[dict[str, Any]], form: str) -> list[dict[str, Any]]:
-    """`messages` with the arguments of every assistant tool call as a dict or a JSON string."""
-    if form not in TOOL_ARGUMENTS:
-        raise ValueError(f"unknown tool_arguments {form!r}; use one of {TOOL_ARGUMENTS} (or None: as stored)")
-    return [{**m, "tool_calls": [_call_with_arguments(c, form) for c in m["tool_calls"]]}
-            if m.get("role") == "assistant" and m.get("tool_calls") else m for m in messages]
-
-
-def _call_with_arguments(call: dict[str, Any], form: str) -> dict[str, Any]:
-    arguments = call["function"]["arguments"]
-    if form == "dict" and isinstance(arguments, str):
-        arguments = json.loads(arguments)
-    elif form == "string" and not isinstance(arguments, str):
-        arguments = json.dumps(arguments, sort_keys=True)
-    return {**call, "function": {**call["function"], "arguments": arguments}}
-
-
 def summary(data_dir: str, families: list[str]) -> list[dict[str, Any]]:
-    from gymfoundry.warehouse import Warehouse
-
     with Warehouse(data_dir, read_only=True) as wh:
         return wh.sql("""select task_family, termination, count(*) as rollouts from rollouts
                          where task_family in (select unnest(?)) group by all order by all""",

@@ -1,7 +1,7 @@
 """Stage: episodes played by an external agent harness, landed as ordinary rollouts.
 
 A harness keeps its own loop, prompts and context management; gymfoundry gives it the env's tools
-(over MCP: tasks/mcp_server.py) and records its model calls (a recording proxy: tasks/proxy.py).
+(over MCP: tasks/harness/mcp_server.py) and records its model calls (a recording proxy: tasks/harness/proxy.py).
 `EpisodeHub` holds the episodes: one per name the harness uses (its MCP address / session), each
 a task from the family's validated, isolated pool, played through the same runtime stack as a
 factory rollout (`standard_stack`: permission guard, budgets, time limits, recorder). When the env
@@ -40,18 +40,18 @@ from gymfoundry.envs.errors import EnvFault
 from gymfoundry.envs.harness import ModelCall, assemble_steps, inference_end, policy_of
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import Cost, Rollout, Step, TaskSpec, Termination, ToolCall
-from gymfoundry.envs.registry import make, spec
+from gymfoundry.envs.family import family
 from gymfoundry.envs.secrets import redact
 from gymfoundry.envs.timestep import TimeStep
 from gymfoundry.envs.wrappers import TimeLimit, standard_stack
-from gymfoundry.tasks.classify import classify
-from gymfoundry.tasks.generate import generate_tasks
-from gymfoundry.tasks.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
+from gymfoundry.tasks.rollout.classify import classify
+from gymfoundry.tasks.stages.generate import generate_tasks
+from gymfoundry.tasks.stages.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
                            lock_holdout_fraction, row_texts)
-from gymfoundry.tasks.land import land_spool_file, land_spooled
-from gymfoundry.tasks.rollout import _outcome, rollout_seed
-from gymfoundry.tasks.score import score_rollouts
-from gymfoundry.tasks.validate import validate_tasks
+from gymfoundry.tasks.stages.land import land_spool_file, land_spooled
+from gymfoundry.tasks.rollout.episodes import _outcome, rollout_seed
+from gymfoundry.tasks.stages.score import score_rollouts
+from gymfoundry.tasks.stages.validate import validate_tasks
 from gymfoundry.warehouse import Warehouse, spool
 
 log = logging.getLogger("gymfoundry.harness")
@@ -382,7 +382,7 @@ class EpisodeHub:
         env = None
         try:
             task = self.tasks[n % len(self.tasks)]
-            env = standard_stack(make(task.env_id))
+            env = standard_stack(family(task.env_id).make())
             ts = env.reset(task=task)
             episode = Episode(name, task, rollout_seed(self.seed, task, n // len(self.tasks)), env, ts.observation, ts,
                               self.run_id, self.log.size(name))
@@ -475,7 +475,7 @@ class EpisodeHub:
             episode.ts = ts = episode.env.step(action)
             episode.episode_deadline_hit |= episode_bound and ts.info.get("termination") == "timeout"
             return ts.observation, ts.info.get("error") is not None
-        except EnvFault as exc:  # the env itself failed: the whole attempt is a fault (as in tasks/rollout.py)
+        except EnvFault as exc:  # the env itself failed: the whole attempt is a fault (as in tasks/rollout/episodes.py)
             episode.env_error = f"environment fault {type(exc).__name__}: {exc}"
             return render_error(action, "env_fault", "the environment failed"), True
         except Exception as exc:
@@ -564,7 +564,7 @@ class EpisodeHub:
         with contextlib.suppress(Exception):
             episode.env.close()
         return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                       env_version=spec(task.env_id).version, policy_id="harness:unrecorded",
+                       env_version=family(task.env_id).env_version, policy_id="harness:unrecorded",
                        policy_version="not assembled", seed=episode.seed, steps=[], termination=Termination.env_bug,
                        termination_reason=redact(f"serve-env could not assemble the episode: "
                                                  f"{type(exc).__name__}: {exc}")[:2000],
@@ -619,7 +619,7 @@ class EpisodeHub:
         try:
             tool_steps = list(env.steps)
             env_info = env.unwrapped.runtime_info()
-            outcome, verifier_error = _outcome(task, ts, tool_steps, env)
+            outcome, verifier_error = _outcome(task, ts, tool_steps, env, family(task.env_id))
         finally:
             env.close()
         episode.tool_steps = tool_steps
@@ -651,7 +651,7 @@ class EpisodeHub:
             harness["unreadable_calls"] = len(unreadable_calls)
         episode.model_calls = calls
         return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                       env_version=spec(task.env_id).version, policy_id=policy_id, policy_version=policy_version,
+                       env_version=family(task.env_id).env_version, policy_id=policy_id, policy_version=policy_version,
                        seed=episode.seed, steps=steps, termination=termination,
                        termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
                        env_info={**env_info, "harness": harness},
@@ -755,7 +755,7 @@ class EpisodeHub:
                 time.sleep(0.5)
 
     def _land_waiting(self, waiting: list[Episode], first: bool) -> list[Episode]:
-        """Land the spool (tasks.land's rule: every spooled batch, oldest first; on the first pass also
+        """Land the spool (tasks.stages.land's rule: every spooled batch, oldest first; on the first pass also
         those a stopped server left), then let the landed episodes leave memory. What still waits."""
         mine = [e.spooled for e in waiting if e.spooled is not None and e.spooled.exists()]
         if self.land and ((first and spool.pending(self.data_dir)) or mine):
@@ -800,7 +800,7 @@ class EpisodeHub:
         except Exception:
             log.exception("a batch of %d harness episodes did not land: landing each on its own", len(paths))
         for path in paths:
-            try:  # tasks.land's rule: an unlandable batch is set aside with its reason
+            try:  # tasks.stages.land's rule: an unlandable batch is set aside with its reason
                 land_spool_file(wh, path)
             except Exception:  # a lock or a disk: this episode's batch alone stays spooled, tried again
                 log.exception("the spooled batch %s did not land; it stays spooled", path.name)
@@ -850,7 +850,7 @@ class EpisodeHub:
             return None  # it stopped while opening: no harness had its token
         head = json.loads(lines[0])
         task = TaskSpec.model_validate(head["task"])
-        env = standard_stack(make(task.env_id))
+        env = standard_stack(family(task.env_id).make())
         ts = env.reset(task=task)
         episode = Episode(head["episode"], task, head["seed"], env, ts.observation, ts, head["run"], head["log_offset"])
         for line in lines[1:]:

@@ -9,7 +9,7 @@ Under stdio the one connection is one episode, opened at start. The session show
 - the prompt `task` and the resource `gymfoundry://episode/goal`: the task's goal, as the factory's
   policies see it (the reset observation);
 - the family's tools, with the JSON schemas they were declared with; every call goes through the
-  episode's runtime stack (tasks/harness.py), and a bad call is an error result, never a crash.
+  episode's runtime stack (tasks/harness/hub.py), and a bad call is an error result, never a crash.
 
 Nothing else: no state, no hidden field, no verdict. The episode ends when the env ends it, when
 the harness posts `/episodes/<name>/finish`, when a stateful client deletes its session, or when it
@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gymfoundry.tasks.harness import (EPISODE_HEADER, EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes,
+from gymfoundry.tasks.harness.hub import (EPISODE_HEADER, EPISODE_NAME, EpisodeExists, EpisodeHub, EpisodeNotOpen, TooManyEpisodes,
                            WrongToken)
-from gymfoundry.tasks.http_guard import bearer, served  # noqa: F401  (tests and benchmarks serve the app through it)
+from gymfoundry.tasks.harness.http_guard import bearer, served  # noqa: F401  (tests and benchmarks serve the app through it)
 
 log = logging.getLogger("gymfoundry.harness")
 GOAL_URI = "gymfoundry://episode/goal"

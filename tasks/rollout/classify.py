@@ -3,7 +3,7 @@ the episode merely terminating, and an attempt touched by the environment is nev
 outcome: one step that met an environment fault or bug makes the whole attempt `env_fault` /
 `env_bug`, whatever the verifier said. Counting a faulted success but not a faulted failure
 made measured success rise with the fault rate; such attempts are retried from a clean state
-instead (tasks/retry.py) and stay out of every success rate and dataset."""
+instead (tasks/rollout/retry.py) and stay out of every success rate and dataset."""
 
 from __future__ import annotations
 

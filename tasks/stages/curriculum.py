@@ -14,7 +14,7 @@ never counts for more than one that is not.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gymfoundry.envs.records import MODEL_OUTCOMES, Termination
@@ -65,16 +65,13 @@ def mixture(rates: Mapping[str, float], cells: Iterable[str], learnability: Lear
     return {c: w / total for c, w in weights.items()}
 
 
-def row_weights(rows: list[Mapping[str, Any]], shares: Mapping[str, float],
-                owner: Callable[[Mapping[str, Any]], str]) -> list[float]:
-    """One weight per row: its cell's share, split evenly among the cell's owners (rollouts,
-    or tasks), then among each owner's rows; scaled to average 1."""
-    cells = [cell(r["task_family"], r["difficulty"]) for r in rows]
-    owners = [owner(r) for r in rows]
+def row_weights(cells: Sequence[str], owners: Sequence[str], shares: Mapping[str, float]) -> list[float]:
+    """One weight per row, given each row's cell and owner: its cell's share, split evenly among
+    the cell's owners (rollouts, or tasks), then among each owner's rows; scaled to average 1."""
     rows_of = Counter(zip(cells, owners))
     owners_in: dict[str, set] = defaultdict(set)
     for c, o in zip(cells, owners):
         owners_in[c].add(o)
     raw = [shares.get(c, 0.0) / len(owners_in[c]) / rows_of[(c, o)] for c, o in zip(cells, owners)]
     total = sum(raw)
-    return [round(w * len(rows) / total, 9) if total else 1.0 for w in raw]
+    return [round(w * len(cells) / total, 9) if total else 1.0 for w in raw]

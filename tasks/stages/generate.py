@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import random
 
-from gymfoundry.envs.records import TaskSpec
-from gymfoundry.envs.registry import family_env_id, load, spec
-
-LEVELS = (1, 2, 3, 4, 5)
+from gymfoundry.envs.family import family as family_of
+from gymfoundry.envs.records import LEVELS, TaskSpec
 
 
 def family_env_class(family: str):
-    return load(spec(family_env_id(family)).entry_point)
+    return family_of(family).env
 
 
 def generate_tasks(family: str, n: int, seed: int, levels: tuple[int, ...] = LEVELS) -> list[TaskSpec]:

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gymfoundry.envs.leaks import find_leaks, hidden_values  # the rule's owner; re-exported for callers
-from gymfoundry.envs.records import Rollout, Split, TaskRejection, TaskSpec, content_hash
-from gymfoundry.envs.registry import make
+from gymfoundry.envs.family import family
+from gymfoundry.envs.records import HoldoutLock, Rollout, Split, TaskRejection, TaskSpec, TrainingRow
+from gymfoundry.tasks.stages.land import land_or_spool
+from gymfoundry.warehouse import CATALOG_FILE, Warehouse
 
 SPLIT_FRACTIONS = {Split.train: 0.8, Split.val: 0.1, Split.test: 0.1}
 HOLDOUT_FRACTION = 0.1  # of each family's template groups, before the other splits
@@ -138,8 +140,6 @@ def recorded_holdout_fractions(wh) -> dict[str, float]:
 
 def landed_holdout_fractions(data_dir: str | Path | None) -> dict[str, float]:
     """`recorded_holdout_fractions` of the warehouse under `data_dir` (none if it does not exist yet)."""
-    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
-
     if data_dir is None or not (Path(data_dir) / CATALOG_FILE).exists():
         return {}
     with Warehouse(data_dir, read_only=True) as wh:
@@ -165,9 +165,6 @@ def lock_holdout_fraction(data_dir: str | Path, families: Iterable[str], fractio
     under `data_dir` before anything of the run lands. A catalog held by another process (a notebook)
     is not waited for here: the lock is spooled at once, and the run's first landing (which waits,
     then spools in turn) lands it before the run's own rows."""
-    from gymfoundry.envs.records import HoldoutLock
-    from gymfoundry.tasks.land import land_or_spool
-
     check_holdout_fraction(data_dir, families, fraction)
     locks = [HoldoutLock(family=f, holdout_fraction=fraction) for f in sorted(set(families))]
     land_or_spool(str(data_dir), {"holdout_locks": locks}, lock_timeout_s=0).checked()
@@ -175,8 +172,6 @@ def lock_holdout_fraction(data_dir: str | Path, families: Iterable[str], fractio
 
 def landed_splits(data_dir: str | Path | None, families: list[str] | None = None) -> dict[str, Split]:
     """`recorded_splits` of the warehouse under `data_dir` (none if it does not exist yet)."""
-    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
-
     if data_dir is None or not (Path(data_dir) / CATALOG_FILE).exists():
         return {}
     with Warehouse(data_dir, read_only=True) as wh:
@@ -186,8 +181,6 @@ def landed_splits(data_dir: str | Path | None, families: list[str] | None = None
 def refuse_non_train_ids(task_ids: Iterable[str], data_dir: str | Path, what: str) -> None:
     """`refuse_non_train` for a training input that names its tasks by id (a dataset file): the
     tasks the warehouse under `data_dir` holds are checked; ids it does not hold cannot be."""
-    from gymfoundry.warehouse import CATALOG_FILE, Warehouse
-
     ids = sorted(set(task_ids))
     if not ids or not (Path(data_dir) / CATALOG_FILE).exists():
         return
@@ -198,7 +191,7 @@ def refuse_non_train_ids(task_ids: Iterable[str], data_dir: str | Path, what: st
 
 
 def _first_observation(task: TaskSpec) -> str:
-    env = make(task.env_id, verified=False)
+    env = family(task.env_id).make(verified=False)
     try:
         return env.reset(task=task).observation
     finally:
@@ -238,15 +231,14 @@ def assert_no_leaks_in_rows(rows: list[dict[str, Any]], tasks: Mapping[str, Task
             raise LeakError(f"dataset row of task {row['task_id']} shows hidden values {leaks}")
 
 
-def dedupe_rows(rows: list[dict[str, Any]], content: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
-    """Rows with a new content hash over the `content` columns, and how many were dropped.
-    Each kept row gets its hash as `row_id`."""
-    columns = list(content)
+def dedupe_rows(rows: list[TrainingRow]) -> tuple[list[TrainingRow], int]:
+    """Rows with a new content hash (`row.content_id()`), and how many were dropped. Each kept row
+    gets its hash as `row_id`."""
     seen: set[str] = set()
     kept = []
     for row in rows:
-        row_id = content_hash([row[c] for c in columns], 20)
+        row_id = row.content_id()
         if row_id not in seen:
             seen.add(row_id)
-            kept.append({**row, "row_id": row_id})
+            kept.append(row.model_copy(update={"row_id": row_id}))
     return kept, len(rows) - len(kept)

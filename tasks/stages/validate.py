@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from gymfoundry.envs.errors import EnvFault, rolled_back
 from gymfoundry.envs.records import RetryPolicy, TaskRejection, TaskSpec, Termination
-from gymfoundry.envs.registry import make, verifier_for
+from gymfoundry.envs.family import family
 
 
 class ReplayEnvFault(EnvFault):
@@ -52,11 +52,11 @@ def _replay(task: TaskSpec) -> str | None:
     outside = sorted({c.name for c in reference} - set(task.allowed_tools))
     if outside:
         return f"reference uses tools the task does not allow: {outside}"
-    precondition = getattr(verifier_for(task.env_id), "precondition", None)
+    precondition = getattr(family(task.env_id).outcome_verifier, "precondition", None)
     reason = precondition(task) if precondition else None
     if reason:
         return reason
-    env = make(task.env_id)
+    env = family(task.env_id).make()
     try:
         env.reset(task=task)
         ts = None

@@ -10,7 +10,7 @@ classified, so the run can account for every episode. Model outcomes (a policy o
 time or tokens is one: `truncated`) are never retried. After `max_retries` the (task, sample) is
 skipped, or the run fails: `RetryExhausted` then carries every rollout collected before it
 (with episodes in flight, those that were in flight too). Episodes run concurrently up to the
-policy's `max_concurrency` (tasks/engine.py).
+policy's `max_concurrency` (tasks/rollout/engine.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from gymfoundry.envs.records import FaultConfig, PolicySpec, RetryPolicy, Rollout, TaskSpec
-from gymfoundry.tasks import progress
-from gymfoundry.tasks.engine import run_concurrently
-from gymfoundry.tasks.policies import Policy
-from gymfoundry.tasks.rollout import episode, rollout_seed
+from gymfoundry.tasks.rollout import progress
+from gymfoundry.tasks.rollout.engine import run_concurrently
+from gymfoundry.tasks.policies.base import Policy
+from gymfoundry.tasks.rollout.episodes import episode, rollout_seed
 
 
 class RetryExhausted(RuntimeError):
@@ -41,11 +41,11 @@ def collect_with_retries(tasks: list[TaskSpec], policy: Policy, samples_per_task
                          sleep: Callable[[float], None] = time.sleep,
                          subagent: PolicySpec | None = None) -> list[Rollout]:
     """Every (task, sample)'s attempts, up to the policy's `max_concurrency` episodes in flight
-    (tasks/engine.py), in (task, sample, attempt) order whatever order they finished in."""
+    (tasks/rollout/engine.py), in (task, sample, attempt) order whatever order they finished in."""
     stop = threading.Event()
 
     def attempts(agent: Policy, job: tuple[TaskSpec, int]) -> Generator[tuple, Any, tuple[list[Rollout], str | None]]:
-        """The job's attempts, a play (its episodes are played by the engine's thread: tasks/engine.py)."""
+        """The job's attempts, a play (its episodes are played by the engine's thread: tasks/rollout/engine.py)."""
         task, sample = job
         episode_seed = rollout_seed(seed, task, sample)
         played = []

@@ -14,10 +14,12 @@ from collections.abc import Generator
 from math import comb
 from typing import Any
 
+from gymfoundry.envs.family import family as family_of
 from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, Rollout, TaskSpec, rollout_identity
-from gymfoundry.tasks.engine import run_concurrently
-from gymfoundry.tasks.policies import Policy
-from gymfoundry.tasks.rollout import episode, policy_params, rollout_seed
+from gymfoundry.tasks.rollout.engine import run_concurrently
+from gymfoundry.tasks.policies.base import Policy
+from gymfoundry.tasks.rollout.episodes import episode, policy_params, rollout_seed
+from gymfoundry.warehouse import Warehouse
 
 HELDOUT_SPLITS = ("test", "val")
 SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may take
@@ -26,8 +28,6 @@ SLACK_STEPS = 4  # turns beyond the reference's length an evaluated episode may 
 def heldout_tasks(data_dir: str, family: str, splits: tuple[str, ...] = HELDOUT_SPLITS, limit: int | None = None,
                   levels: tuple[int, ...] | None = None) -> list[TaskSpec]:
     """Held-out tasks of `family` from the warehouse, in a stable order (by task id)."""
-    from gymfoundry.warehouse import Warehouse
-
     split_list = ", ".join(f"'{s}'" for s in splits)
     where = f"task_family = ? and split in ({split_list})"
     with Warehouse(data_dir, read_only=True) as wh:
@@ -50,16 +50,14 @@ def evaluation_budget(task: TaskSpec, slack_steps: int | None) -> Budget | None:
 def expected_rollout_id(task: TaskSpec, policy: Policy, seed: int, sample: int = 0,
                         slack_steps: int | None = SLACK_STEPS) -> str:
     """The id `evaluate_policy` gives this episode (its first attempt, no faults injected)."""
-    from gymfoundry.envs.registry import spec
-
-    return rollout_identity(task.task_id, task.env_id, spec(task.env_id).version, policy.policy_id, policy.version,
+    return rollout_identity(task.task_id, task.env_id, family_of(task.env_id).env_version, policy.policy_id, policy.version,
                             rollout_seed(seed, task, sample), 0, policy_params(policy),
                             limits=evaluation_budget(task, slack_steps))
 
 
 def evaluate_policy(tasks: list[TaskSpec], policy: Policy, seed: int = 0, samples_per_task: int = 1,
                     slack_steps: int | None = SLACK_STEPS) -> list[Rollout]:
-    """Every (task, sample)'s episode, up to the policy's `max_concurrency` in flight (tasks/engine.py;
+    """Every (task, sample)'s episode, up to the policy's `max_concurrency` in flight (tasks/rollout/engine.py;
     a serial policy's in one thread, watched)."""
     def play(agent: Policy, job: tuple[TaskSpec, int]) -> Generator[tuple, Any, Rollout]:
         task, k = job

@@ -18,9 +18,9 @@ import polars as pl
 
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Rollout, StepScore, TaskSpec
-from gymfoundry.envs.registry import family_env_id, verifier_for
-from gymfoundry.tasks.collector import frozen_before
-from gymfoundry.tasks.generate import family_env_class
+from gymfoundry.envs.family import family as family_of
+from gymfoundry.tasks.rollout.collector import frozen_before
+from gymfoundry.tasks.stages.generate import family_env_class
 from gymfoundry.verifiers.calibration import Calibrator, current_calibrators
 from gymfoundry.verifiers.judge import Judge, JudgeCache, JudgeSettings, JudgeStats
 from gymfoundry.verifiers.prm import combine
@@ -30,7 +30,7 @@ JUDGE_CACHE_FILE = "judge_cache.sqlite"
 
 
 def family_verifier(family: str):
-    return verifier_for(family_env_id(family))
+    return family_of(family).outcome_verifier
 
 
 def family_profiles(families: list[str], overrides: dict[str, DomainProfile] | None = None) -> dict[str, DomainProfile]:

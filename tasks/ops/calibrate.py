@@ -20,9 +20,10 @@ from typing import Any
 import polars as pl
 
 from gymfoundry.envs.records import content_hash
-from gymfoundry.tasks.score import newest_scores, score_steps
+from gymfoundry.tasks.stages.score import newest_scores, score_steps
 from gymfoundry.verifiers.calibration import agreement, fit_calibrator, save_calibrator
 from gymfoundry.verifiers.judge import JudgeSettings
+from gymfoundry.warehouse import Warehouse
 from gymfoundry.warehouse.catalog import quote_literal
 
 LABEL_DIR = "labels"
@@ -37,8 +38,6 @@ LABEL_SCHEMA = {"rollout_id": pl.String, "step_index": pl.Int64, "task_family": 
 
 def label_candidates(data_dir: str | os.PathLike, families: list[str] | None = None) -> pl.DataFrame:
     """Every landed step with the context a person needs to label it and its newest scores."""
-    from gymfoundry.warehouse import Warehouse
-
     where = f"r.task_family in ({', '.join(quote_literal(f) for f in families)})" if families else "true"
     with Warehouse(data_dir, read_only=True) as wh:
         steps = wh.sql_df(f"""
@@ -145,8 +144,6 @@ def import_labels(data_dir: str | os.PathLike, path: str | os.PathLike, labeller
     """Check and store the labelled rows of a label file (unlabelled rows are skipped). Every
     labelled row needs a labeller id (its own column, or `labeller_id` for the whole file) and
     must name a landed step."""
-    from gymfoundry.warehouse import Warehouse
-
     frame = read_label_file(path)
     missing = {"rollout_id", "step_index", "label"} - set(frame.columns)
     if missing:
@@ -228,8 +225,6 @@ def fit_calibrators(data_dir: str | os.PathLike, families: list[str] | None = No
     it is fitted on the rollouts outside the held-out fraction, its agreement with the held-out
     labels is reported before (raw score) and after (calibrated), and it becomes the family's
     current calibrator. Returns a report per family."""
-    from gymfoundry.warehouse import Warehouse
-
     labels = load_labels(data_dir, families)
     reports: dict[str, dict[str, Any]] = {}
     for family in sorted(set(labels["task_family"].to_list())):

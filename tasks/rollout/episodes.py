@@ -15,12 +15,14 @@ from gymfoundry.envs.errors import EnvFault, InvalidTask
 from gymfoundry.envs.faults import FaultInjection
 from gymfoundry.envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig, OutcomeReport, PolicySpec, Rollout,
                           TaskSpec, content_hash)
-from gymfoundry.envs.registry import load, make, spec, verifier_for
+from gymfoundry.envs.family import Family, family
 from gymfoundry.envs.secrets import redact
-from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, play_watched, standard_stack
-from gymfoundry.tasks.classify import classify
-from gymfoundry.tasks.collector import frozen_before
-from gymfoundry.tasks.policies import Policy, PolicyOutput
+from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, standard_stack
+from gymfoundry.tasks.rollout.classify import classify
+from gymfoundry.tasks.rollout.collector import frozen_before
+from gymfoundry.tasks.rollout.scheduler import play_watched
+from gymfoundry.tasks.policies.base import Policy, PolicyOutput
+from gymfoundry.tasks.policies.registry import make_policy
 from gymfoundry.envs.verifier import ReplayVerifier
 from gymfoundry.verifiers.endpoint import ContextLengthExceeded, EndpointError, ModelOutputRefused
 
@@ -68,20 +70,21 @@ def run_episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0,
 
 def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults: FaultConfig | None = None,
             limits: Budget | None = None, subagent: PolicySpec | None = None) -> Generator[tuple, Any, Rollout]:
-    """`run_episode` as a play of envs.wrappers.play_watched (which plays a batch of them in one
+    """`run_episode` as a play of tasks.rollout.scheduler.play_watched (which plays a batch of them in one
     thread): it yields the episode's stack and loop once, to be run watched (a step, or grading,
     over its time limit is abandoned at its deadline, and the episode ends there as the stack's
     TimeLimit says: an environment or grader fault), and returns the rollout. The verdict and the
     live potentials run on the grader's clock, never the agent's (`grading`)."""
     faults = faults if faults is not None and faults.rate > 0 else None
-    base = make(task.env_id, **delegation_options(task.env_id, subagent))
+    fam = family(task.env_id)  # resolved once for the episode
+    base = fam.make(**delegation_options(fam, subagent))
     if faults is not None:
         base = FaultInjection(base, faults, seed=seed * 1009 + attempt)
     env = standard_stack(base, limits=limits)
     started = time.perf_counter()
     try:  # the env (a coding sandbox) is closed whatever is raised
         played = _Played()
-        finished, ts = yield env, lambda: _loop(env, task, policy, seed, played)
+        finished, ts = yield env, lambda: _loop(env, task, policy, seed, played, fam)
         if not finished:
             played.ts = ts
         ts, policy_error, env_error, env_bug, inference = (played.ts, played.policy_error, played.env_error,
@@ -102,7 +105,7 @@ def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults:
                 tokens=sum(len(s.token_ids or []) for s in steps),
                 wall_time_s=round(time.perf_counter() - started, 6))
     rollout = Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                      env_version=spec(task.env_id).version, policy_id=policy.policy_id,
+                      env_version=fam.env_version, policy_id=policy.policy_id,
                       policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
                       termination=termination, termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
                       env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
@@ -113,17 +116,15 @@ def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults:
     return rollout
 
 
-def delegation_options(env_id: str, subagent: PolicySpec | None) -> dict:
+def delegation_options(fam: Family, subagent: PolicySpec | None) -> dict:
     """The env keyword that makes `subagent` play a delegating env's sub-tasks ({} for other envs)."""
     import inspect
 
     if subagent is None:
         return {}
-    entry = load(spec(env_id).entry_point)
+    entry = fam.env
     if not isinstance(entry, type) or "subagent" not in inspect.signature(entry).parameters:
         return {}
-    from gymfoundry.tasks.policies import make_policy
-
     def frozen(sub_task: TaskSpec, seed: int) -> Policy:
         return make_policy(subagent, sub_task.family)
 
@@ -159,7 +160,7 @@ def sub_rollout(parent_id: str, stage: int, index: int, episode) -> Rollout:
                                    env_error=episode.env_error)
     cost = Cost(steps=len(episode.steps), tool_calls=sum(s.tool_call is not None for s in episode.steps),
                 tokens=sum(len(s.token_ids or []) for s in episode.steps))
-    return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id, env_version=spec(task.env_id).version,
+    return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id, env_version=family(task.env_id).env_version,
                    policy_id=episode.policy_id, policy_version=episode.policy_version, seed=episode.seed,
                    attempt=episode.attempt, steps=episode.steps, termination=termination,
                    termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost, env_info=episode.env_info,
@@ -181,14 +182,14 @@ class _Played:
         self.verdict: tuple[OutcomeReport | None, str | None] = (None, None)
 
 
-def _loop(env, task: TaskSpec, policy: Policy, seed: int, played: _Played) -> None:
+def _loop(env, task: TaskSpec, policy: Policy, seed: int, played: _Played, fam: Family) -> None:
     try:
         policy.reset(seed)
     except Exception as exc:
         played.policy_error = f"policy reset raised {type(exc).__name__}: {exc}"
     try:
         ts = played.ts = env.reset(task=task)
-        verifier = verifier_for(task.env_id)
+        verifier = fam.outcome_verifier
         progress = played.progress = verifier.live(env.unwrapped) if isinstance(verifier, ReplayVerifier) else None
         with progress if progress is not None else nullcontext():
             if progress is None or _observed(env, progress, played):
@@ -199,7 +200,7 @@ def _loop(env, task: TaskSpec, policy: Policy, seed: int, played: _Played) -> No
         played.env_error = f"environment fault {type(exc).__name__}: {exc} ({_where(exc)})"
     except Exception as exc:  # env code crashed outside every tool's boundary
         played.env_bug = f"environment bug {type(exc).__name__}: {exc} ({_where(exc)})"
-    _judge(env, task, played)
+    _judge(env, task, played, fam)
 
 
 def _observed(env, progress, played: _Played) -> bool:
@@ -211,7 +212,7 @@ def _observed(env, progress, played: _Played) -> bool:
     return finished
 
 
-def _judge(env, task: TaskSpec, played: _Played) -> None:
+def _judge(env, task: TaskSpec, played: _Played, fam: Family) -> None:
     """`played.verdict`: the env's own (graded by its stack as the episode ended), or, for an
     episode that ended otherwise, the verifier's, asked now on the grader's clock (past it, the
     episode ends a grader fault: `played.ts`)."""
@@ -219,10 +220,10 @@ def _judge(env, task: TaskSpec, played: _Played) -> None:
     if ts is not None and ts.info.get("termination") in CLOCK_FAULTS:
         return  # a clock cut it off: no verdict
     if (ts is not None and ("outcome" in ts.info or "verifier_error" in ts.info)) or not steps \
-            or verifier_for(task.env_id) is None:
-        played.verdict = _outcome(task, ts, steps, env)  # asks no verifier
+            or fam.outcome_verifier is None:
+        played.verdict = _outcome(task, ts, steps, env, fam)  # asks no verifier
         return
-    finished, value = grading(env, lambda: _outcome(task, ts, steps, env))
+    finished, value = grading(env, lambda: _outcome(task, ts, steps, env, fam))
     if finished:
         played.verdict = value
     else:
@@ -256,13 +257,13 @@ def _turns(env, policy: Policy, played: _Played, ts, progress) -> None:
             return
 
 
-def _outcome(task: TaskSpec, ts, steps, env) -> tuple[OutcomeReport | None, str | None]:
+def _outcome(task: TaskSpec, ts, steps, env, fam: Family) -> tuple[OutcomeReport | None, str | None]:
     """The verifier's report (the env's own, asked at the end, or asked now), or its error."""
     if ts is not None and "verifier_error" in ts.info:
         return None, f"verifier raised {ts.info['verifier_error']}"
     if ts is not None and "outcome" in ts.info:
         return OutcomeReport.model_validate(ts.info["outcome"]), None
-    verifier = verifier_for(task.env_id)
+    verifier = fam.outcome_verifier
     if verifier is None or not steps:
         return None, None
     try:

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gymfoundry.envs.family import family as family_of
 from gymfoundry.envs.parsing import ActionError, parse_action
-from gymfoundry.tasks.assemble import SYSTEM_PROMPT, assistant_call_message
-from gymfoundry.tasks.policies import PolicyOutput
+from gymfoundry.tasks.policies.base import PolicyOutput
+from gymfoundry.tasks.policies.chat import SYSTEM_PROMPT, assistant_call_message
+from gymfoundry.tasks.policies.checkpoint import load_model, load_tokenizer
 
 
 def checkpoint_version(path: str | Path) -> str:
@@ -50,8 +52,6 @@ class HFPolicy:
                  max_thought_tokens: int = 48,
                  system_prompt: str = SYSTEM_PROMPT, policy_id: str | None = None, version: str | None = None,
                  seed: int = 0, max_batch: int = 1, device: str | None = None):
-        from gymfoundry.tasks.training.base_model import load_tokenizer
-
         self.model_path = str(model_path)
         fingerprint = (checkpoint_version(model_path) if Path(model_path).is_dir() else "unknown") \
             if model is None or version is None else None
@@ -382,8 +382,6 @@ def _shared_checkpoint(model_path: str, fingerprint: str, device: str | None) ->
     """The process's loaded copy of a checkpoint directory (by resolved path, fingerprint and
     device), loaded on first use and freed once no policy holds it. Anything else (a hub id)
     is loaded for this policy alone."""
-    from gymfoundry.tasks.training.base_model import load_model
-
     def load() -> _Checkpoint:
         model, tokenizer = load_model(model_path)
         model = (model.to(device) if device else model).eval()
@@ -401,6 +399,4 @@ def _shared_checkpoint(model_path: str, fingerprint: str, device: str | None) ->
 
 def family_tools(family: str) -> list[dict[str, Any]]:
     """The function schemas of a family's tools, as the SFT rows carry them."""
-    from gymfoundry.envs.registry import family_env_id, make
-
-    return make(family_env_id(family), verified=False).available_tools
+    return family_of(family).tool_schemas()

@@ -30,7 +30,7 @@ def land_records(data_dir: str, tasks: list[TaskSpec], rejections: list[TaskReje
     """Land the batch; `run_id` / `flow_run_id` go on its new rollouts. Landing.spooled says where
     the batch waits when the catalog stayed locked. `staged`: what `stage_records` made of these
     same records, registered instead of staging them again (and discarded in any case)."""
-    # each new rollout's own outcome also lands in `outcomes`, the first of its verdicts (see tasks/reverify.py)
+    # each new rollout's own outcome also lands in `outcomes`, the first of its verdicts (see tasks/ops/reverify.py)
     return land_or_spool(data_dir, {"tasks": tasks, "rejections": rejections, "rollouts": rollouts, "scores": scores},
                          {"rollout_outcomes": True, "run_id": run_id, "flow_run_id": flow_run_id}, lock_timeout_s,
                          staged)

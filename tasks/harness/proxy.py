@@ -1,7 +1,7 @@
 """A recording OpenAI-compatible chat endpoint (`gymfoundry proxy`): a harness points its base URL
 at `http://<proxy>/episodes/<name>/v1` (or `/v1` with the `X-Gymfoundry-Episode` header); each
 chat completion is forwarded to the upstream model server and recorded against the episode
-(tasks/harness.py `CallLog`) before the reply goes back: the request's messages and tools, the
+(tasks/harness/hub.py `CallLog`) before the reply goes back: the request's messages and tools, the
 reply's message, token ids and logprobs when the upstream returns them (`sampled_ids`: never
 re-tokenised), latency, the model's name and the upstream.
 
@@ -23,7 +23,7 @@ Only an open episode's owner is served: the harness passes the token its episode
 (`Authorization: Bearer <token>`, its OpenAI client's api_key); a wrong or missing one is 401 and a
 name not open 404, before the body is read. A request whose record the call log could not read back
 is refused (400), as is one over `max_request_bytes` (413). The server's limits (connections, slow
-clients) are `gymfoundry.tasks.http_guard`'s, as serve-env's."""
+clients) are `gymfoundry.tasks.harness.http_guard`'s, as serve-env's."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ from starlette.routing import Route
 from gymfoundry.envs.harness import ModelCall
 from gymfoundry.envs.records import PolicySpec
 from gymfoundry.envs.secrets import check_endpoint_url, known_secrets, redact, redact_json, register_secret
-from gymfoundry.tasks.harness import EPISODE_HEADER, EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
-from gymfoundry.tasks.http_guard import bearer
-from gymfoundry.tasks.openai_policy import RETRIED_STATUS, sampled_ids
+from gymfoundry.tasks.harness.hub import EPISODE_HEADER, EPISODE_NAME, CallLog, EpisodeNotOpen, WrongToken, unreadable
+from gymfoundry.tasks.harness.http_guard import bearer
+from gymfoundry.tasks.policies.openai import RETRIED_STATUS, sampled_ids
 from gymfoundry.verifiers.endpoint import context_length_code
 
 MAX_RETRIES = PolicySpec.model_fields["max_retries"].default  # the factory's endpoint policy's own default
@@ -254,7 +254,7 @@ def build_proxy(upstream: str, data_dir: str, *, api_key: str | None = None, tim
         except WrongToken as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=401,
                                 headers={"WWW-Authenticate": "Bearer"})
-        try:  # a body trickled in is cut by the server's read timeout (tasks.http_guard): no call made
+        try:  # a body trickled in is cut by the server's read timeout (tasks.harness.http_guard): no call made
             text, error = await _body(request, max_request_bytes), None
         except _TooLarge:
             text, error = b"", f"the request body is over the proxy's limit of {max_request_bytes} bytes"

@@ -45,8 +45,8 @@ from typing import Any
 import httpx
 
 from gymfoundry.envs.secrets import check_endpoint_url, redact, redact_json, register_secret
-from gymfoundry.tasks.hf_policy import SYSTEM_PROMPT
-from gymfoundry.tasks.policies import PolicyOutput
+from gymfoundry.tasks.policies.base import PolicyOutput
+from gymfoundry.tasks.policies.chat import SYSTEM_PROMPT
 from gymfoundry.envs.records import PolicySpec
 from gymfoundry.verifiers.endpoint import (ContextLengthExceeded, DeadlineClient, EndpointError, ModelOutputRefused,
                                 context_length_code)

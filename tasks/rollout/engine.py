@@ -11,7 +11,7 @@ per worker process: every batch of one run in one process draws from the same N 
 A policy that cannot fork (a custom policy without `fork`), or whose N is 1, plays its episodes
 one after another, and its batches in one process take turns, each playing all of its episodes
 before the next starts. A serial batch is played in one thread, watched by the caller's for the
-step time limit (envs.wrappers.play_watched: one hand-off per batch, not per episode).
+step time limit (tasks.rollout.scheduler.play_watched: one hand-off per batch, not per episode).
 Results come back in the order of the items, whatever order the episodes finished in."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from functools import partial
 from typing import TypeVar
 
 from gymfoundry.envs.records import PolicySpec
-from gymfoundry.envs.wrappers import play_watched
-from gymfoundry.tasks.collector import frozen_before
-from gymfoundry.tasks.policies import Policy
+from gymfoundry.tasks.rollout.collector import frozen_before
+from gymfoundry.tasks.rollout.scheduler import play_watched
+from gymfoundry.tasks.policies.base import Policy
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -85,7 +85,7 @@ def run_concurrently(policy: Policy, items: Sequence[Item], play: Callable[[Poli
     here once the episodes in flight have ended (when serial: at once, and the items after it
     are not played). A generator that `play` returns (a generator function's, or one it hands
     on, as evaluate_policy's `episode(...)`) is played, NOT returned: it is a play of
-    envs.wrappers.play_watched, its episodes yielded as `(env, loop)`, and what it returns is the
+    tasks.rollout.scheduler.play_watched, its episodes yielded as `(env, loop)`, and what it returns is the
     item's result (a `play` whose result is a generator must wrap it, in a list say). Serial items
     are played one after another in one thread watched by this one (one hand-off per batch), a
     concurrent item in a thread of its own watched by the pool's."""

@@ -47,18 +47,19 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from gymfoundry.envs.family import family as family_spec
+from gymfoundry.envs.family import family as family_spec, replaced
 from gymfoundry.envs.records import MODEL_OUTCOMES, Budget, FamilyAudit, Rollout, TaskSpec, ToolCall, ToolCategory, content_hash
-from gymfoundry.envs.registry import spec, verifier_for
-from gymfoundry.tasks.rollout import run_episode
-from gymfoundry.tasks.score import score_steps
+from gymfoundry.tasks.rollout.episodes import run_episode
+from gymfoundry.tasks.stages.score import score_steps
 from gymfoundry.envs.verifier import calls_of
 from gymfoundry.verifiers.judge import JudgeSettings
 from gymfoundry.verifiers.rules import rules_version
+from gymfoundry.warehouse.tables import TABLES
 
 ADVERSARIES = ("blind_ending", "do_nothing", "stall", "spray", "reference_perturbed", "reference_no_reads",
                "collateral", "negated")
@@ -279,8 +280,8 @@ def audit_family(name: str, *, episodes: int = 2, seed: int = 0, levels: Iterabl
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, not {episodes}")
     plays: list[Episode] = []
-    with _verifier_as(fam.env_id, verifier):
-        verifier = verifier_for(fam.env_id)
+    with nullcontext(fam) if verifier is None else replaced(fam.name, verifier=verifier) as fam:
+        verifier = fam.outcome_verifier
         for level in sorted(levels or fam.levels):
             for task_seed, task in _tasks(fam, level, seed, episodes):
                 plays += _audit_task(fam, verifier, task, level, names, random.Random(task_seed * 7919 + level))
@@ -289,25 +290,6 @@ def audit_family(name: str, *, episodes: int = 2, seed: int = 0, levels: Iterabl
         returns = _returns(plays)
         rows = _rows(fam, verifier, plays, returns)
     return AuditReport(family=name, rows=rows, seconds=round(time.perf_counter() - started, 3))
-
-
-class _verifier_as:
-    """The family's env made with `verifier` (a verifier class) as its outcome verifier meanwhile:
-    the runtime, the scorer and the audit all ask the registry for it."""
-
-    def __init__(self, env_id: str, verifier: type | None):
-        self.entry, self.verifier = spec(env_id), verifier
-
-    def __enter__(self) -> None:
-        self.saved = self.entry.verifier
-        if self.verifier is not None:
-            self.entry.verifier = self.verifier
-            verifier_for.cache_clear()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.verifier is not None:
-            self.entry.verifier = self.saved
-            verifier_for.cache_clear()
 
 
 def _tasks(fam: Any, level: int, seed: int, episodes: int) -> list[tuple[int, TaskSpec]]:
@@ -603,7 +585,7 @@ def _returns(plays: list[Episode]) -> dict[str, float]:
 
 def _rows(fam: Any, verifier: Any, plays: list[Episode], returns: dict[str, float]) -> list[FamilyAudit]:
     audited_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    versions = dict(family=fam.name, env_version=str(spec(fam.env_id).version),
+    versions = dict(family=fam.name, env_version=fam.env_version,
                     generator_version=str(fam.generator_version), verifier_id=verifier.verifier_id,
                     verifier_version=str(verifier.version), rules_version=rules_version(fam.profile))
     groups: dict[tuple[str, int], list[Episode]] = defaultdict(list)
@@ -655,16 +637,14 @@ class AuditRefused(RuntimeError):
 def current_versions(name: str) -> dict[str, str]:
     """What an audit of `name` is valid for: the versions that make its verdicts and returns."""
     fam = family_spec(name)
-    verifier = verifier_for(fam.env_id)
-    return dict(family=name, env_version=str(spec(fam.env_id).version),
+    verifier = fam.outcome_verifier
+    return dict(family=name, env_version=fam.env_version,
                 generator_version=str(fam.generator_version), verifier_id=verifier.verifier_id,
                 verifier_version=str(verifier.version), rules_version=rules_version(fam.profile))
 
 
 def land_audit(wh: Any, report: AuditReport) -> int:
     """Land the audit's rows in `family_audits`; the number landed."""
-    from gymfoundry.warehouse.tables import TABLES
-
     table = TABLES["family_audits"]
     return wh.land_rows({"family_audits": [table.row(r) for r in report.rows]}).checked().get("family_audits", 0)
 
@@ -672,8 +652,6 @@ def land_audit(wh: Any, report: AuditReport) -> int:
 def latest_audit(wh: Any, name: str) -> list[FamilyAudit]:
     """The rows of the newest audit of the family's current versions (empty where none): the one
     landed last, even where the same audit (the same id) was landed before another."""
-    from gymfoundry.warehouse.tables import TABLES
-
     if not wh.files("family_audits"):
         return []
     versions = current_versions(name)

@@ -1,38 +1,16 @@
-"""Policies: anything with `policy_id`, `version`, `reset(seed)` and `act(observation)`.
-
-`act` returns the raw text the model produced, or a `PolicyOutput` that also carries the
-sampled token ids and logprobs (kept as sampled, never rebuilt from text)."""
+"""The policy registry: the policy a `PolicySpec` names, for a family (`make_policy`): the family's
+scripted policy, a local Hugging Face checkpoint (`hf`), an OpenAI-compatible endpoint (`openai`), or
+a kind added with `register_policy`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 from gymfoundry.envs.records import PolicySpec
-from gymfoundry.envs.registry import family_env_id, load, spec
-
-
-@dataclass
-class PolicyOutput:
-    text: str
-    thought: str | None = None
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-
-
-class Policy(Protocol):
-    """A policy may also have `fork()`: another instance for a concurrent episode (same weights,
-    client, knobs, id and version; its own episode state), safe to use from another thread. The
-    rollout engine (tasks/engine.py) needs it to keep more than one episode in flight."""
-
-    policy_id: str
-    version: str
-
-    def reset(self, seed: int | None = None) -> None: ...
-
-    def act(self, observation: str) -> str | PolicyOutput: ...
-
+from gymfoundry.envs.family import family as family_of
+from gymfoundry.tasks.policies.base import Policy
+from gymfoundry.tasks.policies.hf import HFPolicy, family_tools
+from gymfoundry.tasks.policies.openai import OpenAIPolicy
 
 # Custom policy kinds: name -> a callable (spec, family) -> Policy.
 _CUSTOM: dict[str, Callable[[PolicySpec, str], Policy]] = {}
@@ -47,7 +25,7 @@ def register_policy(kind: str, build: Callable[[PolicySpec, str], Policy]) -> No
 
 def make_policy(spec: PolicySpec | str, family: str, **kwargs) -> Policy:
     """The policy a `PolicySpec` names, for `family`. The built policy carries its spec
-    (`policy.spec`), from which its rollouts' identity knobs are derived (tasks/rollout.py).
+    (`policy.spec`), from which its rollouts' identity knobs are derived (tasks/rollout/episodes.py).
 
     The older form `make_policy(name, family, **kwargs)` still works: `scripted` (kwargs:
     mistake_rate), `hf` / `openai` (kwargs: model, and the policy class's own keywords)."""
@@ -59,16 +37,11 @@ def make_policy(spec: PolicySpec | str, family: str, **kwargs) -> Policy:
         policy = _make_by_name("scripted", family, **({} if spec.mistake_rate is None else
                                                       {"mistake_rate": spec.mistake_rate}), **spec.options)
     elif spec.kind == "hf":
-        from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
-
         s = spec.sampling
         knobs = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "max_batch": spec.max_concurrency}
         policy = HFPolicy(spec.model, family_tools(family), **{
             **{k: v for k, v in knobs.items() if v is not None}, **spec.options})
     elif spec.kind == "openai":
-        from gymfoundry.tasks.hf_policy import family_tools
-        from gymfoundry.tasks.openai_policy import OpenAIPolicy
-
         policy = OpenAIPolicy.from_spec(spec, family_tools(family))
     elif spec.kind in _CUSTOM:
         policy = _CUSTOM[spec.kind](spec, family)
@@ -93,14 +66,11 @@ def as_spec(policy: PolicySpec | str, mistake_rate: float | None = None) -> Poli
 
 def _make_by_name(name: str, family: str, **kwargs) -> Policy:
     if name == "scripted":
-        target = spec(family_env_id(family)).scripted_policy
+        target = family_of(family).scripted_policy
         if target is None:
             raise ValueError(f"family {family!r} has no scripted policy")
-        return load(target)(**kwargs)
+        return target(**kwargs)
     if name in ("hf", "openai"):  # kwargs: model (a checkpoint dir / an endpoint's model name), ...
-        from gymfoundry.tasks.hf_policy import HFPolicy, family_tools
-        from gymfoundry.tasks.openai_policy import OpenAIPolicy
-
         if "model" not in kwargs:
             raise ValueError(f"a {name!r} policy needs a model: pass model=..., or a PolicySpec")
         model = kwargs.pop("model")

@@ -1,0 +1,1 @@
+"""After-the-factory operations: re-verification, judge calibration, held-out evaluation."""
