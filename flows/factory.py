@@ -263,6 +263,9 @@ def batch_rollouts(futures, on_done=None) -> tuple[list[Rollout], str | None]:
     return rollouts, error
 
 
+# Set by flows.loop.factory_then_train, the flow that acts on `train_after`: the factory alone never
+# trains, so it refuses `train_after` rather than record it and hold back the run's artifacts for nothing.
+TRAINING_AFTER: contextvars.ContextVar[bool] = contextvars.ContextVar("gymfoundry_training_after", default=False)
 BATCHES_PER_WORKER = 2  # a worker that finishes early takes another batch; the progress artifact moves
 MAX_BATCH = 500         # a crashed batch is retried whole: bound what one retry repeats
 
@@ -329,6 +332,9 @@ def factory(**params: Any) -> dict[str, Any]:
     trains: `train_after` is recorded with the run, and `flows.loop.factory_then_train` (which runs
     this flow, then the training flow; `gymfoundry run --train-after`) acts on it."""
     config = FactoryConfig(**params)
+    if config.train_after and not TRAINING_AFTER.get():
+        raise ValueError(f"factory does not train: train_after={config.train_after!r} is for the factory-then-train "
+                         "flow (flows/loop.py:factory_then_train, or `gymfoundry run --train-after`)")
     data_dir, families = config.data_dir, config.families
     # The warehouse does not record where it lives (a moved or copied data dir is the same data),
     # nor which cluster played it.

@@ -20,7 +20,7 @@ from gymfoundry.envs.records import PolicySpec
 from gymfoundry.flows.config import ARMS, FactoryConfig, flow_parameters
 from gymfoundry.flows.defaults import LOOP_DATA_DIR
 from gymfoundry.flows.evaluation import evaluate
-from gymfoundry.flows.factory import factory
+from gymfoundry.flows.factory import TRAINING_AFTER, factory
 from gymfoundry.flows.report import publish_run_artifacts
 from gymfoundry.flows.training import default_base_model, train
 
@@ -35,7 +35,11 @@ def factory_then_train(**params: Any) -> dict[str, Any]:
     training, so that their training-runs table lists the run it trained. The parameters are
     `flows.config.FactoryConfig`'s."""
     config = FactoryConfig(**params)
-    report = factory(**config.params())
+    composing = TRAINING_AFTER.set(True)
+    try:
+        report = factory(**config.params())
+    finally:
+        TRAINING_AFTER.reset(composing)
     if not config.train_after:
         return report
     datasets = report["datasets"]

@@ -22,7 +22,7 @@ def test_factory_announces_each_dataset_and_can_train_after(tmp_path, monkeypatc
     announced = []
     monkeypatch.setattr(factory_module, "announce_dataset", lambda kind, d, data_dir, run_id: announced.append(
         (kind, d["dataset_id"], data_dir)))
-    monkeypatch.setattr("flows.training.DEFAULT_BASE", {"vocab_size": 400, "hidden_size": 32, "layers": 1, "heads": 2})
+    monkeypatch.setattr("gymfoundry.flows.training.DEFAULT_BASE", {"vocab_size": 400, "hidden_size": 32, "layers": 1, "heads": 2})
     report = factory_then_train(families=["inventory"], tasks_per_family=8, seed=4, data_dir=str(tmp_path),
                                 train_after="sft", train_hyperparameters={"max_steps": 1, "batch_size": 1, "max_length": 512})
     expected = [(kind, d["dataset_id"], str(tmp_path)) for kind, d in report["datasets"].items() if d["rows"]]
@@ -31,6 +31,14 @@ def test_factory_announces_each_dataset_and_can_train_after(tmp_path, monkeypatc
     assert training["dataset_id"] == report["datasets"]["sft"]["dataset_id"] and training["metrics"]["steps"] == 1
     with Warehouse(tmp_path, read_only=True) as wh:
         assert wh.sql("select dataset_id from training_runs").to_pylist() == [{"dataset_id": training["dataset_id"]}]
+
+
+def test_the_factory_alone_refuses_train_after_before_any_run(tmp_path):
+    """Only factory-then-train trains: a factory run given train_after (a deployment, a Python call) is
+    refused whole rather than recorded as training and left without its artifacts."""
+    with pytest.raises(ValueError, match="factory does not train: train_after='sft' is for the factory-then-train"):
+        factory_module.factory(families=["inventory"], tasks_per_family=2, data_dir=str(tmp_path), train_after="sft")
+    assert not (tmp_path / "catalog.duckdb").exists()
 
 
 def triggers_to_check():
