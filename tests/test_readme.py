@@ -100,6 +100,7 @@ def test_the_tour_runs(tmp_path, prefect_harness, monkeypatch):
     assert "data:image/png;base64," in html
 
 
+@pytest.mark.integration  # the CLI in subprocesses
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in DOCS.glob("*.md"))])
 def test_no_page_names_a_cli_option_that_does_not_exist(page):
     """Every `gymfoundry <command> ... --option` line in a bash block names an option that
@@ -127,6 +128,7 @@ def _help(command: tuple[str, ...]) -> str:
     return done.stdout
 
 
+@pytest.mark.integration  # the CLI in subprocesses
 def test_the_refusals_operations_md_shows_are_what_the_cli_prints():
     pairs = re.findall(r"^\s*\$ gymfoundry (.+)\n\s*(.+)$", (DOCS / "operations.md").read_text(), re.MULTILINE)
     assert len(pairs) == 4

@@ -25,6 +25,9 @@ from tests.sandbox_guard import needs_sandbox as needs_bwrap, require_sandbox
 FAST = Limits(wall_s=3, cpu_s=5)
 
 
+pytestmark = pytest.mark.sandbox  # the bubblewrap sandbox's own tests
+
+
 @pytest.fixture
 def box():
     require_sandbox()

@@ -26,6 +26,9 @@ MIB = 1024 * 1024
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the quota mount and the uid drop)")
 
 
+pytestmark = pytest.mark.sandbox  # the bubblewrap sandbox's own tests
+
+
 @pytest.fixture
 def box():
     require_sandbox()

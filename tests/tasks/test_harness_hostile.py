@@ -23,7 +23,7 @@ from gymfoundry.tasks.proxy import build_proxy
 from tests.tasks.harness_stub import scripted_inventory
 from tests.verifiers.openai_stub import OpenAIStub
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]  # the harness servers and proxy, over HTTP
 
 
 def slow_stream(delay_s: float = 1.0, gap_s: float = 0.2):

@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gymfoundry.envs.records import Termination
 from gymfoundry.warehouse import Warehouse
 
@@ -45,6 +47,7 @@ def test_the_python_snippets_run(tmp_path, build, monkeypatch):
     assert scope["landing"].counts == {"tasks": 1, "rollouts": 1, "steps": 3, "step_scores": 3}
 
 
+@pytest.mark.integration  # the documented commands in subprocesses
 def test_the_duckdb_commands_run(tmp_path, build):
     cwd = build_default_dir(tmp_path, build)
     commands = [line for block in blocks("bash") for line in block.splitlines() if "duckdb " in line]

@@ -51,10 +51,10 @@ def without_events(state):
 
 
 # -- the shipped family -----------------------------------------------------------------------
-def test_the_shipped_domain_is_the_family_generic_and_passes_the_conformance_checks():
+def test_the_shipped_domain_is_the_family_generic_and_passes_the_conformance_checks(conformance):
     assert family("generic") is FAMILY and FAMILY.env_id == "gymfoundry/generic-v0"
     assert str(HERE.parent) in FAMILY.masked_dirs()  # the domain file holds the rules: no sandbox shows it
-    report = check_family("generic", seeds=2)
+    report = conformance("generic")
     assert report.ok, report.render()
     assert report["crafted_disagreement"].status == "pass", report.render()
 
@@ -352,6 +352,7 @@ def run(args, env, timeout=240):
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
+@pytest.mark.integration  # fresh Python processes
 def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_path):
     (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
     (tmp_path / "broken.yaml").write_text(LIBRARY.replace("name: library", "name: broken").replace(
@@ -374,6 +375,7 @@ def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_
     assert "family library (gymfoundry/library-v1) passes" in check.stdout
 
 
+@pytest.mark.integration  # fresh Python processes
 def test_without_the_setting_no_user_domain_is_loaded(tmp_path):
     (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "GYMFOUNDRY_FAMILY_DIRS"}
@@ -564,6 +566,7 @@ def test_a_path_that_is_no_regular_file_or_too_large_is_refused_without_reading_
     assert "larger than" in refusal(big)
 
 
+@pytest.mark.integration  # fresh Python processes
 def test_a_fifo_in_the_user_folder_is_reported_and_import_envs_goes_on(tmp_path):
     """Hostile: discovery read each user file for its name before the loader's checks, so a FIFO
     named *.yaml in the folder hung `import gymfoundry.envs` (and with it every CLI command) for ever."""
