@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from gymfoundry.envs.base import EnvFault, ToolEnv, ToolError
@@ -77,3 +78,34 @@ class CounterEnv(ToolEnv):
 def reward_at_target(task, steps, state):
     ok = state["value"] == state["target"]
     return (1.0 if ok else 0.0), {"success": ok}
+
+
+class HeldSleep:
+    """The sleep tool held until the test releases it: a step over its time limit that comes back
+    while the tool is still held was cut off at its deadline, not waited for; no clock is read.
+
+        held = HeldSleep(monkeypatch)     # CounterEnv's sleep tool now waits for held.end()
+        ...                               # a step calls sleep; the caller gets it back as a timeout
+        assert held.holding()             # the tool had not returned
+        held.end()                        # release it and wait for the threads that ran it to end
+    """
+
+    def __init__(self, monkeypatch, env_class: type = CounterEnv):
+        self.released = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+        def tool_sleep(env, state, seconds):
+            self.threads.append(threading.current_thread())
+            self.released.wait()
+            return {"slept": seconds}
+
+        monkeypatch.setattr(env_class, "tool_sleep", tool_sleep)
+
+    def holding(self) -> bool:
+        """Some call of the tool started and none has been released."""
+        return bool(self.threads) and not self.released.is_set()
+
+    def end(self) -> None:
+        self.released.set()
+        for thread in self.threads:
+            thread.join()

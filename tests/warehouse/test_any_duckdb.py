@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -16,7 +17,7 @@ from gymfoundry.warehouse import TABLES, Warehouse, catalog
 from gymfoundry.warehouse.lake import write_batch
 from gymfoundry.warehouse.store import _row
 
-DUCKDB_CLI = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "duckdb"
+DUCKDB_CLI = Path(sys.executable).parent / "duckdb"  # duckdb-cli, installed in the venv running the tests
 # The query of the README's tour and of docs/warehouse.md's "Analysis views".
 README_QUERY = ("select task_family, difficulty_level, policy_version, success_rate, rollouts "
                 "from success_by_cell order by all")

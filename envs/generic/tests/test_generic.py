@@ -370,7 +370,7 @@ def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_
     assert seen["env_id"] == "gymfoundry/library-v1" and str(tmp_path) in seen["masked"]
     assert f"{tmp_path / 'broken.yaml'}: tools.lend.effects[0]: unknown op 'mul'" in seen["errors"]["broken"]
     assert "a family named 'generic' is already registered" in seen["errors"]["generic"]
-    check = run([str(ROOT / ".venv" / "bin" / "gymfoundry"), "check-family", "library"], env)
+    check = run([str(Path(sys.executable).parent / "gymfoundry"), "check-family", "library"], env)  # the venv running the tests
     assert check.returncode == 0, check.stdout + check.stderr
     assert "family library (gymfoundry/library-v1) passes" in check.stdout
 
@@ -487,30 +487,24 @@ def test_an_expression_that_would_run_for_hours_is_refused_in_seconds(tmp_path, 
     """Hostile: a domain file whose task state loops (nested maps over ranges, a value doubled
     twenty times, a template rendering it) made the loader, and so `import gymfoundry.envs` with the user's
     folder set, hang. Evaluation has a budget of steps: over it, the file is refused naming it."""
-    import time
-
-    start = time.monotonic()
     why = refusal(broken(tmp_path, f"loop_{loop}", "      submitted: false\n",
                          f"      submitted: false\n      junk: {LOOPS[loop]}\n"))
-    assert "steps" in why, why
-    assert time.monotonic() - start < 30
+    assert "steps" in why, why  # the evaluation's step budget refused it (a loop let run is stopped by the timeout)
 
 
 @pytest.mark.timeout(120)
 def test_a_tool_that_loops_when_the_agent_calls_it_is_an_env_bug_not_a_hang(tmp_path):
     """Hostile: a tool no reference calls (so the proof at load never runs it) whose result loops;
     an agent calling it gets an env_bug observation in seconds, the state rolled back."""
-    import time
-
     path = broken(tmp_path, "loop_tool", "  submit:\n", "  spin:\n    description: Spin.\n    category: read\n"
                   f"    result: {LOOPS['nested']}\n  submit:\n")
     fam = load_family(path)
     env = fam.env(outcome_fn=None)
     env.reset(fam.generate(0, 1))
-    before, start = env.state(), time.monotonic()
+    before = env.state()
     ts = env.step(call("spin"))
-    assert ts.info["env_bug"] and "steps" in ts.info["error"]["message"] and not ts.done
-    assert env.state() == before and time.monotonic() - start < 30
+    assert ts.info["env_bug"] and "steps" in ts.info["error"]["message"] and not ts.done  # the step budget
+    assert env.state() == before
 
 
 def test_a_file_nested_too_deeply_is_refused_not_a_recursion_error(tmp_path):
