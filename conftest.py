@@ -54,10 +54,10 @@ def conformance():
     return functools.cache(check_family)
 
 
-# -- test tiers (docs/operations.md, "Test tiers") ------------------------------------------------
+# -- test tiers (docs/architecture.md, "Tests and their tiers") ------------------------------------
 # Every test is in exactly one tier. A test or module marked with a tier keeps it; a sandbox-guarded
-# test (tests/sandbox_guard.py) is `sandbox`; one using the tiny model is `training`, one using the
-# Prefect server `integration`; everything else is `unit`, the tier `make test-fast` runs.
+# test (tests/sandbox_guard.py) is `sandbox`; else one using the tiny model is `training`, one using
+# the Prefect server `integration`; everything else is `unit`, the tier `make test-fast` runs.
 TIERS = ("unit", "integration", "sandbox", "training")
 BY_FIXTURE = {"tiny_model_dir": "training", "prefect_harness": "integration"}
 
