@@ -1,4 +1,5 @@
-# `make demo` runs the factory on the embedded default; `make test` runs the test suite.
+# `make demo` runs the factory on the embedded default; `make test` runs the test suite, `make test-fast`
+# its unit tier (docs/architecture.md#tests-and-their-tiers).
 # Both create .venv/ and install the project when missing.
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed
 DATA_DIR ?= .gymfoundry
 # The Prefect and Hugging Face environment defaults are Python's: gymfoundry.flows.defaults
 
-.PHONY: install demo test bench loop clean
+.PHONY: install demo test test-fast bench loop clean
 
 install: $(STAMP)
 
@@ -21,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The unit tier: the inner loop (no Prefect server, subprocess, sandbox or trainer).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m unit
 
 # Every benchmark in a quick mode, one table (about 10 minutes on 2 CPU cores; not part of `make test`).
 bench: $(STAMP)

@@ -3,6 +3,7 @@ the project is installed as `gymfoundry.envs...`. So that such a test module and
 one module each, not two copies, a folder's bare name is an alias of its installed module here.
 The fixtures here serve every test folder, the families' included."""
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -13,6 +14,9 @@ import pytest
 from gymfoundry.flows.defaults import prefect_defaults
 
 prefect_defaults(hub_offline=True)  # before any test imports Prefect
+
+from gymfoundry.envs.check import check_family  # noqa: E402  (after the defaults above: it loads the project)
+from tests.sandbox_guard import needs_sandbox  # noqa: E402
 
 FOLDERS = ("envs", "verifiers", "warehouse", "tasks", "flows", "deployments")
 
@@ -40,3 +44,37 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def conformance():
+    """`conformance(name)`: the family's conformance report (`check_family`, 3 seeds per level), run
+    once per session, so tests/envs/test_check_family.py and the family's own tests share one run."""
+    return functools.cache(check_family)
+
+
+# -- test tiers (docs/architecture.md, "Tests and their tiers") ------------------------------------
+# Every test is in exactly one tier. A test or module marked with a tier keeps it; a sandbox-guarded
+# test (tests/sandbox_guard.py) is `sandbox`; else one using the tiny model is `training`, one using
+# the Prefect server `integration`; everything else is `unit`, the tier `make test-fast` runs.
+TIERS = ("unit", "integration", "sandbox", "training")
+BY_FIXTURE = {"tiny_model_dir": "training", "prefect_harness": "integration"}
+
+
+def tier_of(item: pytest.Item) -> str:
+    marked = {m.name for m in item.iter_markers() if m.name in TIERS}
+    if any(m == needs_sandbox.mark for m in item.iter_markers("skipif")):
+        marked.add("sandbox")
+    if len(marked) > 1:
+        raise pytest.UsageError(f"{item.nodeid} is marked with {len(marked)} tiers ({', '.join(sorted(marked))}); "
+                                f"give it one")
+    if marked:
+        return marked.pop()
+    return next((tier for fixture, tier in BY_FIXTURE.items() if fixture in item.fixturenames), "unit")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        tier = tier_of(item)
+        if not item.get_closest_marker(tier):
+            item.add_marker(tier)

@@ -9,6 +9,7 @@ import functools
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+BIN = Path(sys.executable).parent  # the commands of the venv running the tests
 # The docs/ pages whose Python blocks this file runs (and how many each has).
 OWN_PYTHON = {"environments.md": 1, "architecture.md": 0, "records.md": 0, "prm.md": 0, "training.md": 0,
               "operations.md": 0, "scaling.md": 0, "experiments.md": 0, "yaml-families.md": 0}
@@ -87,7 +89,7 @@ def test_the_tour_runs(tmp_path, prefect_harness, monkeypatch):
     commands = [line for block in blocks(README, "bash") for line in block.splitlines()
                 if line.startswith(("gymfoundry sql", "gymfoundry report"))]
     assert len(commands) == 3
-    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     outputs = []
     for command in commands:
         done = subprocess.run(["bash", "-c", command.split("  #")[0]], cwd=tmp_path, env=env, capture_output=True,
@@ -100,6 +102,7 @@ def test_the_tour_runs(tmp_path, prefect_harness, monkeypatch):
     assert "data:image/png;base64," in html
 
 
+@pytest.mark.integration  # the CLI in subprocesses
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in DOCS.glob("*.md"))])
 def test_no_page_names_a_cli_option_that_does_not_exist(page):
     """Every `gymfoundry <command> ... --option` line in a bash block names an option that
@@ -121,17 +124,18 @@ def _joined(block: str) -> list[str]:
 
 @functools.cache
 def _help(command: tuple[str, ...]) -> str:
-    done = subprocess.run([str(ROOT / ".venv" / "bin" / "gymfoundry"), *command, "--help"], capture_output=True,
+    done = subprocess.run([str(BIN / "gymfoundry"), *command, "--help"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
+@pytest.mark.integration  # the CLI in subprocesses
 def test_the_refusals_operations_md_shows_are_what_the_cli_prints():
     pairs = re.findall(r"^\s*\$ gymfoundry (.+)\n\s*(.+)$", (DOCS / "operations.md").read_text(), re.MULTILINE)
     assert len(pairs) == 4
     for arguments, message in pairs:
-        done = subprocess.run([str(ROOT / ".venv" / "bin" / "gymfoundry"), *arguments.split()], capture_output=True,
+        done = subprocess.run([str(BIN / "gymfoundry"), *arguments.split()], capture_output=True,
                               text=True, timeout=10)
         shown, printed = message.strip(), done.stderr.strip()
         assert done.returncode == 2, printed

@@ -33,6 +33,9 @@ SERVICES_ENABLED = {"TRIGGERS": True, "EVENT_PERSISTER": True, "SCHEDULER": Fals
                     "CLEANUP_RECONCILER": False}
 
 
+pytestmark = pytest.mark.integration  # a Prefect server in a subprocess
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,6 +21,9 @@ from tests.deployments.test_trigger_e2e import events_sent_to, running_server
 BYTECODE = re.compile(r"\b(RESUME|LOAD_GLOBAL|LOAD_FAST|LOAD_CONST|RETURN_VALUE|CALL_FUNCTION)\b")
 
 
+pytestmark = pytest.mark.integration  # a Prefect server in a subprocess, a factory run and a training run
+
+
 @pytest.fixture(scope="module")
 def recording_server(tmp_path_factory):
     """A Prefect server of its own that records task runs (from their events) and logs. Tagged

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from dataclasses import dataclass
@@ -108,3 +109,34 @@ def register(env_id: str, env: type = CounterEnv, verifier: type | None = None) 
     remove(fam.name)
     add(fam)
     return fam
+
+
+class HeldSleep:
+    """The sleep tool held until the test releases it: a step over its time limit that comes back
+    while the tool is still held was cut off at its deadline, not waited for; no clock is read.
+
+        held = HeldSleep(monkeypatch)     # CounterEnv's sleep tool now waits for held.end()
+        ...                               # a step calls sleep; the caller gets it back as a timeout
+        assert held.holding()             # the tool had not returned
+        held.end()                        # release it and wait for the threads that ran it to end
+    """
+
+    def __init__(self, monkeypatch, env_class: type = CounterEnv):
+        self.released = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+        def tool_sleep(env, state, seconds):
+            self.threads.append(threading.current_thread())
+            self.released.wait()
+            return {"slept": seconds}
+
+        monkeypatch.setattr(env_class, "tool_sleep", tool_sleep)
+
+    def holding(self) -> bool:
+        """Some call of the tool started and none has been released."""
+        return bool(self.threads) and not self.released.is_set()
+
+    def end(self) -> None:
+        self.released.set()
+        for thread in self.threads:
+            thread.join()

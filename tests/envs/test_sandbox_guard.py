@@ -36,6 +36,9 @@ class TestModuleMark:
 '''
 
 
+pytestmark = pytest.mark.integration  # each test runs pytest in a subprocess
+
+
 def run_cases(tmp_path, **env) -> subprocess.CompletedProcess:
     cases = tmp_path / "test_guarded.py"
     cases.write_text(CASES)

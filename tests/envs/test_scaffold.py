@@ -53,6 +53,7 @@ def test_the_scaffold_is_one_folder_that_passes_every_check_unchanged(scaffolded
     assert str(folder) in fam.masked_dirs()
 
 
+@pytest.mark.integration  # pytest and the CLI in subprocesses
 def test_its_own_tests_pass(scaffolded):
     folder, _ = scaffolded
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder.parent), str(ROOT)])}
@@ -71,6 +72,7 @@ def test_a_short_factory_run_lands_its_rollouts_with_mixed_outcomes(scaffolded, 
     assert sum(terminations.values()) == report["landed"]["rollouts"] > 0 and not report["quarantined"]
 
 
+@pytest.mark.integration  # pytest and the CLI in subprocesses
 def test_written_into_the_envs_package_it_is_a_builtin_family(tmp_path):
     """In a copy of the envs package: `new-family` then `check-family` from the command line; the
     copy changes only inside the new folder."""

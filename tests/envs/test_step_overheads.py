@@ -13,7 +13,7 @@ import pytest
 from gymfoundry.envs.base import copy_state
 from gymfoundry.envs.records import ToolCall
 from gymfoundry.envs.wrappers import StepWorker, TimeLimit, standard_stack
-from tests.envs.counter_env import CounterEnv, reward_at_target
+from tests.envs.counter_env import CounterEnv, HeldSleep, reward_at_target
 
 WHERE: list[threading.Thread] = []
 MARK: contextvars.ContextVar[str] = contextvars.ContextVar("mark", default="unset")
@@ -40,22 +40,23 @@ def test_steps_of_one_stack_share_one_thread_not_the_callers():
     env.close()
 
 
-def test_an_overrunning_step_is_abandoned_and_the_next_episode_gets_a_fresh_thread():
+@pytest.mark.timeout(60)  # a step that waited for the held tool would hang
+def test_an_overrunning_step_is_abandoned_and_the_next_episode_gets_a_fresh_thread(monkeypatch):
     WHERE.clear()
+    held = HeldSleep(monkeypatch)
     env = TimeLimit(WhereEnv(), step_timeout_s=0.2)
     env.reset(seed=1)
     env.step(ToolCall(name="read"))
     hung = env._worker
-    started = time.monotonic()
     ts = env.step(ToolCall(name="sleep", arguments={"seconds": 1.0}))
-    assert time.monotonic() - started < 0.9
+    assert held.holding()  # the step came back at its deadline while the tool still ran
     assert ts.truncated and ts.info["termination"] == "env_fault" and ts.info["error"]["kind"] == "timeout"
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step(ToolCall(name="read"))
     assert hung.abandoned and env._worker is None and hung not in StepWorker._idle
     with pytest.raises(RuntimeError, match="abandoned"):
         hung.run(lambda: None, 1.0)
-    time.sleep(1.0)  # the hung step ends in its own thread; the env is reset only now
+    held.end()  # the hung step ends in its own thread; the env is reset only now
     env.reset(seed=1)
     ts = env.step(ToolCall(name="read"))
     assert not ts.done and ts.info["error"] is None
@@ -87,6 +88,7 @@ def test_what_a_step_raises_reaches_the_caller_and_the_worker_serves_on():
         worker.run(lambda: 7, 1.0)
 
 
+@pytest.mark.timeout(60)
 def test_each_step_runs_in_an_empty_context_and_an_idle_worker_ends_and_restarts(monkeypatch):
     monkeypatch.setattr(StepWorker, "IDLE_S", 0.05)
     worker = StepWorker()
@@ -98,10 +100,7 @@ def test_each_step_runs_in_an_empty_context_and_an_idle_worker_ends_and_restarts
 
     (_, (first, thread)), (_, (second, _)) = worker.run(set_mark, 1.0), worker.run(set_mark, 1.0)
     assert first == second == "unset"
-    deadline = time.monotonic() + 5
-    while thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not thread.is_alive()
+    thread.join()  # idle for IDLE_S, it ends (were it to serve on, the test's timeout would end it)
     finished, (_, again) = worker.run(set_mark, 1.0)
     assert finished and again is not thread
 

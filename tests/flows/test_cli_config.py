@@ -38,6 +38,7 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess:
     (["evaluate", "--family", "nosuch", "--model", "m"],
      "gymfoundry evaluate: --family: unknown family 'nosuch'; known families: " + ", ".join(known_families())),
 ])
+@pytest.mark.integration  # the CLI in subprocesses
 def test_bad_settings_fail_with_one_line_before_prefect_loads(argv, line):
     done = run_cli(*argv)
     assert (done.returncode, done.stderr.strip().splitlines(), done.stdout) == (2, [line], "")

@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ENDLESS = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM t) SELECT count(*) FROM t"
 
 
+pytestmark = pytest.mark.integration  # the CLI in subprocesses
+
+
 def gymfoundry(tmp_path: Path, *argv: str | bytes, timeout: float = 600) -> subprocess.CompletedProcess:
     """`gymfoundry argv...` with its own Prefect home (so a started Prefect server would show there)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(tmp_path / "prefect-home")}

@@ -205,6 +205,7 @@ def test_a_url_with_a_password_is_refused_where_the_endpoint_is_configured(where
         assert MESSAGES[where] in str(refused.value) and leaks(str(refused.value)) == []
 
 
+@pytest.mark.integration  # the CLI in a subprocess
 def test_the_cli_refuses_a_base_url_with_a_password_in_one_line_and_writes_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-m", "gymfoundry.flows.cli", "run", "--policy", "openai", "--model", "m",
                            "--base-url", USERINFO_URL, "--api-key-env", "K", "--data-dir", str(tmp_path / "d")],

@@ -203,6 +203,7 @@ def test_assembling_again_adds_nothing(built):
         assert (wh.count("dataset_rows"), wh.count("datasets")) == before
 
 
+@pytest.mark.training  # TRL's trainers
 def test_trl_trainers_accept_the_datasets_unchanged(built, tmp_path):
     import torch
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
@@ -318,6 +319,7 @@ def test_a_tojson_template_double_encodes_string_arguments_and_renders_dicts_rig
     assert '"arguments": "{\\"' in text
 
 
+@pytest.mark.training  # TRL's trainers
 def test_trl_sft_trainer_takes_dict_arguments(built, tmp_path):
     from trl import SFTConfig, SFTTrainer
 

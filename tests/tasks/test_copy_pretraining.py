@@ -1,8 +1,12 @@
+import pytest
 import torch
 
 from gymfoundry.tasks.policies.checkpoint import load_model
 from gymfoundry.tasks.training.base_model import build_base_model, factory_texts
 from gymfoundry.tasks.training.copy_pretraining import copy_sequences, random_value, recall_sequence, token_pools
+
+
+pytestmark = pytest.mark.training  # builds and trains small models
 
 
 def test_recall_labels_are_exactly_the_recalled_values(tiny_model_dir):

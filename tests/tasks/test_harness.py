@@ -32,7 +32,7 @@ from tests.audits import audited
 
 ROOT = Path(__file__).resolve().parents[2]
 set_tracing_disabled(True)  # the SDK would upload traces: no network beyond 127.0.0.1
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]  # the harness servers and proxy, over HTTP
 
 
 def documented(name: str):

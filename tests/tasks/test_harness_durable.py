@@ -22,7 +22,7 @@ from gymfoundry.tasks.harness.mcp_server import build_app, served
 from gymfoundry.warehouse import Warehouse
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]  # the harness servers, over HTTP and as CLI subprocesses
 MCP_HEADERS = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
                "mcp-method": "tools/call"}
 

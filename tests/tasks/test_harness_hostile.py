@@ -23,7 +23,7 @@ from gymfoundry.tasks.harness.proxy import build_proxy
 from tests.tasks.harness_stub import scripted_inventory
 from tests.verifiers.openai_stub import OpenAIStub
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]  # the harness servers and proxy, over HTTP
 
 
 def slow_stream(delay_s: float = 1.0, gap_s: float = 0.2):
@@ -47,8 +47,8 @@ def auth(token: str) -> dict[str, str]:
 
 
 def wait_for_calls(hub: EpisodeHub, name: str, n: int) -> list:
-    deadline = time.monotonic() + 10
-    while len(calls := hub.log.read(name)) < n and time.monotonic() < deadline:
+    """The episode's first `n` logged calls, once logged (the module's timeout ends a wait that never does)."""
+    while len(calls := hub.log.read(name)) < n:
         time.sleep(0.05)
     return calls
 
@@ -275,18 +275,18 @@ def test_many_calls_on_one_slow_episode_do_not_wedge_the_other_sessions(tmp_path
             flood = [asyncio.create_task(mcp_tool_call(client, f"{env_url}/episodes/hog/mcp", "get_stock",
                                                        {"sku": "nope"}, hog)) for _ in range(45)]
             await asyncio.sleep(0.5)  # the flood is in
-            started = time.perf_counter()
             reply = await mcp_tool_call(client, f"{env_url}/episodes/other/mcp", "find_items", {"query": "a"}, other)
-            waited = time.perf_counter() - started
+            queued = sum(not call.done() for call in flood)  # the hog's calls still waiting their turn
             assert reply.status_code == 200, reply.text
             replies = await asyncio.gather(*flood)
             assert all(r.status_code == 200 for r in replies)
-            return waited
+            return queued
 
     with served(build_app(hub)) as env_url:
-        waited = asyncio.run(attack(env_url))
+        queued = asyncio.run(attack(env_url))
     hub.close()
-    assert waited < 1.0, f"another session waited {waited:.2f} s behind one episode's queue"
+    # the flood takes 45 x 0.3 s in turn: the other session was answered with it still queued, not behind it
+    assert queued > 0, "another session waited behind one episode's whole queue"
 
 
 def test_a_harness_reading_its_stream_slowly_does_not_make_the_upstream_late(tmp_path):
@@ -310,14 +310,14 @@ def test_a_harness_reading_its_stream_slowly_does_not_make_the_upstream_late(tmp
     with served(fast) as upstream, served(build_proxy(upstream + "/v1", str(tmp_path), timeout_s=1.0)) as px:
         token = hub.open("slow-reader")
         body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": hub.goal("slow-reader")}]}
-        started, chunks = time.monotonic(), 0
+        chunks = 0
         with httpx.stream("POST", f"{px}/episodes/slow-reader/v1/chat/completions", json=body, timeout=60,
                           headers=auth(token)) as reply:
             for line in reply.iter_lines():
                 if line.startswith("data:"):
                     chunks += 1
                     time.sleep(0.02)
-        assert time.monotonic() - started > 2 and chunks == 201
+        assert chunks == 201  # read 20 ms a chunk: about 4 s, past the proxy's 1 s limit
         [call] = wait_for_calls(hub, "slow-reader", 1)
         assert call.status == "ok", call.error
         assert len(call.response["content"]) == 200 * len(big)

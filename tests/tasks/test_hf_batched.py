@@ -181,14 +181,14 @@ def test_an_error_in_the_batched_forward_reaches_every_caller(tiny_model_dir, lo
     assert len(fork.act(tasks[0].goal).token_ids) <= 3
 
 
+@pytest.mark.timeout(600)  # a caller that waited for the hour-long window would be stopped here
 def test_a_lone_caller_never_waits_for_the_window(tiny_model_dir, loaded, tasks):
     policy = isolated_policy(tiny_model_dir, loaded, max_batch=K, max_new_tokens=2)
-    policy.batcher.window = 30.0
-    started = time.monotonic()
+    policy.batcher.window = 3600.0
     for task in tasks[:3]:
         policy.reset(0)
         policy.act(task.goal)
-    assert time.monotonic() - started < 10 and policy.batcher.batch_sizes == {1: 3}
+    assert policy.batcher.batch_sizes == {1: 3}
 
 
 def test_policies_built_for_one_checkpoint_share_weights_and_batcher(tiny_model_dir):

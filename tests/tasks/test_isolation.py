@@ -29,6 +29,9 @@ TASKS = {"inventory": 20}  # other families are slower (sandboxes): a few tasks 
 HOLDOUT = 0.25
 
 
+pytestmark = pytest.mark.integration  # every family's stages end to end, generate to datasets
+
+
 def build_family(data_dir, family: str) -> None:
     generated = generate_tasks(family, TASKS.get(family, 4), seed=11)
     valid, invalid = validate_tasks(generated)

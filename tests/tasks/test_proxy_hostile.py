@@ -26,7 +26,7 @@ from gymfoundry.tasks.harness.http_guard import served
 from gymfoundry.tasks.harness.proxy import build_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]  # the harness servers and proxy, over HTTP
 KEY = "sk-proxy-upstream-7Qm2Zr9Xw4Lp8Vn3"  # the proxy's own key for the upstream
 USER = {"role": "user", "content": "hi"}
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
+
+import pytest
 
 from gymfoundry.envs.records import Budget
 from gymfoundry.envs.wrappers import Recorder, TimeLimit
 from gymfoundry.tasks.rollout.episodes import run_episode
 from gymfoundry.tasks.rollout.scheduler import run_watched
-from tests.envs.counter_env import CounterEnv, register
+from tests.envs.counter_env import CounterEnv, HeldSleep, register
 
 ENV_ID = "gymfoundry/counter-v0"
 
@@ -34,20 +35,21 @@ class Calls:
         return self.calls[min(self.turns - 1, len(self.calls) - 1)]
 
 
-def test_a_hanging_tool_is_cut_off_at_the_step_deadline_and_its_thread_changes_nothing_later():
+@pytest.mark.timeout(60)  # an episode that waited for the held tool would hang
+def test_a_hanging_tool_is_cut_off_at_the_step_deadline_and_its_thread_changes_nothing_later(monkeypatch):
+    held = HeldSleep(monkeypatch)
     register(ENV_ID, CounterEnv)
     task = CounterEnv.generate_task(3)
     policy = Calls({"name": "add", "arguments": {"n": 1}}, {"name": "sleep", "arguments": {"seconds": 1.5}},
                    {"name": "add", "arguments": {"n": 1}})
-    started = time.monotonic()
     rollout = run_episode(task, policy, seed=0, limits=Budget(step_timeout_s=0.3))
-    assert time.monotonic() - started < 1.2
+    assert held.holding()  # the rollout came back at the step's deadline while the tool still ran
     # the environment's time ran out: an environment fault, retried, never the model's outcome
     assert rollout.termination.value == "env_fault" and "step time limit" in rollout.termination_reason
     assert [s.error for s in rollout.steps] == [None, "timeout"] and policy.turns == 2
-    assert 0.25 < rollout.steps[-1].latency_s < 1.2
+    assert rollout.steps[-1].latency_s > 0  # the wait until the cut: the tool never returned within it
     assert threading.current_thread() not in policy.threads
-    time.sleep(1.5)  # the hung step returns in its abandoned thread: nothing more is played or recorded
+    held.end()  # the hung step returns in its abandoned thread: nothing more is played or recorded
     assert policy.turns == 2 and len(rollout.steps) == 2
 
 
@@ -73,13 +75,15 @@ def test_a_watched_loop_returns_or_raises_what_the_loop_does_and_other_stacks_pl
     assert here == [threading.current_thread()]
 
 
-def test_the_episode_limit_cuts_a_step_off_before_its_own_limit_on_the_agents_time():
+@pytest.mark.timeout(60)  # an episode that waited for the held tool would hang
+def test_the_episode_limit_cuts_a_step_off_before_its_own_limit_on_the_agents_time(monkeypatch):
+    held = HeldSleep(monkeypatch)
     register(ENV_ID, CounterEnv)
     policy = Calls({"name": "add", "arguments": {"n": 1}}, {"name": "sleep", "arguments": {"seconds": 1.5}})
-    started = time.monotonic()
     rollout = run_episode(CounterEnv.generate_task(4), policy, seed=0,
                           limits=Budget(step_timeout_s=30, episode_timeout_s=0.4))
-    assert time.monotonic() - started < 1.2
+    assert held.holding()  # cut off at the episode's deadline, long before the step's own 30 s
+    held.end()
     # the step was within its own limit: the agent's sleep used the episode's time (counted)
     assert rollout.termination.value == "truncated"
     assert rollout.termination_reason.startswith("the episode's time ran out on the agent's own actions")

@@ -117,6 +117,7 @@ def test_a_coding_task_s_bugs_share_one_module_and_its_template_names_it():
 
 # --- the embedded base's tokenizer text -------------------------------------------------------
 
+@pytest.mark.training  # builds the base model's tokenizer
 def test_base_model_tokenizer_text_has_no_holdout_task_recorded_or_hashed(tmp_path, monkeypatch):
     import gymfoundry.tasks.training.base_model as base_model
     from gymfoundry.flows.training import default_base_model

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -16,7 +17,7 @@ from gymfoundry.warehouse import TABLES, Warehouse, catalog
 from gymfoundry.warehouse.lake import write_batch
 from gymfoundry.warehouse.store import _row
 
-DUCKDB_CLI = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "duckdb"
+DUCKDB_CLI = Path(sys.executable).parent / "duckdb"  # duckdb-cli, installed in the venv running the tests
 # The query of the README's tour and of docs/warehouse.md's "Analysis views".
 README_QUERY = ("select task_family, difficulty_level, policy_version, success_rate, rollouts "
                 "from success_by_cell order by all")
@@ -42,6 +43,7 @@ def _cli_installed():
     assert DUCKDB_CLI.is_file(), "the dev dependency duckdb-cli (the CLI users install from PyPI) is missing"
 
 
+@pytest.mark.integration  # the duckdb CLI in a subprocess
 def test_the_duckdb_cli_from_pypi_runs_a_readme_query_on_the_catalog(data_dir, tmp_path, build):
     land(data_dir, build)
     assert catalog.storage_number(data_dir / "catalog.duckdb") == catalog.READABLE_STORAGE
@@ -56,6 +58,7 @@ def test_the_duckdb_cli_from_pypi_runs_a_readme_query_on_the_catalog(data_dir, t
     assert elsewhere.stdout == opened_in_dir.stdout
 
 
+@pytest.mark.integration  # the duckdb CLI in a subprocess
 def test_a_catalog_in_a_newer_storage_version_is_copied_into_the_readable_one(data_dir, build, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(catalog, "CONFIG", {})  # what gymfoundry wrote before: DuckDB 2's own storage version
@@ -85,6 +88,7 @@ def test_a_catalog_in_a_newer_storage_version_is_copied_into_the_readable_one(da
     con.close()
 
 
+@pytest.mark.integration  # the duckdb CLI in a subprocess
 def test_a_copied_data_dir_reads_its_own_lake(data_dir, tmp_path, build):
     land(data_dir, build)
     copy = tmp_path / "copy"

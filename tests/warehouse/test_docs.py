@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from gymfoundry.envs.records import Termination
 from gymfoundry.warehouse import Warehouse
@@ -45,11 +48,12 @@ def test_the_python_snippets_run(tmp_path, build, monkeypatch):
     assert scope["landing"].counts == {"tasks": 1, "rollouts": 1, "steps": 3, "step_scores": 3}
 
 
+@pytest.mark.integration  # the documented commands in subprocesses
 def test_the_duckdb_commands_run(tmp_path, build):
     cwd = build_default_dir(tmp_path, build)
     commands = [line for block in blocks("bash") for line in block.splitlines() if "duckdb " in line]
     assert len(commands) == 4
-    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # the venv's commands
     outputs = []
     for command in commands:
         done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)

@@ -61,6 +61,7 @@ def verdict(name: str, rows: list[dict], one_pass: bool, monkeypatch, found=None
         return quality.validate_table(table, frame(table, rows_part(table, rows)), found, identity).success
 
 
+@pytest.mark.integration  # every rule against great-expectations' per-column suite
 @pytest.mark.parametrize("name", ["tasks", "rollouts", "steps", "step_scores"])
 def test_the_one_pass_gate_fails_exactly_where_the_per_column_suite_fails(name, build, monkeypatch):
     rows = valid_rows(build)[name]

@@ -52,8 +52,8 @@ def without(task, name, **match):
             if not (c.name == name and all(c.arguments.get(k) == v for k, v in match.items()))]
 
 
-def test_passes_the_conformance_checks():
-    report = check_family(FAMILY.name, seeds=2)
+def test_passes_the_conformance_checks(conformance):
+    report = conformance(FAMILY.name)
     assert report.ok, report.render()
 
 

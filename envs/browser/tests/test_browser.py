@@ -78,8 +78,8 @@ def feasible_buy(t, f):
     return f.kind == "buy" and f.feasible
 
 
-def test_passes_the_conformance_checks():
-    report = check_family(FAMILY.name, seeds=2)
+def test_passes_the_conformance_checks(conformance):
+    report = conformance(FAMILY.name)
     assert report.ok, report.render()
 
 

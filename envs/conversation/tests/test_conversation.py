@@ -33,8 +33,8 @@ def play(task, calls):
     return env, ts
 
 
-def test_passes_the_conformance_checks():
-    report = check_family(FAMILY.name, seeds=2)
+def test_passes_the_conformance_checks(conformance):
+    report = conformance(FAMILY.name)
     assert report.ok, report.render()
     assert report["crafted_disagreement"].status == "pass"
 

@@ -67,8 +67,8 @@ def decide_seq(task):
 
 
 # -- the conformance suite and the references ---------------------------------------------------------
-def test_passes_the_conformance_checks():
-    report = check_family(FAMILY.name, seeds=2)
+def test_passes_the_conformance_checks(conformance):
+    report = conformance(FAMILY.name)
     assert report.ok, report.render()
 
 

@@ -67,8 +67,8 @@ def fix_calls(task, service):
             and c.name not in ("inspect_service",)]
 
 
-def test_passes_the_conformance_checks():
-    report = check_family(FAMILY.name, seeds=2)
+def test_passes_the_conformance_checks(conformance):
+    report = conformance(FAMILY.name)
     assert report.ok, report.render()
 
 

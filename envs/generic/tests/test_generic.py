@@ -51,10 +51,10 @@ def without_events(state):
 
 
 # -- the shipped family -----------------------------------------------------------------------
-def test_the_shipped_domain_is_the_family_generic_and_passes_the_conformance_checks():
+def test_the_shipped_domain_is_the_family_generic_and_passes_the_conformance_checks(conformance):
     assert family("generic") is FAMILY and FAMILY.env_id == "gymfoundry/generic-v0"
     assert str(HERE.parent) in FAMILY.masked_dirs()  # the domain file holds the rules: no sandbox shows it
-    report = check_family("generic", seeds=2)
+    report = conformance("generic")
     assert report.ok, report.render()
     assert report["crafted_disagreement"].status == "pass", report.render()
 
@@ -352,6 +352,7 @@ def run(args, env, timeout=240):
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
+@pytest.mark.integration  # fresh Python processes
 def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_path):
     (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
     (tmp_path / "broken.yaml").write_text(LIBRARY.replace("name: library", "name: broken").replace(
@@ -369,11 +370,12 @@ def test_a_domain_file_in_a_user_folder_becomes_a_family_in_a_fresh_process(tmp_
     assert seen["env_id"] == "gymfoundry/library-v1" and str(tmp_path) in seen["masked"]
     assert f"{tmp_path / 'broken.yaml'}: tools.lend.effects[0]: unknown op 'mul'" in seen["errors"]["broken"]
     assert "a family named 'generic' is already registered" in seen["errors"]["generic"]
-    check = run([str(ROOT / ".venv" / "bin" / "gymfoundry"), "check-family", "library"], env)
+    check = run([str(Path(sys.executable).parent / "gymfoundry"), "check-family", "library"], env)  # the venv running the tests
     assert check.returncode == 0, check.stdout + check.stderr
     assert "family library (gymfoundry/library-v1) passes" in check.stdout
 
 
+@pytest.mark.integration  # fresh Python processes
 def test_without_the_setting_no_user_domain_is_loaded(tmp_path):
     (tmp_path / "library.yaml").write_text(LIBRARY, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "GYMFOUNDRY_FAMILY_DIRS"}
@@ -485,30 +487,24 @@ def test_an_expression_that_would_run_for_hours_is_refused_in_seconds(tmp_path, 
     """Hostile: a domain file whose task state loops (nested maps over ranges, a value doubled
     twenty times, a template rendering it) made the loader, and so `import gymfoundry.envs` with the user's
     folder set, hang. Evaluation has a budget of steps: over it, the file is refused naming it."""
-    import time
-
-    start = time.monotonic()
     why = refusal(broken(tmp_path, f"loop_{loop}", "      submitted: false\n",
                          f"      submitted: false\n      junk: {LOOPS[loop]}\n"))
-    assert "steps" in why, why
-    assert time.monotonic() - start < 30
+    assert "steps" in why, why  # the evaluation's step budget refused it (a loop let run is stopped by the timeout)
 
 
 @pytest.mark.timeout(120)
 def test_a_tool_that_loops_when_the_agent_calls_it_is_an_env_bug_not_a_hang(tmp_path):
     """Hostile: a tool no reference calls (so the proof at load never runs it) whose result loops;
     an agent calling it gets an env_bug observation in seconds, the state rolled back."""
-    import time
-
     path = broken(tmp_path, "loop_tool", "  submit:\n", "  spin:\n    description: Spin.\n    category: read\n"
                   f"    result: {LOOPS['nested']}\n  submit:\n")
     fam = load_family(path)
     env = fam.env(outcome_fn=None)
     env.reset(fam.generate(0, 1))
-    before, start = env.state(), time.monotonic()
+    before = env.state()
     ts = env.step(call("spin"))
-    assert ts.info["env_bug"] and "steps" in ts.info["error"]["message"] and not ts.done
-    assert env.state() == before and time.monotonic() - start < 30
+    assert ts.info["env_bug"] and "steps" in ts.info["error"]["message"] and not ts.done  # the step budget
+    assert env.state() == before
 
 
 def test_a_file_nested_too_deeply_is_refused_not_a_recursion_error(tmp_path):
@@ -564,6 +560,7 @@ def test_a_path_that_is_no_regular_file_or_too_large_is_refused_without_reading_
     assert "larger than" in refusal(big)
 
 
+@pytest.mark.integration  # fresh Python processes
 def test_a_fifo_in_the_user_folder_is_reported_and_import_envs_goes_on(tmp_path):
     """Hostile: discovery read each user file for its name before the loader's checks, so a FIFO
     named *.yaml in the folder hung `import gymfoundry.envs` (and with it every CLI command) for ever."""
