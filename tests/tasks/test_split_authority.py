@@ -17,7 +17,7 @@ import pytest
 from gymfoundry import envs  # noqa: F401  registers the built-in families
 from gymfoundry.envs.coding import generate_task
 from gymfoundry.envs.coding.generator import LEVELS
-from gymfoundry.envs.records import Split
+from gymfoundry.envs.records import GRPORow, Split
 from gymfoundry.tasks.stages.generate import family_env_class, generate_tasks
 from gymfoundry.tasks.stages.isolate import HoldoutError, assign_split, landed_splits, recorded_splits, tasks_of_split
 from gymfoundry.warehouse import Warehouse
@@ -212,8 +212,10 @@ def test_a_grpo_dataset_naming_a_holdout_task_is_refused(tmp_path, monkeypatch):
     tasks = [env_class.generate_task(seed, 1 + seed % 5) for seed in range(20, 26)]
     train_task, victim = hash_train(tasks)[:2]
     record(tmp_path / "wh", [victim], Split.holdout)
-    rows = [{"task_id": t.task_id, "task_family": "inventory", "seed": t.source.seed, "level": t.difficulty.level,
-             "difficulty": t.difficulty.level, "weight": 1.0} for t in (train_task, victim)]
+    rows = [GRPORow(prompt=[{"role": "user", "content": t.goal}], tools="[]", task_id=t.task_id, task_family="inventory",
+                    difficulty=t.difficulty.level, env_id=t.env_id, seed=t.source.seed, level=t.difficulty.level,
+                    generator=t.source.generator, generator_version=t.source.version).model_dump()
+            for t in (train_task, victim)]
     path = tmp_path / "grpo.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     with pytest.raises(HoldoutError, match=victim.template_id):
