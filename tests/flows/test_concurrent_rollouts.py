@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import PolicySpec, RetryPolicy, Termination
 from gymfoundry.flows.cli import main
 from gymfoundry.tasks.rollout.engine import run_concurrently

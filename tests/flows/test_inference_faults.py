@@ -5,7 +5,6 @@ that is no valid tool call stays the model's."""
 
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
 from gymfoundry.flows.factory import factory
 from gymfoundry.tasks.stages.generate import generate_tasks

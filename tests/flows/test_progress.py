@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import threading
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import RetryPolicy
 from gymfoundry.tasks.rollout import progress
 from gymfoundry.tasks.stages.generate import generate_tasks

@@ -21,7 +21,6 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.conversation.policy import ScriptedConversationPolicy
 from gymfoundry.envs.person import LLMSimulator, Persona, SimulatorFault, new_memory
 from gymfoundry.envs.records import PolicySpec, RetryPolicy

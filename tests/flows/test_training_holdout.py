@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gymfoundry import envs  # noqa: F401  registers the built-in families
 from gymfoundry.envs.records import Split
 from gymfoundry.flows.training import train
 from gymfoundry.tasks.stages.generate import generate_tasks

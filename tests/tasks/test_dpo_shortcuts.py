@@ -12,7 +12,6 @@ import json
 
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import CheckResult, OutcomeReport, Termination
 from gymfoundry.tasks.stages.assemble import dpo_rows
 from gymfoundry.tasks.stages.generate import generate_tasks

@@ -3,7 +3,6 @@ finds exactly the episodes it would play (the step cap and the policy's knobs in
 
 from __future__ import annotations
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import Rollout, Termination
 from gymfoundry.tasks.ops.evaluate import evaluate_policy, expected_rollout_id, summarize
 from gymfoundry.tasks.stages.generate import generate_tasks

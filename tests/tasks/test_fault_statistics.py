@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, FaultConfig, RetryPolicy, Rollout, Termination
 from gymfoundry.tasks.stages import curriculum
 from gymfoundry.tasks.stages.assemble import assemble_datasets, load_dataset

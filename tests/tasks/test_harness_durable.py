@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import Termination
 from gymfoundry.tasks.harness.hub import EpisodeHub
 from gymfoundry.tasks.harness.mcp_server import build_app, served

@@ -9,7 +9,6 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from gymfoundry import envs  # noqa: F401  registers the built-in families
 from gymfoundry.envs.records import DATASET_ROWS, Split, TaskSpec
 from gymfoundry.envs.family import families
 from gymfoundry.tasks.stages.assemble import assemble_datasets

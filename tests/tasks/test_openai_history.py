@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, Termination
 from gymfoundry.tasks.stages.generate import generate_tasks
 from gymfoundry.tasks.policies.registry import make_policy

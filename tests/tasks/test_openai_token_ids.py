@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import PolicySpec
 from gymfoundry.tasks.stages.generate import generate_tasks
 from gymfoundry.tasks.policies.openai import sampled_ids

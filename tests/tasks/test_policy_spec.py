@@ -4,7 +4,6 @@ rollouts' policy id is the model's and its sampling knobs are part of their iden
 import pytest
 from pydantic import ValidationError
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import PolicySpec, Run, Sampling
 from gymfoundry.flows.cli import main
 from gymfoundry.flows.factory import factory

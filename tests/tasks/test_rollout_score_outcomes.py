@@ -13,7 +13,6 @@ import hashlib
 import json
 from collections import Counter
 
-from gymfoundry import envs  # noqa: F401  registers the families
 from gymfoundry.envs.family import family
 from gymfoundry.envs.records import FaultConfig
 from gymfoundry.tasks.policies.registry import make_policy

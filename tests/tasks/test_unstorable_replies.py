@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gymfoundry import envs  # noqa: F401
 from gymfoundry.envs.records import MODEL_OUTCOMES, PolicySpec, RetryPolicy, Termination
 from gymfoundry.flows.factory import factory
 from gymfoundry.tasks.stages.generate import generate_tasks

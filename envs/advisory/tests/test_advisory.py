@@ -13,7 +13,7 @@ import pytest
 from gymfoundry.envs.advisory import FAMILY
 from gymfoundry.envs.advisory.policy import ScriptedAdvisoryPolicy
 from gymfoundry.envs.advisory.rules import TOPICS, prohibited_claims
-from gymfoundry.envs.check import check_family, play as replay
+from gymfoundry.envs.check import play as replay
 from gymfoundry.envs.family import add
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import OutcomeReport, TaskSpec, ToolCall

@@ -16,7 +16,6 @@ from gymfoundry.envs.browser.policy import ScriptedBrowserPolicy
 from gymfoundry.envs.browser.rules import CATEGORIES, describe, misses, offers
 from gymfoundry.envs.browser.site import (ADD_TO_CART, ADDRESS, CART, CHECKOUT, NEXT, OPTION, PLACE_ORDER, PRODUCT_LINK, QUANTITY,
                                SEARCH_BOX, SEARCH_BUTTON, Site)
-from gymfoundry.envs.check import check_family
 from gymfoundry.envs.family import add
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import ToolCall

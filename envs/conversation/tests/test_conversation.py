@@ -6,8 +6,6 @@ by `validate_tasks`."""
 
 import json
 
-from gymfoundry import envs  # noqa: F401  (registers the families)
-from gymfoundry.envs.check import check_family
 from gymfoundry.envs.conversation import FAMILY
 from gymfoundry.envs.conversation.policy import ScriptedConversationPolicy
 from gymfoundry.envs.conversation.verifier import ConversationVerifier

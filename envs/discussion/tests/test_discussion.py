@@ -9,7 +9,6 @@ import re
 import httpx
 import pytest
 
-from gymfoundry.envs.check import check_family
 from gymfoundry.envs.discussion import FAMILY
 from gymfoundry.envs.discussion.policy import ScriptedDiscussionPolicy
 from gymfoundry.envs.discussion.rules import contains, group_claims, normalize, rationale_claims, spoken_list, strict_claim

@@ -14,7 +14,6 @@ import json
 import pytest
 
 from gymfoundry import envs  # noqa: F401  (registers the families)
-from gymfoundry.envs.check import check_family
 from gymfoundry.envs.engineering import FAMILY
 from gymfoundry.envs.engineering import fleet
 from gymfoundry.envs.engineering.policy import ScriptedEngineeringPolicy

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gymfoundry.envs.check import check_family
 from gymfoundry.envs.errors import InvalidTask
 from gymfoundry.envs.family import FamilyError, add, family
 from gymfoundry.envs.generic import FAMILY
