@@ -31,6 +31,7 @@ from gymfoundry.tasks.stages.land import land_or_spool
 from gymfoundry.tasks.rollout.progress import PERMILLE, TRAINING
 from gymfoundry.tasks.training.train import checkpoint_exists
 from gymfoundry.tasks.training.train import train as run_trainer
+from gymfoundry.tasks.policies.checkpoint import load_model
 from gymfoundry.tasks.training import base_model as base_models  # a module: tests replace its builder
 from gymfoundry.tasks.training.copy_pretraining import pretrain_copying
 from gymfoundry.warehouse.store import assert_dataset_intact
@@ -83,7 +84,7 @@ def build_base(out: str, family: str, known: dict[str, Any], fractions: Any, con
 def copy_pretraining(path: str, steps: int, seed: int = 0) -> dict[str, Any]:
     """`steps` of copy pretraining of the model under `path`, saved in place (its metrics in
     `copy_pretraining.json`)."""
-    model, tokenizer = base_models.load_model(path)
+    model, tokenizer = load_model(path)
     metrics = pretrain_copying(model, tokenizer, str(Path(path) / "copy-pretraining"), steps, seed=seed)
     (Path(path) / "copy_pretraining.json").write_text(json.dumps(metrics))
     model.save_pretrained(path)
