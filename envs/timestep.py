@@ -52,6 +52,16 @@ class TimeStep:
         """This step's error ({"kind", "message", ...}), or None."""
         return self.info.get("error")
 
+    @property
+    def tool_call(self) -> Any:
+        """This step's parsed call (envs.records.ToolCall), or None where the action did not parse."""
+        return self.info.get("tool_call")
+
+    @property
+    def thought(self) -> str | None:
+        """The text before this step's call, or None."""
+        return self.info.get("thought")
+
     def end_by(self, clock: str, reason: str) -> None:
         """Truncate the episode here: `clock`'s time or budget ran out, for `reason`."""
         self.truncated = True

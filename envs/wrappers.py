@@ -399,7 +399,7 @@ class ToolBudget(Wrapper):
 
     def step(self, action) -> TimeStep:
         ts = self.env.step(action)
-        if ts.info.get("tool_call") is not None:
+        if ts.tool_call is not None:
             self.tool_calls += 1
         if not ts.done and self.tool_calls >= self.max_tool_calls:
             ts.end_by(TRUNCATED, f"tool-call budget {self.max_tool_calls} spent")
@@ -482,13 +482,12 @@ class Recorder(Wrapper):
     def _record(self, pending: tuple, ts: TimeStep) -> TimeStep:
         action, thought, token_ids, logprobs, policy_version, started = pending
         latency = time.perf_counter() - started
-        info = ts.info
-        error = info.get("error")
+        error = ts.error
         self.steps.append(make_step(
             index=len(self.steps), observation=self.last.observation,
             action_text=storable_text(action) if isinstance(action, str) else None,
-            thought=storable_text(thought) if thought is not None else info.get("thought"),
-            tool_call=info.get("tool_call"), result=ts.observation,
+            thought=storable_text(thought) if thought is not None else ts.thought,
+            tool_call=ts.tool_call, result=ts.observation,
             error=error["kind"] if error else None, reward=ts.reward, latency_s=latency,
             token_ids=token_ids, logprobs=logprobs, policy_version=policy_version))
         self.last = ts
