@@ -15,7 +15,7 @@ from gymfoundry.envs.errors import ActionError, Boundary, EnvBug, EnvFault, Erro
 from gymfoundry.envs.parsing import parse_action, replay_call, storable_text
 from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Step, TaskSpec, ToolCall, check_task, make_step
-from gymfoundry.envs.timestep import TimeStep
+from gymfoundry.envs.timestep import OUTCOME, VERIFIER_ERROR, TimeStep
 from gymfoundry.envs.tools import ToolDecl, checked_profile, declared_tools, render_hint
 
 __all__ = ["AgentEnv", "EnvFault", "OutcomeFn", "ToolEnv", "ToolError", "copy_state", "render_error",
@@ -206,9 +206,9 @@ class ToolEnv(AgentEnv):
         `outcome`, or `verifier_error` where the grader raised (a grader bug is not the agent's failure)."""
         ts.info.pop("grade_pending", None)
         try:
-            ts.reward, ts.info["outcome"] = self.outcome_fn(self.task, list(self._steps), self._final_state())
+            ts.reward, ts.info[OUTCOME] = self.outcome_fn(self.task, list(self._steps), self._final_state())
         except Exception as exc:
-            ts.info["verifier_error"] = f"{type(exc).__name__}: {exc}"
+            ts.info[VERIFIER_ERROR] = f"{type(exc).__name__}: {exc}"
         return ts
 
     def _final_state(self) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from gymfoundry.envs.errors import AGENT_INPUT, RESERVED, ErrorKind, rolled_back
 from gymfoundry.envs.family import Family, family
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import LEVELS, OutcomeReport, Step, TaskSpec, ToolCall, check_task
+from gymfoundry.envs.timestep import EpisodeEnd
 from gymfoundry.envs.wrappers import standard_stack
 
 __all__ = ["CHECKS", "Check", "CheckReport", "check_family", "fuzz_action_texts", "fuzz_tools"]
@@ -189,16 +190,17 @@ def play(fam: Family, task: TaskSpec, calls: Iterable[ToolCall]) -> _Episode:
         env.reset(task=task)
         for i, call in enumerate(calls):
             ts = env.step(call)
-            error = ts.info.get("error")
+            error = ts.error
             if error and problem is None:
                 problem = f"step {i} ({call.name}) failed: {error['kind']}: {error['message'][:200]}"
             if ts.done and i < len(calls) - 1:
                 problem = problem or f"the episode ended at step {i} of {len(calls)}"
                 break
         steps = list(getattr(env, "steps", []))
-        if ts is not None and "verifier_error" in ts.info:
-            problem = problem or f"the outcome verifier raised {ts.info['verifier_error']}"
-        outcome = OutcomeReport.model_validate(ts.info["outcome"]) if ts is not None and "outcome" in ts.info else None
+        end = ts.end if ts is not None else EpisodeEnd()
+        if end.verifier_error is not None:
+            problem = problem or f"the outcome verifier raised {end.verifier_error}"
+        outcome = OutcomeReport.model_validate(end.outcome) if end.outcome is not None else None
         if outcome is None and problem is None and steps:  # not ended by the calls: ask the verifier
             outcome = fam.outcome_verifier.verify(task, steps, env.state())
         return _Episode(steps, bool(ts and ts.terminated), outcome, problem)
@@ -383,11 +385,12 @@ def _scripted_episode(fam: Family, task: TaskSpec, policy: Any, seed: int) -> tu
     bugs = [s for s in steps if rolled_back(s.error)]
     if bugs:
         return "failure", f"step {bugs[0].index} was an {bugs[0].error}: {bugs[0].result[:300]}"
-    if "verifier_error" in ts.info:
-        return "failure", f"the outcome verifier raised {ts.info['verifier_error']}"
-    if ts.truncated:
+    end = ts.end
+    if end.verifier_error is not None:
+        return "failure", f"the outcome verifier raised {end.verifier_error}"
+    if end.truncated:
         return "truncated", None
-    return ("success" if (ts.info.get("outcome") or {}).get("success") else "failure"), None
+    return ("success" if (end.outcome or {}).get("success") else "failure"), None
 
 
 def check_malformed(fam: _Family) -> str:
@@ -435,7 +438,7 @@ def _malformed_cases(env: Any, task: TaskSpec) -> list[tuple[str, Any, set[str]]
 def _malformed_problem(env: AgentEnv, label: str, action: Any, kinds: set[str]) -> str | None:
     before = env.state()
     ts = env.step(action)
-    error = ts.info.get("error") or {}
+    error = ts.error or {}
     kind = error.get("kind")
     try:
         observation = json.loads(ts.observation)
@@ -712,7 +715,7 @@ def step_problem(env: AgentEnv, ts: Any, before: dict[str, Any]) -> str | None:
     """What is wrong with one hostile step, or None: an env bug or fault, an error of a runtime
     kind the tool may not use, an observation that does not say the error, a refused input that
     changed the state, or a step record that does not store and reload exactly."""
-    error = ts.info.get("error")
+    error = ts.error
     if ts.info.get("env_bug") or ts.info.get("env_fault") or (error and rolled_back(error.get("kind"))):
         return f"{(error or {}).get('kind', 'env_bug')}: {ts.observation[:300]}"
     try:
@@ -757,7 +760,7 @@ def fuzz_tools(env: AgentEnv, task: TaskSpec, rng: random.Random) -> FuzzResult:
     def start() -> None:
         env.reset(task)
         for call in prefix:
-            error = env.step(call).info.get("error")
+            error = env.step(call).error
             if error:
                 raise RuntimeError(f"the reference call {call.name} fails: {error['message']}")
 
@@ -787,7 +790,7 @@ def fuzz_action_texts(stack: AgentEnv, task: TaskSpec) -> FuzzResult:
         before = stack.state()
         ts = stack.step(text)
         out.steps += 1
-        kind = (ts.info.get("error") or {}).get("kind")
+        kind = (ts.error or {}).get("kind")
         why = step_problem(stack, ts, before) or (None if kind in AGENT_INPUT else f"error kind {kind!r}")
         if why is None and getattr(stack, "steps", None) and stack.steps[-1].error != kind:
             why = f"the step records error {stack.steps[-1].error!r}, the observation {kind!r}"

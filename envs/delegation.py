@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gymfoundry.envs.family import family
+from gymfoundry.envs.timestep import EpisodeEnd
 from gymfoundry.envs.records import Delegation, DelegationStage, Rollout, Step, TaskSpec, check_task, content_hash
 from gymfoundry.envs.wrappers import standard_stack
 
@@ -42,13 +43,22 @@ class SubEpisode:
     seed: int
     attempt: int
     steps: list[Step] = field(default_factory=list)
-    terminated: bool = False
-    truncated: bool = False
-    end_info: dict[str, Any] = field(default_factory=dict)
-    outcome: dict[str, Any] | None = None
+    end: EpisodeEnd = field(default_factory=EpisodeEnd)  # how it ended: the last time step's
     policy_error: str | None = None
     env_error: str | None = None
     env_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def terminated(self) -> bool:
+        return self.end.terminated
+
+    @property
+    def truncated(self) -> bool:
+        return self.end.truncated
+
+    @property
+    def outcome(self) -> dict[str, Any] | None:
+        return self.end.outcome
 
     @property
     def success(self) -> bool:
@@ -108,9 +118,7 @@ def play_subtask(subtask_id: str, task: TaskSpec, policy: Any, seed: int, attemp
                 episode.policy_error = f"sub-agent raised {type(exc).__name__}: {exc}"
                 break
             ts = env.step(action, policy_version=policy.version)
-        episode.terminated, episode.truncated = ts.terminated, ts.truncated
-        episode.end_info = {k: v for k, v in ts.info.items() if k in ("termination", "termination_reason")}
-        episode.outcome = ts.info.get("outcome")
+        episode.end = ts.end
         episode.env_info = env.unwrapped.runtime_info()
     except Exception as exc:  # the sub-task's env failed: the sub-agent's episode says so, the main one goes on
         episode.env_error = f"{type(exc).__name__}: {exc}"

@@ -19,11 +19,11 @@ from gymfoundry.envs.base import AgentEnv, ToolEnv, render_error
 from gymfoundry.envs.errors import ErrorKind
 from gymfoundry.envs.parsing import ActionError, parse_action, storable_text
 from gymfoundry.envs.records import Budget, Step, TaskSpec, ToolCall, ToolCategory, make_step
-from gymfoundry.envs.timestep import TimeStep
+from gymfoundry.envs.timestep import OUTCOME, TERMINATION, TERMINATION_REASON, VERIFIER_ERROR, TimeStep
 
 TIMEOUT = ErrorKind.timeout.value  # a clock of the runtime ran out (the step's error kind)
 TOKEN_BUDGET = ErrorKind.token_budget.value
-# Whose time ran out, as the episode's end says it (`info["termination"]`, read by tasks.rollout.classify).
+# Whose time ran out, as the episode's end says it (`TimeStep.end.clock`, read by tasks.rollout.classify).
 ENV_FAULT, GRADER_FAULT, TRUNCATED = "env_fault", "grader_fault", "truncated"
 
 
@@ -65,8 +65,9 @@ class Wrapper(AgentEnv):
 
 
 def _end(observation: str, termination: str, reason: str, info: dict | None = None) -> TimeStep:
-    info = {**(info or {}), "termination": termination, "termination_reason": reason}
-    return TimeStep(observation, 0.0, False, True, info)
+    ts = TimeStep(observation, 0.0, False, True, {**(info or {})})
+    ts.end_by(termination, reason)
+    return ts
 
 
 def _first(*values: Any) -> Any:
@@ -164,8 +165,7 @@ class TimeLimit(Wrapper):
             if self._over:
                 return ts
         if not ts.done and self.steps_taken >= self.max_steps:
-            ts.truncated = True
-            ts.info.update(termination=TRUNCATED, termination_reason=f"step limit {self.max_steps} reached")
+            ts.end_by(TRUNCATED, f"step limit {self.max_steps} reached")
         self._over = ts.done
         return ts
 
@@ -228,9 +228,9 @@ class TimeLimit(Wrapper):
         reason = f"grader fault: grading ran past its {timeout:.3g}s budget"
         if kind == "verdict":  # the step stands as the world answered it; its verdict never came
             ended = self._graded
-            info = {k: v for k, v in ended.info.items() if k not in ("grade_pending", "outcome", "verifier_error")}
+            info = {k: v for k, v in ended.info.items() if k not in ("grade_pending", OUTCOME, VERIFIER_ERROR)}
             return TimeStep(ended.observation, 0.0, ended.terminated, ended.truncated,
-                            {**info, "termination": GRADER_FAULT, "termination_reason": reason})
+                            {**info, TERMINATION: GRADER_FAULT, TERMINATION_REASON: reason})
         return _end(render_error(None, TIMEOUT, reason), GRADER_FAULT, reason)
 
 
@@ -399,12 +399,10 @@ class ToolBudget(Wrapper):
 
     def step(self, action) -> TimeStep:
         ts = self.env.step(action)
-        if ts.info.get("tool_call") is not None:
+        if ts.tool_call is not None:
             self.tool_calls += 1
         if not ts.done and self.tool_calls >= self.max_tool_calls:
-            ts.truncated = True
-            ts.info.update(termination="truncated",
-                           termination_reason=f"tool-call budget {self.max_tool_calls} spent")
+            ts.end_by(TRUNCATED, f"tool-call budget {self.max_tool_calls} spent")
         return ts
 
 
@@ -484,13 +482,12 @@ class Recorder(Wrapper):
     def _record(self, pending: tuple, ts: TimeStep) -> TimeStep:
         action, thought, token_ids, logprobs, policy_version, started = pending
         latency = time.perf_counter() - started
-        info = ts.info
-        error = info.get("error")
+        error = ts.error
         self.steps.append(make_step(
             index=len(self.steps), observation=self.last.observation,
             action_text=storable_text(action) if isinstance(action, str) else None,
-            thought=storable_text(thought) if thought is not None else info.get("thought"),
-            tool_call=info.get("tool_call"), result=ts.observation,
+            thought=storable_text(thought) if thought is not None else ts.thought,
+            tool_call=ts.tool_call, result=ts.observation,
             error=error["kind"] if error else None, reward=ts.reward, latency_s=latency,
             token_ids=token_ids, logprobs=logprobs, policy_version=policy_version))
         self.last = ts

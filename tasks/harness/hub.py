@@ -41,9 +41,9 @@ from gymfoundry.envs.harness import ModelCall, assemble_steps, inference_end, po
 from gymfoundry.envs.leaks import find_leaks
 from gymfoundry.envs.records import Cost, Rollout, Step, TaskSpec, Termination, ToolCall
 from gymfoundry.envs.family import family
-from gymfoundry.envs.secrets import redact
 from gymfoundry.envs.timestep import TimeStep
 from gymfoundry.envs.wrappers import TimeLimit, standard_stack
+from gymfoundry.tasks.rollout.build import build_rollout
 from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.tasks.stages.generate import generate_tasks
 from gymfoundry.tasks.stages.isolate import (HOLDOUT_FRACTION, LeakError, assert_no_leaks, isolate_tasks, landed_splits,
@@ -473,8 +473,8 @@ class EpisodeHub:
         episode_bound = limit is not None and limit.deadline - time.monotonic() < limit.step_timeout_s
         try:
             episode.ts = ts = episode.env.step(action)
-            episode.episode_deadline_hit |= episode_bound and ts.info.get("termination") == "timeout"
-            return ts.observation, ts.info.get("error") is not None
+            episode.episode_deadline_hit |= episode_bound and ts.end.clock == Termination.timeout.value
+            return ts.observation, ts.error is not None
         except EnvFault as exc:  # the env itself failed: the whole attempt is a fault (as in tasks/rollout/episodes.py)
             episode.env_error = f"environment fault {type(exc).__name__}: {exc}"
             return render_error(action, "env_fault", "the environment failed"), True
@@ -563,14 +563,12 @@ class EpisodeHub:
         task = episode.task
         with contextlib.suppress(Exception):
             episode.env.close()
-        return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                       env_version=family(task.env_id).env_version, policy_id="harness:unrecorded",
-                       policy_version="not assembled", seed=episode.seed, steps=[], termination=Termination.env_bug,
-                       termination_reason=redact(f"serve-env could not assemble the episode: "
-                                                 f"{type(exc).__name__}: {exc}")[:2000],
-                       cost=Cost(steps=0, tool_calls=episode.calls, tokens=0, wall_time_s=0.0),
-                       env_info={"harness": {"episode": episode.name, "model_calls": 0, "records": 0}},
-                       policy_params={"harness_episode": episode.name, "harness_run": episode.run_id})
+        return build_rollout(task, [], Termination.env_bug,
+                             f"serve-env could not assemble the episode: {type(exc).__name__}: {exc}",
+                             policy_id="harness:unrecorded", policy_version="not assembled", seed=episode.seed,
+                             cost=Cost(steps=0, tool_calls=episode.calls, tokens=0, wall_time_s=0.0),
+                             env_info={"harness": {"episode": episode.name, "model_calls": 0, "records": 0}},
+                             policy_params={"harness_episode": episode.name, "harness_run": episode.run_id})
 
     def _prepare(self, episode: Episode) -> dict[str, list] | None:
         """The leak scans (an env that showed hidden values is not landed; a harness that did lands as
@@ -629,7 +627,7 @@ class EpisodeHub:
             calls = calls[:last + 1]
         fault, context, own = inference_end(calls)
         termination, reason = classify(  # a request the harness got wrong is its own (a model outcome), no class
-            steps, terminated=ts.terminated, truncated=ts.truncated, end_info=ts.info, outcome=outcome,
+            steps, ts.end, outcome=outcome,
             env_error=episode.env_error, verifier_error=verifier_error, env_bug=episode.env_bug,
             inference_fault=fault, context_exceeded=context)
         if own:
@@ -643,20 +641,15 @@ class EpisodeHub:
             reason = (f"the harness's model call records could not be read ({len(unreadable_calls)}: "
                       f"{'; '.join(unreadable_calls[:3])}); {reason}")
         policy_id, policy_version = policy_of(calls)
-        cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
-                    tokens=sum(len(s.token_ids or []) for s in steps),
-                    wall_time_s=round(time.perf_counter() - episode.started, 6))
         harness = {"episode": episode.name, "model_calls": len(calls), "records": records_of(calls)}
         if unreadable_calls:
             harness["unreadable_calls"] = len(unreadable_calls)
         episode.model_calls = calls
-        return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                       env_version=family(task.env_id).env_version, policy_id=policy_id, policy_version=policy_version,
-                       seed=episode.seed, steps=steps, termination=termination,
-                       termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
-                       env_info={**env_info, "harness": harness},
-                       # a harness episode is not reproducible from a seed: its name is part of its identity
-                       policy_params={"harness_episode": episode.name, "harness_run": episode.run_id})
+        return build_rollout(task, steps, termination, reason, policy_id=policy_id, policy_version=policy_version,
+                             seed=episode.seed, started=episode.started, outcome=outcome,
+                             env_info={**env_info, "harness": harness},
+                             # a harness episode is not reproducible from a seed: its name is part of its identity
+                             policy_params={"harness_episode": episode.name, "harness_run": episode.run_id})
 
     @staticmethod
     def _own_time(episode: Episode, tool_steps: list[Step], calls: list[ModelCall],

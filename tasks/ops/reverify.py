@@ -30,6 +30,7 @@ from gymfoundry.envs.records import Rollout, TaskSpec, Termination, Verdict
 from gymfoundry.envs.errors import UnknownEnv
 from gymfoundry.envs.family import family
 from gymfoundry.envs.secrets import redact
+from gymfoundry.envs.timestep import EpisodeEnd
 from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.warehouse.catalog import quote_literal
 
@@ -149,37 +150,39 @@ def reverify_rollout(rollout: Rollout, task: TaskSpec, verifier: Any, verified_a
         raise
     except Exception as exc:  # the grader's own failure, never the model's
         error = redact(f"verifier raised {type(exc).__name__}: {exc}")[:REASON_CHARS]
-    termination, reason = classify(rollout.steps, outcome=outcome, verifier_error=error, **episode_end(rollout))
+    end, causes = episode_end(rollout)
+    termination, reason = classify(rollout.steps, end, outcome=outcome, verifier_error=error, **causes)
     return Verdict(rollout_id=rollout.rollout_id, task_id=rollout.task_id, family=rollout.family,
                    verifier_id=verifier.verifier_id, verifier_version=str(verifier.version), source="reverify",
                    outcome=outcome, termination=termination, termination_reason=redact(reason)[:REASON_CHARS],
                    error=error, verified_at=verified_at)
 
 
-def episode_end(rollout: Rollout) -> dict[str, Any]:
+def episode_end(rollout: Rollout) -> tuple[EpisodeEnd, dict[str, str]]:
     """classify's inputs about how the episode ended, as far as the stored rollout records them:
     the class it was given before any verdict (an env fault or bug raised by the env, a policy
-    error, a time limit, a truncation) with its reason, or a normal end. A stored env_fault or
-    timeout that the stored verdict itself implied is a normal end (the new verdict decides)."""
+    error, a time limit, a truncation) with its reason, or a normal end: the end, and the causes
+    (classify's keyword arguments). A stored env_fault or timeout that the stored verdict itself
+    implied is a normal end (the new verdict decides)."""
     termination, reason = rollout.termination, rollout.termination_reason
-    normal: dict[str, Any] = {"terminated": True, "truncated": False, "end_info": {}}
+    normal = EpisodeEnd(terminated=True)
     if termination not in _BEFORE_VERDICT:
-        return normal
+        return normal, {}
     if rollout.outcome is not None:
-        implied, implied_reason = classify(rollout.steps, outcome=rollout.outcome, **normal)
+        implied, implied_reason = classify(rollout.steps, normal, outcome=rollout.outcome)
         if implied == termination and redact(implied_reason)[:REASON_CHARS] == reason:
-            return normal
+            return normal, {}
     if termination == Termination.env_bug:
-        return {**normal, "env_bug": reason}
+        return normal, {"env_bug": reason}
     if termination == Termination.env_fault:
-        return {**normal, "env_error": reason}
+        return normal, {"env_error": reason}
     if termination == Termination.policy_error:
-        return {**normal, "policy_error": reason}
+        return normal, {"policy_error": reason}
     if termination == Termination.inference_fault:
-        return {**normal, "inference_fault": reason}
+        return normal, {"inference_fault": reason}
     if termination == Termination.timeout:
-        return {**normal, "end_info": {"termination": "timeout", "termination_reason": reason}}
-    return {"terminated": False, "truncated": True, "end_info": {"termination_reason": reason}}
+        return EpisodeEnd(terminated=True, clock=Termination.timeout.value, reason=reason), {}
+    return EpisodeEnd(truncated=True, reason=reason), {}
 
 
 def key(verdict: Verdict) -> tuple[str, str, str]:

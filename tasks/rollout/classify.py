@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gymfoundry.envs.errors import ErrorKind
 from gymfoundry.envs.records import OutcomeReport, Step, Termination
+from gymfoundry.envs.timestep import EpisodeEnd
 
 # Step error kinds that take an attempt out of the model's record, by precedence: a bug is
 # reported as such even where a fault also hit.
@@ -27,19 +28,20 @@ def touched_by_env(steps: list[Step]) -> tuple[Termination, str] | None:
     return None
 
 
-def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: dict,
+def classify(steps: list[Step], end: EpisodeEnd, *,
              outcome: OutcomeReport | None, policy_error: str | None = None,
              env_error: str | None = None, verifier_error: str | None = None,
              env_bug: str | None = None, inference_fault: str | None = None,
              context_exceeded: str | None = None, model_refused: str | None = None) -> tuple[Termination, str]:
-    """`env_error` / `env_bug`: the env itself raised (a fault raised on purpose / anything else).
+    """`end`: how the episode ended, as its last time step says (`TimeStep.end`; `EpisodeEnd()` where
+    it never started). `env_error` / `env_bug`: the env itself raised (a fault raised on purpose / anything else).
     `inference_fault`: the policy's endpoint failed (after its own retries): a fault, never the
     model's. `context_exceeded`: the endpoint refused a conversation longer than the model's
     context: the episode is truncated there (a model outcome, as a step limit is). `model_refused`:
     the endpoint refused what the model itself wrote (ModelOutputRefused): a failure, the model's
     outcome.
 
-    The runtime's clocks say whose time ran out in `end_info["termination"]`
+    The runtime's clocks say whose time ran out in `end.clock`
     (envs.wrappers.TimeLimit): the environment's is `env_fault`, the grader's `grader_fault`, the
     agent's own `truncated`; `timeout` is what rollouts recorded before time was attributed say."""
     if env_bug:
@@ -49,9 +51,9 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
     touched = touched_by_env(steps)
     if touched:
         return touched
-    clock = end_info.get("termination")
+    clock = end.clock
     if clock in _FAULT_CLOCKS:
-        return _FAULT_CLOCKS[clock], end_info.get("termination_reason", f"{clock} (time limit)")
+        return _FAULT_CLOCKS[clock], _reason(end, f"{clock} (time limit)")
     if inference_fault:
         return Termination.inference_fault, inference_fault
     if policy_error:
@@ -60,17 +62,21 @@ def classify(steps: list[Step], *, terminated: bool, truncated: bool, end_info: 
         return Termination.truncated, context_exceeded
     if model_refused:
         return Termination.failure, model_refused
-    if end_info.get("termination") == "timeout":
-        return Termination.timeout, end_info.get("termination_reason", "time limit")
-    if truncated:
-        return Termination.truncated, end_info.get("termination_reason", "truncated")
-    if not terminated:
+    if clock == Termination.timeout.value:
+        return Termination.timeout, _reason(end, "time limit")
+    if end.truncated:
+        return Termination.truncated, _reason(end, "truncated")
+    if not end.terminated:
         return Termination.truncated, "the policy stopped before the episode ended"
     if verifier_error:
         return Termination.verifier_error, verifier_error
     if outcome is None:
         return Termination.verifier_error, "no outcome verifier for this env"
     return _verdict(outcome)
+
+
+def _reason(end: EpisodeEnd, default: str) -> str:
+    return end.reason if end.reason is not None else default
 
 
 def _verdict(outcome: OutcomeReport) -> tuple[Termination, str]:

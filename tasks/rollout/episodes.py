@@ -13,11 +13,12 @@ from typing import Any
 
 from gymfoundry.envs.errors import EnvFault, InvalidTask
 from gymfoundry.envs.faults import FaultInjection
-from gymfoundry.envs.records import (Budget, Cost, Delegation, DelegationStage, FaultConfig, OutcomeReport, PolicySpec, Rollout,
+from gymfoundry.envs.records import (Budget, Delegation, DelegationStage, FaultConfig, OutcomeReport, PolicySpec, Rollout,
                           TaskSpec, content_hash)
 from gymfoundry.envs.family import Family, family
-from gymfoundry.envs.secrets import redact
 from gymfoundry.envs.wrappers import ENV_FAULT, GRADER_FAULT, act, grading, standard_stack
+from gymfoundry.envs.timestep import EpisodeEnd
+from gymfoundry.tasks.rollout.build import build_rollout
 from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.tasks.rollout.collector import frozen_before
 from gymfoundry.tasks.rollout.scheduler import play_watched
@@ -97,18 +98,13 @@ def episode(task: TaskSpec, policy: Policy, seed: int, attempt: int = 0, faults:
     finally:
         env.close()
     termination, reason = classify(
-        steps, terminated=bool(ts and ts.terminated), truncated=bool(ts and ts.truncated),
-        end_info=ts.info if ts else {}, outcome=outcome, policy_error=policy_error,
+        steps, ts.end if ts else EpisodeEnd(), outcome=outcome, policy_error=policy_error,
         env_error=env_error, verifier_error=verifier_error, env_bug=env_bug, inference_fault=inference.get("fault"),
         context_exceeded=inference.get("context"), model_refused=inference.get("refused"))
-    cost = Cost(steps=len(steps), tool_calls=sum(s.tool_call is not None for s in steps),
-                tokens=sum(len(s.token_ids or []) for s in steps),
-                wall_time_s=round(time.perf_counter() - started, 6))
-    rollout = Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id,
-                      env_version=fam.env_version, policy_id=policy.policy_id,
-                      policy_version=policy.version, seed=seed, attempt=attempt, steps=steps,
-                      termination=termination, termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost,
-                      env_info=env_info, policy_params=policy_params(policy), faults=faults, limits=limits)
+    rollout = build_rollout(task, steps, termination, reason, policy_id=policy.policy_id,
+                            policy_version=policy.version, seed=seed, started=started, env_version=fam.env_version,
+                            attempt=attempt, outcome=outcome, env_info=env_info, policy_params=policy_params(policy),
+                            faults=faults, limits=limits)
     if sub_episodes:
         rollout = with_delegation(rollout, sub_episodes)
     if played.progress is not None:
@@ -155,16 +151,11 @@ def sub_rollout(parent_id: str, stage: int, index: int, episode) -> Rollout:
     """One sub-agent's episode as a rollout of its own family, classified like any other."""
     task = episode.task
     outcome = OutcomeReport.model_validate(episode.outcome) if episode.outcome else None
-    termination, reason = classify(episode.steps, terminated=episode.terminated, truncated=episode.truncated,
-                                   end_info=episode.end_info, outcome=outcome, policy_error=episode.policy_error,
+    termination, reason = classify(episode.steps, episode.end, outcome=outcome, policy_error=episode.policy_error,
                                    env_error=episode.env_error)
-    cost = Cost(steps=len(episode.steps), tool_calls=sum(s.tool_call is not None for s in episode.steps),
-                tokens=sum(len(s.token_ids or []) for s in episode.steps))
-    return Rollout(task_id=task.task_id, family=task.family, env_id=task.env_id, env_version=family(task.env_id).env_version,
-                   policy_id=episode.policy_id, policy_version=episode.policy_version, seed=episode.seed,
-                   attempt=episode.attempt, steps=episode.steps, termination=termination,
-                   termination_reason=redact(reason)[:2000], outcome=outcome, cost=cost, env_info=episode.env_info,
-                   parent_rollout_id=parent_id, stage=stage, stage_index=index)
+    return build_rollout(task, episode.steps, termination, reason, policy_id=episode.policy_id,
+                         policy_version=episode.policy_version, seed=episode.seed, attempt=episode.attempt,
+                         outcome=outcome, env_info=episode.env_info, parent_rollout_id=parent_id, stage=stage, stage_index=index)
 
 
 class _Played:
@@ -217,9 +208,10 @@ def _judge(env, task: TaskSpec, played: _Played, fam: Family) -> None:
     episode that ended otherwise, the verifier's, asked now on the grader's clock (past it, the
     episode ends a grader fault: `played.ts`)."""
     ts, steps = played.ts, list(getattr(env, "steps", []))
-    if ts is not None and ts.info.get("termination") in CLOCK_FAULTS:
+    end = ts.end if ts is not None else EpisodeEnd()
+    if end.clock in CLOCK_FAULTS:
         return  # a clock cut it off: no verdict
-    if (ts is not None and ("outcome" in ts.info or "verifier_error" in ts.info)) or not steps \
+    if end.outcome is not None or end.verifier_error is not None or not steps \
             or fam.outcome_verifier is None:
         played.verdict = _outcome(task, ts, steps, env, fam)  # asks no verifier
         return
@@ -259,10 +251,11 @@ def _turns(env, policy: Policy, played: _Played, ts, progress) -> None:
 
 def _outcome(task: TaskSpec, ts, steps, env, fam: Family) -> tuple[OutcomeReport | None, str | None]:
     """The verifier's report (the env's own, asked at the end, or asked now), or its error."""
-    if ts is not None and "verifier_error" in ts.info:
-        return None, f"verifier raised {ts.info['verifier_error']}"
-    if ts is not None and "outcome" in ts.info:
-        return OutcomeReport.model_validate(ts.info["outcome"]), None
+    end = ts.end if ts is not None else EpisodeEnd()
+    if end.verifier_error is not None:
+        return None, f"verifier raised {end.verifier_error}"
+    if end.outcome is not None:
+        return OutcomeReport.model_validate(end.outcome), None
     verifier = fam.outcome_verifier
     if verifier is None or not steps:
         return None, None

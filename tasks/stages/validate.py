@@ -62,7 +62,7 @@ def _replay(task: TaskSpec) -> str | None:
         ts = None
         for i, call in enumerate(reference):
             ts = env.step(call)
-            error = ts.info.get("error") or {}
+            error = ts.error or {}
             if rolled_back(error.get("kind")):
                 raise ReplayEnvFault(task, f"reference step {i} ({call.name}): {error['kind']}: {error.get('message')}")
             if error:
@@ -71,9 +71,10 @@ def _replay(task: TaskSpec) -> str | None:
                 return f"episode ended at reference step {i} of {len(reference)}"
         if ts is None or not ts.terminated:
             return "reference trajectory does not end the episode"
-        if "verifier_error" in ts.info:  # the grader crashed: nothing learnt about the task
-            raise ReplayEnvFault(task, f"the outcome verifier raised {ts.info['verifier_error']}")
-        outcome = ts.info.get("outcome") or {}
+        end = ts.end
+        if end.verifier_error is not None:  # the grader crashed: nothing learnt about the task
+            raise ReplayEnvFault(task, f"the outcome verifier raised {end.verifier_error}")
+        outcome = end.outcome or {}
         fault = (outcome.get("checks") or {}).get("env_fault")
         if fault and not fault.get("passed", True):
             raise ReplayEnvFault(task, f"grading: {'; '.join(fault.get('reasons', [])) or 'env fault'}")

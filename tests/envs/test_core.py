@@ -7,6 +7,7 @@ from gymfoundry.envs.profile import DomainProfile
 from gymfoundry.envs.records import Rollout, TaskSpec, Termination, ToolCall, ToolCategory
 from gymfoundry.envs.errors import UnknownEnv
 from gymfoundry.envs.family import Family, FamilyError, family, families
+from gymfoundry.envs.timestep import EpisodeEnd
 from gymfoundry.envs.wrappers import (ObservationTruncation, PermissionGuard, Recorder, TimeLimit, ToolBudget,
                            standard_stack)
 from tests.envs.counter_env import CounterEnv, HeldSleep, NoFacts, register, reward_at_target
@@ -90,6 +91,8 @@ def test_terminal_reward_comes_from_the_outcome_function(env):
     env.step(ToolCall(name="add", arguments={"n": 4}))
     ts = env.step(ToolCall(name="finish"))
     assert ts.terminated and ts.done and ts.reward == 1.0 and ts.info["outcome"] == {"success": True}
+    # the pipeline's typed view of the same end
+    assert ts.end == EpisodeEnd(terminated=True, outcome={"success": True})
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step(ToolCall(name="read"))
 
@@ -103,6 +106,7 @@ def test_step_timeout_is_enforced_during_the_step(monkeypatch):
     assert held.holding()  # the step came back at its deadline while the tool still ran
     held.end()
     assert ts.truncated and ts.info["termination"] == "env_fault" and ts.info["error"]["kind"] == "timeout"
+    assert ts.end.clock == "env_fault" and ts.error["kind"] == "timeout"
 
 
 def test_episode_timeout_and_step_limit():
@@ -112,6 +116,7 @@ def test_episode_timeout_and_step_limit():
     assert not env.step(ToolCall(name="read")).done
     ts = env.step(ToolCall(name="read"))
     assert ts.truncated and ts.info["termination"] == "truncated" and "step limit 3" in ts.info["termination_reason"]
+    assert ts.end == EpisodeEnd(truncated=True, clock="truncated", reason=ts.info["termination_reason"])
 
     env = TimeLimit(CounterEnv(), episode_timeout_s=0.3, step_timeout_s=10)
     env.reset(seed=1)

@@ -8,6 +8,7 @@ from gymfoundry.envs.coding import CodingEnv
 from gymfoundry.envs.errors import EnvFault
 from gymfoundry.envs.records import Step, TaskSpec, Termination, ToolCall
 from gymfoundry.envs.sandbox import SandboxError, bubblewrap
+from gymfoundry.envs.timestep import EpisodeEnd
 from gymfoundry.tasks.rollout.classify import classify
 from gymfoundry.envs.coding.tests.helpers import quick_task, with_limits
 from gymfoundry.envs.coding.verifier import CodingVerifier, constraint_violations
@@ -34,7 +35,7 @@ SUBMIT = ToolCall(name="submit", arguments={})
 
 
 def termination(steps, report):
-    return classify(steps, terminated=True, truncated=False, end_info={}, outcome=report)[0]
+    return classify(steps, EpisodeEnd(terminated=True), outcome=report)[0]
 
 
 @pytest.fixture(scope="module")
