@@ -1,12 +1,15 @@
 """pytest names a family's own tests (envs/<family>/tests/) by their folders, `envs.<family>.tests...`;
 the project is installed as `gymfoundry.envs...`. So that such a test module and the family it tests are
-one module each, not two copies, a folder's bare name is an alias of its installed module here.
-The fixtures here serve every test folder, the families' included."""
+one module each, not two copies, `envs` is an alias of its installed module here; the other folders'
+bare names resolve as installed (never this checkout's folder). The fixtures here serve every test
+folder, the families' included; the tiers are assigned at the end."""
 
 import functools
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -19,12 +22,25 @@ from gymfoundry.envs.check import check_family  # noqa: E402  (after the default
 from tests.sandbox_guard import needs_sandbox  # noqa: E402
 
 FOLDERS = ("envs", "verifiers", "warehouse", "tasks", "flows", "deployments")
+ROOT = os.path.dirname(os.path.realpath(__file__))
 
 
-class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _Names(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`envs...` is an alias of `gymfoundry.envs...` (pytest's name for a family's test folder); any other
+    folder's bare name resolves as where the project is installed: never this checkout's folder (which
+    pytest's path would otherwise offer first), so `verifiers` is whoever installed that name."""
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in FOLDERS:
+        top = fullname.split(".")[0]
+        if top == "envs":
             return importlib.util.spec_from_loader(fullname, self)
+        if top in FOLDERS and path is None:
+            elsewhere = [p for p in sys.path if os.path.realpath(p or ".") != ROOT]
+            spec = importlib.machinery.PathFinder.find_spec(fullname, elsewhere)
+            if spec is None:
+                raise ModuleNotFoundError(f"No module named {fullname!r} (this checkout's folder is "
+                                          f"gymfoundry.{fullname})", name=fullname)
+            return spec
         return None
 
     def create_module(self, spec):
@@ -34,7 +50,7 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-sys.meta_path.insert(0, _Alias())
+sys.meta_path.insert(0, _Names())
 
 
 @pytest.fixture(scope="session")

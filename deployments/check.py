@@ -47,6 +47,10 @@ def problems(prefect_file: Path = PREFECT_FILE, home: str | None = None) -> list
             config(**{k: v for k, v in params.items() if k not in templated})
         except ValidationError as exc:
             found.append(f"{name}: {explain(exc, config)}")
+            continue
+        if entrypoint == "flows/factory.py:factory" and params.get("train_after"):
+            found.append(f"{name}: train_after: the factory flow does not train; deploy "
+                         "flows/loop.py:factory_then_train for a run that trains after")
     return found
 
 

@@ -288,6 +288,13 @@ def load_errors() -> dict[str, str]:
     return dict(_ERRORS)
 
 
+# The process reward model's folder (gymfoundry.verifiers, beside envs/): its step-reward rules are
+# hidden from the agent as the families' graders are. Found by path: envs never imports the scoring layers.
+SCORING_DIR = Path(__file__).resolve().parents[1] / "verifiers"
+
+
 def masked_dirs() -> list[str]:
-    """Every folder some family asks the sandbox to hide (what a caller of the sandbox passes it)."""
-    return sorted({d for fam in families() for d in fam.masked_dirs()})
+    """Every folder some family asks the sandbox to hide, and the scoring layers' (what a caller of
+    the sandbox passes it)."""
+    scoring = [str(SCORING_DIR)] if SCORING_DIR.is_dir() else []
+    return sorted({d for fam in families() for d in fam.masked_dirs()} | set(scoring))

@@ -98,7 +98,7 @@ class FactoryConfig(Config):
     parallelism_reward: ParallelismReward | None = Field(
         None, description="offer GRPO an auxiliary reward for parallel delegation (weight, anneal_steps), stored "
                           "with the GRPO dataset; none by default")
-    train_after: Method | None = Field(None, description="then train on this run's dataset of that kind (a subflow)",
+    train_after: Method | None = Field(None, description="then train on this run's dataset of that kind (a subflow of factory-then-train; the factory flow alone refuses it)",
                                        json_schema_extra={"cli": "--train-after"})
     train_hyperparameters: dict[str, Any] | None = Field(None, description="hyperparameters of train_after")
     audit_episodes: int = Field(1, ge=1, le=20, description="tasks per level of a family's gameability audit, run "

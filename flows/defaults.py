@@ -18,9 +18,9 @@ PREFECT_ENV = {
 HUB_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}  # models are local checkpoints: never ask the Hub
 
 
-def prefect_defaults(hub_offline: bool = False) -> None:
+def prefect_defaults(hub_offline: bool = True) -> None:
     """Set the defaults before Prefect is imported (it reads its settings then); a variable the
     environment already sets keeps its value. `hub_offline`: also keep Hugging Face off the network
-    (the commands that train or evaluate a local checkpoint)."""
+    (every command: a model is a local checkpoint, nothing downloads weights at run time)."""
     for name, value in {**PREFECT_ENV, **(HUB_OFFLINE_ENV if hub_offline else {})}.items():
         os.environ.setdefault(name, value)

@@ -42,3 +42,12 @@ def test_the_distribution_declares_one_top_level_name():
     top = (dist.read_text("top_level.txt") or "").split()
     assert top == ["gymfoundry"]  # never a folder's bare name
     assert dist.entry_points.select(group="console_scripts")["gymfoundry"].value == "gymfoundry.flows.cli:main"
+
+
+def test_inside_the_test_session_verifiers_is_still_theirs():
+    """The root conftest names the families' test folders for pytest; it aliases nothing else, so here
+    too `verifiers` is the distribution installed under that name."""
+    import verifiers
+
+    assert "site-packages" in Path(verifiers.__file__).parts
+    assert Path(verifiers.__file__).resolve() != ROOT / "verifiers" / "__init__.py"

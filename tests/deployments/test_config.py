@@ -62,6 +62,12 @@ def test_deploying_checks_the_working_directory_and_the_parameters(tmp_path):
     (problem,) = check.problems(path, home=str(ROOT))
     assert problem.startswith("factory-nightly: --families: unknown family 'nosuch'; known families: ")
     assert "--task-runner: Input should be 'threads', 'dask' or 'ray' (got 'spark')" in problem
+    trains = yaml.safe_load(PREFECT_FILE.read_text())
+    trains["deployments"][0]["parameters"]["train_after"] = "sft"  # valid for the loop flow, refused on the factory
+    path.write_text(yaml.safe_dump(trains))
+    assert check.problems(path, home=str(ROOT)) == [
+        "factory-nightly: train_after: the factory flow does not train; deploy flows/loop.py:factory_then_train "
+        "for a run that trains after"]
     steps = yaml.safe_load(PREFECT_FILE.read_text())["build"]
     assert steps == [{"prefect.deployments.steps.run_shell_script": {
         "id": "check", "script": "python -m gymfoundry.deployments.check", "stream_output": True}}]

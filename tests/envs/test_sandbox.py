@@ -319,9 +319,10 @@ def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
     # What is masked is what the caller passes: the families' declarations (Family.masked, by default
     # the family's package, which holds its verifier): the coding templates, hidden tests and grader.
     project = os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(bubblewrap.__file__))))
-    coding, inventory = (os.path.join(project, *p) for p in (("envs", "coding"), ("envs", "inventory")))
+    coding, inventory, scoring = (os.path.join(project, *p) for p in (("envs", "coding"), ("envs", "inventory"),
+                                                                      ("verifiers",)))
     declared = declared_masks()
-    assert {coding, inventory} <= set(declared)
+    assert {coding, inventory, scoring} <= set(declared)  # the graders, and the PRM's step-reward rules
     assert bubblewrap.masked_dirs(["/usr"], declared) == [] or project.startswith("/usr")
     # every family's package under the project, whichever families are registered
     assert bubblewrap.masked_dirs([project], declared) == sorted(d for d in declared if d.startswith(project + os.sep))
@@ -358,3 +359,33 @@ def test_project_packages_under_a_bound_dir_are_masked(monkeypatch):
         assert "textkit" not in listing.stdout and "templates" not in listing.stdout and "grader" not in listing.stdout
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_coding_env_and_its_grader_pass_the_sandbox_every_mask(monkeypatch):
+    """The sandbox hides what its caller names: both callers that run an agent's code (the coding env's
+    workspace and the grader's observation run) name every family's folder and the scoring layers'."""
+    from gymfoundry.envs.coding import verifier as coding_verifier, world as coding_world
+    from gymfoundry.envs.coding.tests.helpers import quick_task
+
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def recording(*args, **kwargs):
+        asked.append(sorted(kwargs.get("masked", args[5] if len(args) > 5 else ())))
+        raise Stop
+
+    monkeypatch.setattr(coding_world, "create_sandbox", recording)
+    monkeypatch.setattr(coding_verifier, "create_sandbox", recording)
+    task = quick_task(1, 1)
+    env = coding_world.CodingEnv()
+    try:
+        env.reset(task=task)  # the workspace is made on reset or on the first tool that needs it
+        env.sandbox
+    except Stop:
+        pass
+    with pytest.raises(Stop):
+        coding_verifier.observe(task, {}, {}, None, None)
+    assert asked == [declared_masks(), declared_masks()]
+    assert any(d.endswith(os.sep + "verifiers") for d in asked[0])

@@ -286,7 +286,7 @@ def test_many_calls_on_one_slow_episode_do_not_wedge_the_other_sessions(tmp_path
         queued = asyncio.run(attack(env_url))
     hub.close()
     # the flood takes 45 x 0.3 s in turn: the other session was answered with it still queued, not behind it
-    assert queued > 0, "another session waited behind one episode's whole queue"
+    assert queued >= 30, f"another session waited behind {45 - queued} of the flood's 45 calls"
 
 
 def test_a_harness_reading_its_stream_slowly_does_not_make_the_upstream_late(tmp_path):

@@ -92,7 +92,7 @@ def test_a_step_over_its_limit_mid_batch_ends_its_episode_and_the_rest_play_on_i
     assert [r.termination.value for r in batch] == ["verifier_error"] * 2 + ["env_fault"] + ["verifier_error"] * 3
     assert batch[2].termination_reason == ("environment fault: the environment's step time limit of 0.3s reached "
                                            "during the step")
-    assert batch[2].steps[-1].latency_s > 0  # the wait until the cut: the tool never returned within it
+    assert batch[2].steps[-1].latency_s >= 0.25  # waited for the 0.3 s deadline, not cut early (load only adds)
     threads = [thread for _, thread in policy.turns]
     assert [target for target, _ in policy.turns] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
     assert len(set(threads[:6])) == 1 and len(set(threads[6:])) == 1 and threads[0] is not threads[6]

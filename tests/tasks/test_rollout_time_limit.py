@@ -47,7 +47,7 @@ def test_a_hanging_tool_is_cut_off_at_the_step_deadline_and_its_thread_changes_n
     # the environment's time ran out: an environment fault, retried, never the model's outcome
     assert rollout.termination.value == "env_fault" and "step time limit" in rollout.termination_reason
     assert [s.error for s in rollout.steps] == [None, "timeout"] and policy.turns == 2
-    assert rollout.steps[-1].latency_s > 0  # the wait until the cut: the tool never returned within it
+    assert rollout.steps[-1].latency_s >= 0.25  # waited for the 0.3 s deadline, not cut early (load only adds)
     assert threading.current_thread() not in policy.threads
     held.end()  # the hung step returns in its abandoned thread: nothing more is played or recorded
     assert policy.turns == 2 and len(rollout.steps) == 2
